@@ -1,0 +1,228 @@
+// Service Bus namespace (Standard: topics need it) with:
+//  * `orders` queue: the reference example. Duplicate detection is on (send-side retries are
+//    dropped inside the window); the consumer stays idempotent for everything outside it.
+//  * `order-status` queue: status events carrying a version, applied as idempotent upserts.
+//  * `notifications` topic with the `notify` and `audit` subscriptions (two independent
+//    consumers, each tracking completion on its own).
+// Every entity shares the same lock duration and max delivery count, because the app's dedup
+// retention (DEDUP_TTL_SECONDS) is derived from exactly these two values.
+// Local (SAS) auth is disabled; the app receives with its managed identity. Role assignments are
+// scoped to the individual entities (topic triggers need scope over the subscription resource).
+
+@description('Service Bus namespace name.')
+param name string
+
+@description('Region of the namespace.')
+param location string
+
+@description('Tags applied to the namespace.')
+param tags object = {}
+
+@description('Queue carrying new orders (MessageId = order id).')
+param ordersQueueName string
+
+@description('Queue carrying order status changes.')
+param orderStatusQueueName string
+
+@description('Topic carrying notification requests.')
+param notificationsTopicName string
+
+@description('Subscription of the notification sender.')
+param notifySubscriptionName string
+
+@description('Subscription of the audit consumer.')
+param auditSubscriptionName string
+
+@description('Peek-lock duration in seconds (Service Bus allows 5..300). The same value feeds SERVICEBUS_LOCK_DURATION_SECONDS.')
+@minValue(5)
+@maxValue(300)
+param lockDurationSeconds int
+
+@description('Deliveries before a message is dead-lettered. The same value feeds SERVICEBUS_MAX_DELIVERY_COUNT.')
+@minValue(1)
+@maxValue(2000)
+param maxDeliveryCount int
+
+@description('Duplicate detection history window (ISO 8601, 20 seconds to 7 days).')
+param duplicateDetectionHistoryTimeWindow string
+
+@description('Default message time to live (ISO 8601). Expired messages are dead-lettered, not dropped.')
+param defaultMessageTimeToLive string
+
+@description('Principal id of the Function App managed identity (receives only).')
+param appPrincipalId string
+
+@description('Optional developer principal id: receives like the app and may also send test messages. Empty: no assignment.')
+param developerPrincipalId string = ''
+
+@description('Principal type of developerPrincipalId.')
+@allowed([
+  'User'
+  'Group'
+  'ServicePrincipal'
+])
+param developerPrincipalType string = 'User'
+
+var lockDuration = 'PT${lockDurationSeconds}S'
+
+var roles = {
+  serviceBusDataReceiver: '4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0'
+  serviceBusDataSender: '69a216fc-b8fb-44d8-bc22-1f3c2cd27a39'
+}
+
+resource namespace 'Microsoft.ServiceBus/namespaces@2024-01-01' = {
+  name: name
+  location: location
+  tags: tags
+  sku: {
+    name: 'Standard'
+    tier: 'Standard'
+  }
+  properties: {
+    disableLocalAuth: true
+    minimumTlsVersion: '1.2'
+    publicNetworkAccess: 'Enabled'
+  }
+}
+
+resource ordersQueue 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = {
+  parent: namespace
+  name: ordersQueueName
+  properties: {
+    requiresDuplicateDetection: true
+    duplicateDetectionHistoryTimeWindow: duplicateDetectionHistoryTimeWindow
+    lockDuration: lockDuration
+    maxDeliveryCount: maxDeliveryCount
+    deadLetteringOnMessageExpiration: true
+    defaultMessageTimeToLive: defaultMessageTimeToLive
+    requiresSession: false
+    enablePartitioning: false
+  }
+}
+
+resource orderStatusQueue 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = {
+  parent: namespace
+  name: orderStatusQueueName
+  properties: {
+    requiresDuplicateDetection: true
+    duplicateDetectionHistoryTimeWindow: duplicateDetectionHistoryTimeWindow
+    lockDuration: lockDuration
+    maxDeliveryCount: maxDeliveryCount
+    deadLetteringOnMessageExpiration: true
+    defaultMessageTimeToLive: defaultMessageTimeToLive
+    requiresSession: false
+    enablePartitioning: false
+  }
+}
+
+resource notificationsTopic 'Microsoft.ServiceBus/namespaces/topics@2024-01-01' = {
+  parent: namespace
+  name: notificationsTopicName
+  properties: {
+    requiresDuplicateDetection: true
+    duplicateDetectionHistoryTimeWindow: duplicateDetectionHistoryTimeWindow
+    defaultMessageTimeToLive: defaultMessageTimeToLive
+    enablePartitioning: false
+  }
+}
+
+resource notifySubscription 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2024-01-01' = {
+  parent: notificationsTopic
+  name: notifySubscriptionName
+  properties: {
+    lockDuration: lockDuration
+    maxDeliveryCount: maxDeliveryCount
+    deadLetteringOnMessageExpiration: true
+    deadLetteringOnFilterEvaluationExceptions: true
+    defaultMessageTimeToLive: defaultMessageTimeToLive
+    requiresSession: false
+  }
+}
+
+resource auditSubscription 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2024-01-01' = {
+  parent: notificationsTopic
+  name: auditSubscriptionName
+  properties: {
+    lockDuration: lockDuration
+    maxDeliveryCount: maxDeliveryCount
+    deadLetteringOnMessageExpiration: true
+    deadLetteringOnFilterEvaluationExceptions: true
+    defaultMessageTimeToLive: defaultMessageTimeToLive
+    requiresSession: false
+  }
+}
+
+// --- Role assignments (app identity): Data Receiver only --------------------------------------
+// Receive, complete, abandon and dead-letter are all receiver-side settlement operations.
+// The app never sends, so it gets no Data Sender role. (Data Owner would let the scale
+// controller read exact message counts; without it scaling falls back to peeking, which is a
+// deliberate least-privilege trade-off, see infra/README.md.)
+resource appOrdersReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(ordersQueue.id, appPrincipalId, roles.serviceBusDataReceiver)
+  scope: ordersQueue
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataReceiver)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource appOrderStatusReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(orderStatusQueue.id, appPrincipalId, roles.serviceBusDataReceiver)
+  scope: orderStatusQueue
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataReceiver)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource appNotifyReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(notifySubscription.id, appPrincipalId, roles.serviceBusDataReceiver)
+  scope: notifySubscription
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataReceiver)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource appAuditReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(auditSubscription.id, appPrincipalId, roles.serviceBusDataReceiver)
+  scope: auditSubscription
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataReceiver)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+// --- Role assignments (optional developer) ---------------------------------------------------
+// Namespace scope: a developer running `func start` against Azure receives from every entity and
+// sends test traffic (the tools/ producers) to the queues and the topic.
+resource devReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(developerPrincipalId)) {
+  name: guid(namespace.id, developerPrincipalId, roles.serviceBusDataReceiver)
+  scope: namespace
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataReceiver)
+    principalId: developerPrincipalId
+    principalType: developerPrincipalType
+  }
+}
+
+resource devSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(developerPrincipalId)) {
+  name: guid(namespace.id, developerPrincipalId, roles.serviceBusDataSender)
+  scope: namespace
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataSender)
+    principalId: developerPrincipalId
+    principalType: developerPrincipalType
+  }
+}
+
+output id string = namespace.id
+output name string = namespace.name
+output fullyQualifiedNamespace string = '${namespace.name}.servicebus.windows.net'
+output ordersQueueName string = ordersQueue.name
+output orderStatusQueueName string = orderStatusQueue.name
+output notificationsTopicName string = notificationsTopic.name

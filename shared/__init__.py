@@ -1,0 +1,55 @@
+"""Idempotent message consumers for Azure Functions: the dedup library.
+
+    store = TableIdempotencyStore.from_connection_string(conn, table_name="dedup")
+    idem = Idempotency(store)
+    outcome = idem.run(DedupKey.from_message_id("notify", msg.message_id),
+                       request_hash(body), lambda: send(body))
+"""
+
+from shared.config import IdempotencyConfig, RedeliveryWindow, validate_retention
+from shared.exceptions import (
+    ConcurrencyRetriesExhaustedError,
+    IdempotencyError,
+    InvalidKeyError,
+    ResultTooLargeError,
+    RetentionConfigError,
+    StoreRequestError,
+    StoreUnavailableError,
+)
+from shared.handler import Idempotency, Transaction
+from shared.keys import DedupKey, request_hash, store_safe_id
+from shared.records import IdempotencyRecord, Outcome, OutcomeStatus, RecordState
+from shared.stores import (
+    CosmosIdempotencyStore,
+    Document,
+    IdempotencyStore,
+    TableIdempotencyStore,
+    WriteOp,
+)
+
+__all__ = [
+    "ConcurrencyRetriesExhaustedError",
+    "CosmosIdempotencyStore",
+    "DedupKey",
+    "Document",
+    "Idempotency",
+    "IdempotencyConfig",
+    "IdempotencyError",
+    "IdempotencyRecord",
+    "IdempotencyStore",
+    "InvalidKeyError",
+    "Outcome",
+    "OutcomeStatus",
+    "RecordState",
+    "RedeliveryWindow",
+    "ResultTooLargeError",
+    "RetentionConfigError",
+    "StoreRequestError",
+    "StoreUnavailableError",
+    "TableIdempotencyStore",
+    "Transaction",
+    "WriteOp",
+    "request_hash",
+    "store_safe_id",
+    "validate_retention",
+]

@@ -1,0 +1,103 @@
+"""What the store keeps per key, and what processing a message can yield."""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from shared.exceptions import ResultTooLargeError
+from shared.keys import DedupKey
+
+
+class RecordState(enum.StrEnum):
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+
+
+class OutcomeStatus(enum.StrEnum):
+    """Every way one delivery can end for the dedup flow."""
+
+    PROCESSED = "processed"  # first time: the effect happened now
+    DUPLICATE = "duplicate"  # seen before with the same content: first result returned
+    CONFLICT = "conflict"  # same key, different content: dead-letter/park and alert
+    IN_PROGRESS = "in_progress"  # another consumer holds a live lease: retry later
+    TAKEN_OVER = "taken_over"  # a stale in-progress record was taken over and processed
+    STALE = "stale"  # a stale in-progress record the caller chose to reconcile itself
+
+
+@dataclass(frozen=True)
+class IdempotencyRecord:
+    """One processed (or in-flight) key. Times are epoch seconds (UTC)."""
+
+    key: DedupKey
+    state: RecordState
+    request_hash: str
+    created_at: float
+    updated_at: float
+    expires_at: float | None = None  # None: lives as long as the entity it is part of
+    lease_expires_at: float | None = None  # in_progress only
+    attempts: int = 1
+    result: Any = None
+    partition: str | None = None  # defaults to the encoded key
+    record_id: str | None = None  # defaults to the encoded key
+    etag: str | None = field(default=None, compare=False)
+
+    @property
+    def id(self) -> str:
+        return self.record_id or self.key.encoded
+
+    @property
+    def partition_key(self) -> str:
+        return self.partition or self.key.encoded
+
+    def is_expired(self, now: float) -> bool:
+        return self.expires_at is not None and self.expires_at <= now
+
+    def is_lease_expired(self, now: float) -> bool:
+        return (self.state is RecordState.IN_PROGRESS and self.lease_expires_at is not None
+                and self.lease_expires_at <= now)
+
+    def evolve(self, **changes: Any) -> IdempotencyRecord:
+        return replace(self, **changes)
+
+
+def encode_result(result: Any, max_bytes: int) -> str:
+    """The result as JSON text, refused with a clear error when too large to store."""
+    try:
+        text = json.dumps(result, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise ResultTooLargeError(f"handler result is not JSON-serializable: {error}") from None
+    size = len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise ResultTooLargeError(
+            f"handler result is {size} bytes of JSON; the record keeps at most {max_bytes}. "
+            "Store large results elsewhere and return a reference."
+        )
+    return text
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The result of running one message through the dedup flow."""
+
+    status: OutcomeStatus
+    key: DedupKey
+    request_hash: str
+    result: Any = None
+    record: IdempotencyRecord | None = None
+
+    @property
+    def stored_hash(self) -> str | None:
+        return self.record.request_hash if self.record else None
+
+    @property
+    def effect_applied_now(self) -> bool:
+        return self.status in (OutcomeStatus.PROCESSED, OutcomeStatus.TAKEN_OVER)
+
+    @property
+    def should_ack(self) -> bool:
+        """Safe to settle the message as complete (effect done now or earlier)."""
+        return self.status in (OutcomeStatus.PROCESSED, OutcomeStatus.TAKEN_OVER,
+                               OutcomeStatus.DUPLICATE)

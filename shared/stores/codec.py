@@ -1,0 +1,70 @@
+"""Record <-> flat property map, shared by the backends.
+
+Record properties carry an `idem` prefix so a record can live inside a
+business entity (the order document that is its own marker) without clashing
+with business fields.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from shared.keys import DedupKey
+from shared.records import IdempotencyRecord, RecordState
+
+RESERVED = ("idemConsumer", "idemKey", "idemState", "idemRequestHash", "idemResult",
+            "idemCreatedAt", "idemUpdatedAt", "idemExpiresAt", "idemLeaseExpiresAt",
+            "idemAttempts")
+
+
+def record_fields(record: IdempotencyRecord) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "idemConsumer": record.key.consumer,
+        "idemKey": record.key.key,
+        "idemState": record.state.value,
+        "idemRequestHash": record.request_hash,
+        "idemResult": json.dumps(record.result, separators=(",", ":"), ensure_ascii=False),
+        "idemCreatedAt": float(record.created_at),
+        "idemUpdatedAt": float(record.updated_at),
+        "idemAttempts": int(record.attempts),
+    }
+    if record.expires_at is not None:
+        fields["idemExpiresAt"] = float(record.expires_at)
+    if record.lease_expires_at is not None:
+        fields["idemLeaseExpiresAt"] = float(record.lease_expires_at)
+    return fields
+
+
+def is_record(properties: dict[str, Any]) -> bool:
+    return "idemState" in properties and "idemKey" in properties
+
+
+def record_from_fields(properties: dict[str, Any], *, record_id: str, partition: str,
+                       etag: str | None) -> IdempotencyRecord:
+    key = DedupKey(properties["idemConsumer"], properties["idemKey"])
+    expires = properties.get("idemExpiresAt")
+    lease = properties.get("idemLeaseExpiresAt")
+    return IdempotencyRecord(
+        key=key,
+        state=RecordState(properties["idemState"]),
+        request_hash=properties["idemRequestHash"],
+        result=json.loads(properties.get("idemResult") or "null"),
+        created_at=float(properties["idemCreatedAt"]),
+        updated_at=float(properties["idemUpdatedAt"]),
+        expires_at=float(expires) if expires is not None else None,
+        lease_expires_at=float(lease) if lease is not None else None,
+        attempts=int(properties.get("idemAttempts", 1)),
+        partition=None if partition == key.encoded else partition,
+        record_id=None if record_id == key.encoded else record_id,
+        etag=etag,
+    )
+
+
+def check_flat(body: dict[str, Any]) -> None:
+    """Business bodies must be flat scalars so both backends can store them."""
+    for name, value in body.items():
+        if isinstance(value, (dict, list, tuple, set)):
+            raise ValueError(f"document property {name!r} is nested; store it as JSON text")
+        if name in RESERVED:
+            raise ValueError(f"document property {name!r} is reserved for the dedup record")
