@@ -51,6 +51,9 @@ var roles = {
 }
 
 resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' = {
+  // checkov:skip=CKV_AZURE_35: the Flex Consumption app of this template has no VNet integration, so the firewall cannot default to Deny; instead shared keys are disabled and every caller needs an Entra ID role assignment.
+  // checkov:skip=CKV_AZURE_59: public endpoint kept for the same reason (no VNet or private endpoints in this template); access is identity-only (allowSharedKeyAccess false, no anonymous blob access).
+  // checkov:skip=CKV_AZURE_206: locally redundant storage is enough for host state and the reference dedup tables; choose ZRS/GZRS (sku) for production data.
   name: name
   location: location
   tags: tags
@@ -170,6 +173,5 @@ output id string = storage.id
 output name string = storage.name
 output blobEndpoint string = 'https://${storage.name}.blob.${environment().suffixes.storage}'
 output tableEndpoint string = 'https://${storage.name}.table.${environment().suffixes.storage}'
-output queueEndpoint string = 'https://${storage.name}.queue.${environment().suffixes.storage}'
 output deploymentContainerUrl string = 'https://${storage.name}.blob.${environment().suffixes.storage}/${deploymentContainer.name}'
 output tableNames array = tableNames

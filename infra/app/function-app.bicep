@@ -1,0 +1,140 @@
+// Function App on the Flex Consumption plan (FC1), Python 3.11, running as the user-assigned
+// managed identity. The deployment package lives in a blob container reached by that identity.
+// App settings arrive as one object from resources.bicep (the settings contract).
+
+@description('Function App name.')
+param name string
+
+@description('Flex Consumption plan name.')
+param planName string
+
+@description('Region of the plan and the app (must offer Flex Consumption).')
+param location string
+
+@description('Tags applied to the plan and the app.')
+param tags object = {}
+
+@description('Resource id of the user-assigned managed identity.')
+param identityId string
+
+@description('Blob container URL of the deployment package.')
+param deploymentContainerUrl string
+
+@description('App settings (name -> value). Identity-based connections only; no secrets.')
+param appSettings object
+
+@description('Python version of the Flex Consumption runtime.')
+@allowed([
+  '3.10'
+  '3.11'
+  '3.12'
+])
+param pythonVersion string = '3.11'
+
+@description('Upper bound of instances the plan scales out to.')
+@minValue(40)
+@maxValue(1000)
+param maximumInstanceCount int = 100
+
+@description('Memory per instance.')
+@allowed([
+  512
+  2048
+  4096
+])
+param instanceMemoryMB int = 2048
+
+// azd finds the app to deploy to by this tag (service `api` in azure.yaml).
+var serviceTags = {
+  'azd-service-name': 'api'
+}
+
+resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
+  // checkov:skip=CKV_AZURE_225: zone redundancy of Flex Consumption plans is available in a subset of regions only; this reference template stays deployable everywhere FC1 exists. Set properties.zoneRedundant for production in a supporting region.
+  name: planName
+  location: location
+  tags: tags
+  kind: 'functionapp'
+  sku: {
+    name: 'FC1'
+    tier: 'FlexConsumption'
+  }
+  properties: {
+    reserved: true
+  }
+}
+
+resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
+  // checkov:skip=CKV_AZURE_17: mutual TLS is not this app's client authentication: its consumers are Service Bus, Event Hubs and timer triggers the host reaches outbound, and any HTTP function authenticates with function keys or Entra ID.
+  // checkov:skip=CKV_AZURE_222: inbound public access carries only deployments (azd deploy / func publish over Entra ID) in this template, which has no VNet or private endpoints; triggers are outbound connections and do not need it.
+  // checkov:skip=CKV_AZURE_212: Flex Consumption scales on trigger load (to zero when idle); a fixed minimum instance count is a cost choice, not a correctness one, for queue-driven consumers whose messages wait in the broker.
+  // checkov:skip=CKV_AZURE_213: an HTTP health probe says nothing about trigger-driven consumers on a scale-to-zero plan; their health is watched through the dead-letter, parked-event and duplicate-rate alerts (core/alerts.bicep).
+  name: name
+  location: location
+  tags: union(tags, serviceTags)
+  kind: 'functionapp,linux'
+  identity: {
+    type: 'UserAssigned'
+    userAssignedIdentities: {
+      '${identityId}': {}
+    }
+  }
+  properties: {
+    serverFarmId: plan.id
+    httpsOnly: true
+    keyVaultReferenceIdentity: identityId
+    siteConfig: {
+      appSettings: [for setting in items(appSettings): {
+        name: setting.key
+        value: setting.value
+      }]
+      minTlsVersion: '1.2'
+      scmMinTlsVersion: '1.2'
+      ftpsState: 'Disabled'
+      http20Enabled: true
+      remoteDebuggingEnabled: false
+    }
+    functionAppConfig: {
+      deployment: {
+        storage: {
+          type: 'blobContainer'
+          value: deploymentContainerUrl
+          authentication: {
+            type: 'UserAssignedIdentity'
+            userAssignedIdentityResourceId: identityId
+          }
+        }
+      }
+      scaleAndConcurrency: {
+        maximumInstanceCount: maximumInstanceCount
+        instanceMemoryMB: instanceMemoryMB
+      }
+      runtime: {
+        name: 'python'
+        version: pythonVersion
+      }
+    }
+  }
+}
+
+// Publishing goes through Entra ID (azd deploy / func azure functionapp publish / OneDeploy);
+// basic (user name + password) publishing credentials are switched off.
+resource scmBasicAuth 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2024-04-01' = {
+  parent: functionApp
+  name: 'scm'
+  properties: {
+    allow: false
+  }
+}
+
+resource ftpBasicAuth 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2024-04-01' = {
+  parent: functionApp
+  name: 'ftp'
+  properties: {
+    allow: false
+  }
+}
+
+output id string = functionApp.id
+output name string = functionApp.name
+output defaultHostName string = functionApp.properties.defaultHostName

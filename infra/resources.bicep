@@ -1,0 +1,344 @@
+// Every resource of the idempotent consumer app, deployed into one resource group.
+// Entry points: main.bicep (subscription scope: creates the group, used by `azd up` and
+// `az deployment sub create`) or this file directly with `az deployment group create`.
+//
+// The settings contract: `appSettings` below defines every setting the app reads in Azure.
+// Identity-based connections only: no keys, no connection strings.
+
+targetScope = 'resourceGroup'
+
+@minLength(1)
+@maxLength(64)
+@description('Environment name; seeds the unique resource-name suffix.')
+param environmentName string
+
+@description('Region of every resource (must offer Flex Consumption).')
+param location string = resourceGroup().location
+
+@description('Tags applied to every resource.')
+param tags object = {}
+
+@description('Optional object id of a developer (or CI principal) that runs the app locally against these resources. Empty: no developer role assignments.')
+param principalId string = ''
+
+@description('Principal type of principalId.')
+@allowed([
+  'User'
+  'Group'
+  'ServicePrincipal'
+])
+param principalType string = 'User'
+
+// --- Entity names (the app reads them as %NAME% binding expressions) --------------------------
+@description('ORDERS_QUEUE_NAME')
+param ordersQueueName string = 'orders'
+
+@description('ORDER_STATUS_QUEUE_NAME')
+param orderStatusQueueName string = 'order-status'
+
+@description('NOTIFICATIONS_TOPIC_NAME')
+param notificationsTopicName string = 'notifications'
+
+@description('NOTIFY_SUBSCRIPTION_NAME')
+param notifySubscriptionName string = 'notify'
+
+@description('AUDIT_SUBSCRIPTION_NAME')
+param auditSubscriptionName string = 'audit'
+
+@description('PAYMENTS_HUB_NAME')
+param paymentsHubName string = 'payments'
+
+@description('PAYMENTS_CONSUMER_GROUP')
+param paymentsConsumerGroupName string = 'payments-processor'
+
+@description('COSMOS_DATABASE')
+param cosmosDatabaseName string = 'idempotency'
+
+// --- Delivery and retention (the retention rule is derived from these) ------------------------
+@description('Service Bus peek-lock duration in seconds. Sets the entities\' lockDuration AND SERVICEBUS_LOCK_DURATION_SECONDS.')
+@minValue(5)
+@maxValue(300)
+param serviceBusLockDurationSeconds int = 60
+
+@description('Service Bus max delivery count. Sets the entities\' maxDeliveryCount AND SERVICEBUS_MAX_DELIVERY_COUNT.')
+@minValue(1)
+@maxValue(2000)
+param serviceBusMaxDeliveryCount int = 10
+
+@description('Longest time the Functions host keeps renewing a lock (host.json maxAutoLockRenewalDuration), in seconds.')
+@minValue(0)
+param serviceBusMaxAutoLockRenewalSeconds int = 300
+
+@description('Extra dedup retention beyond the last possible redelivery, in seconds (covers late dead-letter resubmissions).')
+@minValue(0)
+param dedupRetentionMarginSeconds int = 86400
+
+@description('Service Bus duplicate detection history window (ISO 8601, PT20S..P7D).')
+param duplicateDetectionHistoryTimeWindow string = 'PT10M'
+
+@description('Default message time to live on the queues and the topic (ISO 8601).')
+param defaultMessageTimeToLive string = 'P14D'
+
+@description('DEDUP_LEASE_SECONDS: how long an in-progress marker blocks other consumers before it is considered stale.')
+@minValue(1)
+param dedupLeaseSeconds int = 300
+
+// --- Behaviour -----------------------------------------------------------------------------
+@description('DEDUP_BACKEND: which store holds dedup markers and business records.')
+@allowed([
+  'cosmos'
+  'table'
+])
+param dedupBackend string = 'cosmos'
+
+@description('NOTIFICATION_API_URL: downstream notification API called by the notify consumer.')
+param notificationApiUrl string = ''
+
+@description('NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY: whether that API deduplicates on the Idempotency-Key header.')
+param notificationApiHonoursIdempotencyKey bool = false
+
+@description('PAYMENTS_MISSING_KEY_POLICY: what to do with a payment event that has no idempotency key.')
+@allowed([
+  'park'
+  'sequence'
+])
+param paymentsMissingKeyPolicy string = 'park'
+
+@description('PAYMENTS_MAX_ATTEMPTS: in-function attempts before a payment event is parked.')
+@minValue(1)
+param paymentsMaxAttempts int = 3
+
+@description('MAINTENANCE_SCHEDULE: NCRONTAB schedule of the maintenance timer (stale in-progress markers, expiry sweep).')
+param maintenanceSchedule string = '0 */15 * * * *'
+
+// --- Sizing --------------------------------------------------------------------------------
+@description('Cosmos DB capacity mode: true = serverless, false = provisioned autoscale.')
+param cosmosServerless bool = true
+
+@description('Autoscale max RU/s of the Cosmos DB database when cosmosServerless is false.')
+@minValue(1000)
+param cosmosAutoscaleMaxThroughput int = 1000
+
+@description('Partitions of the payments event hub.')
+@minValue(1)
+@maxValue(32)
+param eventHubPartitionCount int = 4
+
+@description('Maximum instances of the Flex Consumption app.')
+@minValue(40)
+@maxValue(1000)
+param functionMaximumInstanceCount int = 100
+
+@description('Memory per Flex Consumption instance.')
+@allowed([
+  512
+  2048
+  4096
+])
+param functionInstanceMemoryMB int = 2048
+
+// --- Alerts --------------------------------------------------------------------------------
+@description('E-mail address for alert notifications. Empty: alerts fire without notifications.')
+param alertEmailAddress string = ''
+
+@description('Duplicate spike alert: minimum duplicates in 15 minutes.')
+@minValue(1)
+param duplicateSpikeMinCount int = 20
+
+@description('Duplicate spike alert: multiple of the 24 h baseline that counts as a spike.')
+@minValue(1)
+param duplicateSpikeFactor int = 3
+
+// --- Derived values --------------------------------------------------------------------------
+var resourceToken = toLower(uniqueString(subscription().id, resourceGroup().id, environmentName))
+var functionAppName = 'func-idem-${resourceToken}'
+var deploymentContainerName = 'app-package-${resourceToken}'
+
+// Retention rule of the spec (PATTERN.md requirement 8), enforced again by the app at startup:
+// a dedup marker must outlive every redelivery of its message. Each delivery can hold the
+// message for max(lock, renewal) seconds, there are at most maxDeliveryCount deliveries, and the
+// margin covers late handling (dead-letter resubmission). Derived here, so it holds by construction.
+var dedupTtlSeconds = (max(serviceBusLockDurationSeconds, serviceBusMaxAutoLockRenewalSeconds) * serviceBusMaxDeliveryCount) + dedupRetentionMarginSeconds
+
+module identity 'core/identity.bicep' = {
+  name: 'identity'
+  params: {
+    name: 'id-idem-${resourceToken}'
+    location: location
+    tags: tags
+  }
+}
+
+module monitoring 'core/monitoring.bicep' = {
+  name: 'monitoring'
+  params: {
+    logAnalyticsName: 'log-idem-${resourceToken}'
+    applicationInsightsName: 'appi-idem-${resourceToken}'
+    location: location
+    tags: tags
+    appPrincipalId: identity.outputs.principalId
+    developerPrincipalId: principalId
+    developerPrincipalType: principalType
+  }
+}
+
+module storage 'core/storage.bicep' = {
+  name: 'storage'
+  params: {
+    name: 'stidem${resourceToken}'
+    location: location
+    tags: tags
+    deploymentContainerName: deploymentContainerName
+    appPrincipalId: identity.outputs.principalId
+    developerPrincipalId: principalId
+    developerPrincipalType: principalType
+  }
+}
+
+module serviceBus 'core/servicebus.bicep' = {
+  name: 'servicebus'
+  params: {
+    name: 'sb-idem-${resourceToken}'
+    location: location
+    tags: tags
+    ordersQueueName: ordersQueueName
+    orderStatusQueueName: orderStatusQueueName
+    notificationsTopicName: notificationsTopicName
+    notifySubscriptionName: notifySubscriptionName
+    auditSubscriptionName: auditSubscriptionName
+    lockDurationSeconds: serviceBusLockDurationSeconds
+    maxDeliveryCount: serviceBusMaxDeliveryCount
+    duplicateDetectionHistoryTimeWindow: duplicateDetectionHistoryTimeWindow
+    defaultMessageTimeToLive: defaultMessageTimeToLive
+    appPrincipalId: identity.outputs.principalId
+    developerPrincipalId: principalId
+    developerPrincipalType: principalType
+  }
+}
+
+module eventHubs 'core/eventhubs.bicep' = {
+  name: 'eventhubs'
+  params: {
+    name: 'evhns-idem-${resourceToken}'
+    location: location
+    tags: tags
+    paymentsHubName: paymentsHubName
+    paymentsConsumerGroupName: paymentsConsumerGroupName
+    partitionCount: eventHubPartitionCount
+    appPrincipalId: identity.outputs.principalId
+    developerPrincipalId: principalId
+    developerPrincipalType: principalType
+  }
+}
+
+module cosmos 'core/cosmos.bicep' = {
+  name: 'cosmos'
+  params: {
+    name: 'cosmos-idem-${resourceToken}'
+    location: location
+    tags: tags
+    databaseName: cosmosDatabaseName
+    serverless: cosmosServerless
+    autoscaleMaxThroughput: cosmosAutoscaleMaxThroughput
+    appPrincipalId: identity.outputs.principalId
+    developerPrincipalId: principalId
+  }
+}
+
+module alerts 'core/alerts.bicep' = {
+  name: 'alerts'
+  params: {
+    location: location
+    tags: tags
+    namePrefix: 'idem-${resourceToken}'
+    applicationInsightsId: monitoring.outputs.applicationInsightsId
+    serviceBusNamespaceId: serviceBus.outputs.id
+    deadLetterEntityNames: [
+      ordersQueueName
+      orderStatusQueueName
+      notificationsTopicName
+    ]
+    alertEmailAddress: alertEmailAddress
+    duplicateSpikeMinCount: duplicateSpikeMinCount
+    duplicateSpikeFactor: duplicateSpikeFactor
+  }
+}
+
+// The settings contract. Each identity-based connection (AzureWebJobsStorage,
+// ServiceBusConnection, EventHubConnection) names the user-assigned identity through
+// `__credential` + `__clientId`; the app's own SDK clients (Cosmos, Tables) use
+// DefaultAzureCredential, which picks the same identity from AZURE_CLIENT_ID.
+// COSMOS_KEY and TABLE_CONNECTION_STRING are local-only and deliberately absent.
+var appSettings = {
+  AzureWebJobsStorage__blobServiceUri: storage.outputs.blobEndpoint
+  AzureWebJobsStorage__tableServiceUri: storage.outputs.tableEndpoint
+  AzureWebJobsStorage__credential: 'managedidentity'
+  AzureWebJobsStorage__clientId: identity.outputs.clientId
+  ServiceBusConnection__fullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
+  ServiceBusConnection__credential: 'managedidentity'
+  ServiceBusConnection__clientId: identity.outputs.clientId
+  EventHubConnection__fullyQualifiedNamespace: eventHubs.outputs.fullyQualifiedNamespace
+  EventHubConnection__credential: 'managedidentity'
+  EventHubConnection__clientId: identity.outputs.clientId
+  ORDERS_QUEUE_NAME: ordersQueueName
+  ORDER_STATUS_QUEUE_NAME: orderStatusQueueName
+  NOTIFICATIONS_TOPIC_NAME: notificationsTopicName
+  NOTIFY_SUBSCRIPTION_NAME: notifySubscriptionName
+  AUDIT_SUBSCRIPTION_NAME: auditSubscriptionName
+  PAYMENTS_HUB_NAME: paymentsHubName
+  PAYMENTS_CONSUMER_GROUP: paymentsConsumerGroupName
+  DEDUP_BACKEND: dedupBackend
+  COSMOS_ENDPOINT: cosmos.outputs.endpoint
+  COSMOS_DATABASE: cosmosDatabaseName
+  TABLE_ENDPOINT: storage.outputs.tableEndpoint
+  NOTIFICATION_API_URL: notificationApiUrl
+  NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY: notificationApiHonoursIdempotencyKey ? 'true' : 'false'
+  DEDUP_TTL_SECONDS: string(dedupTtlSeconds)
+  DEDUP_LEASE_SECONDS: string(dedupLeaseSeconds)
+  SERVICEBUS_LOCK_DURATION_SECONDS: string(serviceBusLockDurationSeconds)
+  SERVICEBUS_MAX_DELIVERY_COUNT: string(serviceBusMaxDeliveryCount)
+  SERVICEBUS_MAX_AUTO_LOCK_RENEWAL_SECONDS: string(serviceBusMaxAutoLockRenewalSeconds)
+  DEDUP_RETENTION_MARGIN_SECONDS: string(dedupRetentionMarginSeconds)
+  PAYMENTS_MISSING_KEY_POLICY: paymentsMissingKeyPolicy
+  PAYMENTS_MAX_ATTEMPTS: string(paymentsMaxAttempts)
+  MAINTENANCE_SCHEDULE: maintenanceSchedule
+  APPLICATIONINSIGHTS_CONNECTION_STRING: monitoring.outputs.connectionString
+  APPLICATIONINSIGHTS_AUTHENTICATION_STRING: 'ClientId=${identity.outputs.clientId};Authorization=AAD'
+  AZURE_CLIENT_ID: identity.outputs.clientId
+}
+
+module functionApp 'app/function-app.bicep' = {
+  name: 'function-app'
+  params: {
+    name: functionAppName
+    planName: 'plan-idem-${resourceToken}'
+    location: location
+    tags: tags
+    identityId: identity.outputs.id
+    deploymentContainerUrl: storage.outputs.deploymentContainerUrl
+    appSettings: appSettings
+    pythonVersion: '3.11'
+    maximumInstanceCount: functionMaximumInstanceCount
+    instanceMemoryMB: functionInstanceMemoryMB
+  }
+  // The host must not start before its identity can reach storage and the brokers.
+  dependsOn: [
+    storage
+    serviceBus
+    eventHubs
+    cosmos
+    monitoring
+  ]
+}
+
+output AZURE_FUNCTION_APP_NAME string = functionApp.outputs.name
+output SERVICE_API_NAME string = functionApp.outputs.name
+output AZURE_CLIENT_ID string = identity.outputs.clientId
+output AZURE_STORAGE_ACCOUNT_NAME string = storage.outputs.name
+output SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = serviceBus.outputs.fullyQualifiedNamespace
+output EVENTHUB_FULLY_QUALIFIED_NAMESPACE string = eventHubs.outputs.fullyQualifiedNamespace
+output COSMOS_ENDPOINT string = cosmos.outputs.endpoint
+output TABLE_ENDPOINT string = storage.outputs.tableEndpoint
+output BLOB_ENDPOINT string = storage.outputs.blobEndpoint
+output APPLICATIONINSIGHTS_NAME string = monitoring.outputs.applicationInsightsName
+output DEDUP_TTL_SECONDS int = dedupTtlSeconds
