@@ -66,7 +66,7 @@ class CosmosIdempotencyStore(IdempotencyStore):
 
     def __init__(self, endpoint: str, credential: Any, *, database: str, container: str,
                  partition_key_path: str = "/pk", **client_options: Any) -> None:
-        self._cosmos = CosmosClient(endpoint, credential, **client_options)
+        self._cosmos = _call(lambda: CosmosClient(endpoint, credential, **client_options))
         container_proxy = self._cosmos.get_database_client(database).get_container_client(container)
         self._init(container_proxy, partition_key_path)
 
@@ -74,7 +74,7 @@ class CosmosIdempotencyStore(IdempotencyStore):
     def from_connection_string(cls, conn_str: str, *, database: str, container: str,
                                partition_key_path: str = "/pk", **client_options: Any
                                ) -> CosmosIdempotencyStore:
-        client = CosmosClient.from_connection_string(conn_str, **client_options)
+        client = _call(lambda: CosmosClient.from_connection_string(conn_str, **client_options))
         store = cls.from_container(client.get_database_client(database)
                                    .get_container_client(container), partition_key_path)
         store._cosmos = client
