@@ -147,10 +147,15 @@ def evaluate(expr: Any, scope: dict[str, Any]) -> Any:
             return evaluate(scope[expr], scope)
         if "${" in expr:
             def replace(match: re.Match[str]) -> str:
-                name = match.group(1).strip()
-                if name not in scope:
-                    raise Unresolved(name)
-                return str(evaluate(scope[name], scope))
+                head, *path = match.group(1).strip().split(".")
+                if head not in scope:
+                    raise Unresolved(match.group(1))
+                value = evaluate(scope[head], scope)
+                for part in path:
+                    if not isinstance(value, dict) or part not in value:
+                        raise Unresolved(match.group(1))
+                    value = evaluate(value[part], scope)
+                return str(value)
             return _INTERPOLATION.sub(replace, expr)
         return expr
     if isinstance(expr, list):
@@ -273,3 +278,37 @@ def load_yaml(path: Path) -> Any:
         check=True, capture_output=True, text=True, timeout=60,
     )
     return json.loads(out.stdout)
+
+
+def module_file(module: str, parent: str = "resources.bicep") -> str:
+    """infra-relative path of a module called from `parent`."""
+    path = parse(parent)["modules"][module]["detail"]["path"]
+    return str(((INFRA / parent).parent / path).resolve().relative_to(INFRA))
+
+
+def entity_resource(setting: str) -> tuple[str, str, str]:
+    """(module, template, resource symbol) of the broker entity an app setting names.
+
+    Follows the chain: app setting -> resources.bicep parameter -> module parameter
+    -> the resource whose `name` is that module parameter.
+    """
+    parameter = app_settings()[setting]
+    for module_name, module in parse("resources.bicep")["modules"].items():
+        relative = module_file(module_name)
+        for module_param, expr in module["config"].get("params", {}).items():
+            if expr != parameter:
+                continue
+            for symbol, res in resources(relative).items():
+                if body(res).get("name") == module_param:
+                    return module_name, relative, symbol
+    raise LookupError(f"no resource is named by setting {setting}")
+
+
+APP_PRINCIPAL = "appPrincipalId"
+DEVELOPER_PRINCIPAL = "developerPrincipalId"
+
+
+def app_roles_on(relative: str, symbol: str) -> set[str]:
+    """Role names the app identity holds with `symbol` as scope in one template."""
+    return {ROLE_NAME.get(a["role"], a["role"]) for a in role_assignments(relative)
+            if a["principal"] == APP_PRINCIPAL and a["kind"] == "rbac" and a["scope"] == symbol}

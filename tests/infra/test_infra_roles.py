@@ -1,0 +1,173 @@
+"""Least-privilege role assignments for the app identity, next to the resources they grant.
+
+Every identity-based connection the app uses has a data-plane role on the right
+scope; the app never gets a sender, owner or management role; the optional
+developer assignments exist only when a developer principal id is given.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.infra.bicep_model import (
+    APP_PRINCIPAL,
+    DEVELOPER_PRINCIPAL,
+    ENTITY_SETTINGS,
+    IDENTITY_CONNECTIONS,
+    ROLE,
+    ROLE_NAME,
+    accessor_path,
+    app_roles_on,
+    app_settings,
+    bicep_files,
+    body,
+    entity_resource,
+    module_file,
+    module_params,
+    of_type,
+    parse,
+    role_assignments,
+)
+
+# What the app identity must hold, per template: (role, scope resource type).
+EXPECTED_APP_ROLES = {
+    "core/storage.bicep": {
+        ("storageBlobDataOwner", "Microsoft.Storage/storageAccounts"),
+        ("storageTableDataContributor", "Microsoft.Storage/storageAccounts"),
+    },
+    "core/servicebus.bicep": {
+        ("serviceBusDataReceiver", "Microsoft.ServiceBus/namespaces/queues"),
+        ("serviceBusDataReceiver", "Microsoft.ServiceBus/namespaces/topics/subscriptions"),
+    },
+    "core/eventhubs.bicep": {
+        ("eventHubsDataReceiver", "Microsoft.EventHub/namespaces/eventhubs"),
+    },
+    "core/monitoring.bicep": {
+        ("monitoringMetricsPublisher", "Microsoft.Insights/components"),
+    },
+    "core/cosmos.bicep": {
+        ("cosmosDataContributor", "database"),
+    },
+}
+FORBIDDEN_FOR_APP = {
+    "serviceBusDataSender", "serviceBusDataOwner", "eventHubsDataSender", "eventHubsDataOwner",
+    "storageQueueDataContributor", "owner", "contributor",
+}
+# Receiving entities of the bindings: setting -> role the app needs on that very entity.
+RECEIVING_ENTITIES = {
+    "ORDERS_QUEUE_NAME": "serviceBusDataReceiver",
+    "ORDER_STATUS_QUEUE_NAME": "serviceBusDataReceiver",
+    "NOTIFY_SUBSCRIPTION_NAME": "serviceBusDataReceiver",
+    "AUDIT_SUBSCRIPTION_NAME": "serviceBusDataReceiver",
+    "PAYMENTS_HUB_NAME": "eventHubsDataReceiver",
+}
+
+ALL_ASSIGNMENTS = [(f, a) for f in bicep_files() for a in role_assignments(f)]
+
+
+def _scope_type(relative, assignment):
+    if assignment["kind"] == "cosmos":
+        return "database" if assignment["scope"] == "${account.id}/dbs/${databaseName}" else assignment["scope"]
+    return parse(relative)["resources"][assignment["scope"]]["type"]
+
+
+@pytest.mark.parametrize("relative", sorted(EXPECTED_APP_ROLES))
+def test_app_identity_has_exactly_the_expected_roles(relative):
+    granted = {(ROLE_NAME.get(a["role"], a["role"]), _scope_type(relative, a))
+               for a in role_assignments(relative) if a["principal"] == APP_PRINCIPAL}
+    assert granted == EXPECTED_APP_ROLES[relative]
+
+
+def test_role_assignments_live_next_to_their_resources():
+    """Each assignment's scope is a resource declared in the same template (not an `existing` ref)."""
+    for relative, assignment in ALL_ASSIGNMENTS:
+        if assignment["kind"] == "rbac":
+            scope = parse(relative)["resources"].get(assignment["scope"])
+            assert scope is not None, f"{relative}:{assignment['name']} scope is not a local resource"
+            assert scope["existing"] is False, f"{relative}:{assignment['name']} scopes an existing resource"
+
+
+def test_app_identity_never_gets_send_owner_or_management_roles():
+    for relative, assignment in ALL_ASSIGNMENTS:
+        if assignment["principal"] == APP_PRINCIPAL:
+            role = ROLE_NAME.get(assignment["role"], assignment["role"])
+            assert role not in FORBIDDEN_FOR_APP, f"{relative}:{assignment['name']} grants {role}"
+
+
+def test_app_assignments_are_unconditional_and_developer_ones_optional():
+    principals = set()
+    for relative, assignment in ALL_ASSIGNMENTS:
+        principals.add(assignment["principal"])
+        if assignment["principal"] == APP_PRINCIPAL:
+            assert not assignment["conditional"], f"{relative}:{assignment['name']}"
+        else:
+            assert assignment["principal"] == DEVELOPER_PRINCIPAL, f"{relative}:{assignment['name']}"
+            assert assignment["conditional"], f"{relative}:{assignment['name']} must be `if (!empty(...))`"
+    assert principals == {APP_PRINCIPAL, DEVELOPER_PRINCIPAL}
+
+
+def test_rbac_assignment_names_are_deterministic_per_scope_principal_and_role():
+    for relative, assignment in ALL_ASSIGNMENTS:
+        name = assignment["body"]["name"]["function"]
+        assert name["type"] == "guid", f"{relative}:{assignment['name']}"
+        args = list(name["parameters"].values())
+        assert assignment["principal"] in args, f"{relative}:{assignment['name']}"
+        if assignment["kind"] == "rbac":
+            assert accessor_path(args[0]) == [assignment["scope"], "id"], f"{relative}:{assignment['name']}"
+        assert assignment["body"]["properties"].get("principalType", "ServicePrincipal") in (
+            "ServicePrincipal", "developerPrincipalType")
+
+
+@pytest.mark.parametrize("setting", sorted(RECEIVING_ENTITIES))
+def test_each_receiving_entity_grants_the_app_its_receiver_role_on_that_entity(setting):
+    module, relative, symbol = entity_resource(setting)
+    assert RECEIVING_ENTITIES[setting] in app_roles_on(relative, symbol), (
+        f"{setting} -> {module}/{symbol}: app identity lacks {RECEIVING_ENTITIES[setting]}")
+
+
+def test_consumer_group_belongs_to_the_granted_hub():
+    _, relative, group = entity_resource("PAYMENTS_CONSUMER_GROUP")
+    _, _, hub = entity_resource("PAYMENTS_HUB_NAME")
+    assert body(parse(relative)["resources"][group])["parent"] == hub
+    assert set(ENTITY_SETTINGS) >= set(RECEIVING_ENTITIES)
+
+
+def test_one_identity_runs_the_app_holds_the_roles_and_is_named_by_the_connections():
+    settings = app_settings()
+    modules = parse("resources.bicep")["modules"]
+    for name, module in modules.items():
+        params = module["config"].get("params", {})
+        if "appPrincipalId" in params:
+            assert accessor_path(params["appPrincipalId"]) == ["identity", "outputs", "principalId"], name
+    assert accessor_path(module_params("resources.bicep", "functionApp")["identityId"]) == [
+        "identity", "outputs", "id"]
+    for connection, module in IDENTITY_CONNECTIONS.items():
+        assert settings[f"{connection}__credential"] == "managedidentity"
+        assert accessor_path(settings[f"{connection}__clientId"]) == ["identity", "outputs", "clientId"]
+        endpoint_keys = [k for k in settings if k.startswith(f"{connection}__")
+                         and k.split("__", 1)[1] in {"fullyQualifiedNamespace", "blobServiceUri", "accountName"}]
+        assert endpoint_keys, f"{connection} has no identity-based endpoint setting"
+        for key in endpoint_keys:
+            # The endpoint comes from the module that grants the app its roles.
+            assert accessor_path(settings[key])[0] == module, key
+            assert "appPrincipalId" in module_params("resources.bicep", module), key
+    assert accessor_path(settings["AZURE_CLIENT_ID"]) == ["identity", "outputs", "clientId"]
+    assert accessor_path(settings["COSMOS_ENDPOINT"])[0] == "cosmos"
+    assert accessor_path(settings["TABLE_ENDPOINT"])[0] == "storage"
+    assert accessor_path(settings["APPLICATIONINSIGHTS_CONNECTION_STRING"])[0] == "monitoring"
+
+
+def test_cosmos_data_role_is_scoped_to_the_app_database():
+    (assignment,) = [a for a in role_assignments("core/cosmos.bicep") if a["principal"] == APP_PRINCIPAL]
+    assert assignment["role"] == ROLE["cosmosDataContributor"]
+    assert assignment["scope"] == "${account.id}/dbs/${databaseName}"
+    assert module_params("resources.bicep", "cosmos")["databaseName"] == "cosmosDatabaseName"
+    assert app_settings()["COSMOS_DATABASE"] == "cosmosDatabaseName"
+    (database,) = of_type("core/cosmos.bicep", "Microsoft.DocumentDB/databaseAccounts/sqlDatabases").values()
+    assert body(database)["name"] == "databaseName"
+
+
+def test_storage_role_covers_host_storage_and_tables_of_the_same_account():
+    assert module_file("storage") == "core/storage.bicep"
+    (account,) = of_type("core/storage.bicep", "Microsoft.Storage/storageAccounts")
+    assert app_roles_on("core/storage.bicep", account) == {"storageBlobDataOwner", "storageTableDataContributor"}

@@ -1,0 +1,175 @@
+"""The deployed app settings: the contract names, identity-only connections, and the
+retention rule holding by construction."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import timedelta
+
+import pytest
+
+from tests.infra.bicep_model import (
+    CONTRACT_SETTINGS,
+    ENTITY_SETTINGS,
+    IDENTITY_CONNECTIONS,
+    LOCAL_ONLY_SETTINGS,
+    app_settings,
+    evaluate,
+    module_params,
+    parse,
+    scope_of,
+)
+
+RETENTION_PARAMS = (
+    "serviceBusLockDurationSeconds",
+    "serviceBusMaxDeliveryCount",
+    "serviceBusMaxAutoLockRenewalSeconds",
+    "dedupRetentionMarginSeconds",
+)
+
+
+def _setting_values(overrides=None):
+    scope = scope_of("resources.bicep", overrides)
+    values = {}
+    for key, expr in app_settings().items():
+        try:
+            values[key] = evaluate(expr, scope)
+        except Exception:  # noqa: BLE001 - resource outputs are runtime values
+            values[key] = None
+    return values
+
+
+def test_every_contract_setting_is_deployed():
+    missing = CONTRACT_SETTINGS - set(app_settings())
+    assert not missing, sorted(missing)
+
+
+@pytest.mark.parametrize("connection", sorted(IDENTITY_CONNECTIONS))
+def test_connections_are_identity_based(connection):
+    settings = app_settings()
+    assert connection not in settings, f"{connection} would be a connection string"
+    assert settings[f"{connection}__credential"] == "managedidentity"
+    assert f"{connection}__clientId" in settings
+
+
+def test_no_local_only_secret_settings_are_deployed():
+    assert not LOCAL_ONLY_SETTINGS & set(app_settings())
+    for key in app_settings():
+        assert not key.endswith(("_PASSWORD", "_SECRET", "_SAS")), key
+        assert not key.endswith("_KEY") or key.endswith("IDEMPOTENCY_KEY"), key
+        if key.endswith("CONNECTION_STRING"):
+            # Not a secret with local auth disabled: ingestion is authorised by the identity.
+            assert key == "APPLICATIONINSIGHTS_CONNECTION_STRING", key
+
+
+def test_entity_settings_carry_the_contract_names():
+    values = _setting_values()
+    for setting, name in ENTITY_SETTINGS.items():
+        assert values[setting] == name, setting
+
+
+def test_entity_settings_and_broker_entities_come_from_the_same_parameters():
+    settings = app_settings()
+    sb = module_params("resources.bicep", "serviceBus")
+    eh = module_params("resources.bicep", "eventHubs")
+    assert settings["ORDERS_QUEUE_NAME"] == sb["ordersQueueName"]
+    assert settings["ORDER_STATUS_QUEUE_NAME"] == sb["orderStatusQueueName"]
+    assert settings["NOTIFICATIONS_TOPIC_NAME"] == sb["notificationsTopicName"]
+    assert settings["NOTIFY_SUBSCRIPTION_NAME"] == sb["notifySubscriptionName"]
+    assert settings["AUDIT_SUBSCRIPTION_NAME"] == sb["auditSubscriptionName"]
+    assert settings["PAYMENTS_HUB_NAME"] == eh["paymentsHubName"]
+    assert settings["PAYMENTS_CONSUMER_GROUP"] == eh["paymentsConsumerGroupName"]
+
+
+def test_behaviour_setting_defaults():
+    values = _setting_values()
+    assert values["DEDUP_BACKEND"] == "cosmos"
+    assert values["COSMOS_DATABASE"] == "idempotency"
+    assert values["NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY"] == "false"
+    assert _setting_values({"notificationApiHonoursIdempotencyKey": True})[
+        "NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY"] == "true"
+    assert values["PAYMENTS_MISSING_KEY_POLICY"] == "park"
+    assert values["PAYMENTS_MAX_ATTEMPTS"] == "3"
+    assert values["MAINTENANCE_SCHEDULE"] == "0 */15 * * * *"
+    assert len(values["MAINTENANCE_SCHEDULE"].split()) == 6, "NCRONTAB has six fields"
+    assert values["DEDUP_LEASE_SECONDS"] == "300"
+    assert values["SERVICEBUS_LOCK_DURATION_SECONDS"] == "60"
+    assert values["SERVICEBUS_MAX_DELIVERY_COUNT"] == "10"
+    assert values["SERVICEBUS_MAX_AUTO_LOCK_RENEWAL_SECONDS"] == "300"
+    assert values["DEDUP_RETENTION_MARGIN_SECONDS"] == "86400"
+    allowed = parse("resources.bicep")["parameters"]["dedupBackend"]["decorators"]
+    assert {"type": "allowed", "argument": ["cosmos", "table"]} in allowed
+
+
+# --- The retention rule ---------------------------------------------------------------------
+def test_lock_duration_of_the_queue_and_the_setting_share_one_parameter():
+    settings = app_settings()
+    sb = module_params("resources.bicep", "serviceBus")
+    assert sb["lockDurationSeconds"] == "serviceBusLockDurationSeconds"
+    assert settings["SERVICEBUS_LOCK_DURATION_SECONDS"]["function"]["parameters"][
+        "value_to_convert"] == "serviceBusLockDurationSeconds"
+    assert sb["maxDeliveryCount"] == "serviceBusMaxDeliveryCount"
+    assert settings["SERVICEBUS_MAX_DELIVERY_COUNT"]["function"]["parameters"][
+        "value_to_convert"] == "serviceBusMaxDeliveryCount"
+    # Inside the module both feed every entity (checked per entity in test_infra_resources).
+    assert parse("core/servicebus.bicep")["variables"]["lockDuration"]["value"] == "PT${lockDurationSeconds}S"
+
+
+def test_dedup_ttl_setting_is_the_derived_value():
+    settings = app_settings()
+    assert settings["DEDUP_TTL_SECONDS"]["function"]["parameters"]["value_to_convert"] == "dedupTtlSeconds"
+    for key, param in (("SERVICEBUS_MAX_AUTO_LOCK_RENEWAL_SECONDS", "serviceBusMaxAutoLockRenewalSeconds"),
+                       ("DEDUP_RETENTION_MARGIN_SECONDS", "dedupRetentionMarginSeconds")):
+        assert settings[key]["function"]["parameters"]["value_to_convert"] == param
+
+
+def _rule(lock, count, renewal, margin):
+    return max(lock, renewal) * count + margin
+
+
+@pytest.mark.parametrize(("lock", "count", "renewal", "margin"), list(itertools.product(
+    (5, 60, 300), (1, 10, 2000), (0, 300, 3600), (0, 86400))))
+def test_retention_rule_holds_for_any_parameter_values(lock, count, renewal, margin):
+    values = _setting_values({
+        "serviceBusLockDurationSeconds": lock,
+        "serviceBusMaxDeliveryCount": count,
+        "serviceBusMaxAutoLockRenewalSeconds": renewal,
+        "dedupRetentionMarginSeconds": margin,
+    })
+    ttl = int(values["DEDUP_TTL_SECONDS"])
+    assert ttl >= _rule(lock, count, renewal, margin)
+    assert ttl == _rule(lock, count, renewal, margin), "derived exactly, no hidden slack"
+    assert int(values["SERVICEBUS_LOCK_DURATION_SECONDS"]) == lock
+    assert int(values["SERVICEBUS_MAX_DELIVERY_COUNT"]) == count
+
+
+def test_default_ttl_matches_the_spec_defaults():
+    assert int(_setting_values()["DEDUP_TTL_SECONDS"]) == max(60, 300) * 10 + 86400 == 89400
+    assert int(_setting_values()["DEDUP_TTL_SECONDS"]) > int(_setting_values()["DEDUP_LEASE_SECONDS"])
+
+
+def test_app_retention_check_accepts_the_deployed_values():
+    """The app's own startup rule (shared.config) agrees with the Bicep derivation."""
+    from shared.config import RedeliveryWindow, validate_retention
+    from shared.exceptions import RetentionConfigError
+
+    values = _setting_values()
+    window = RedeliveryWindow(
+        lock_duration=timedelta(seconds=int(values["SERVICEBUS_LOCK_DURATION_SECONDS"])),
+        max_delivery_count=int(values["SERVICEBUS_MAX_DELIVERY_COUNT"]),
+        max_auto_lock_renewal=timedelta(seconds=int(values["SERVICEBUS_MAX_AUTO_LOCK_RENEWAL_SECONDS"])),
+        margin=timedelta(seconds=int(values["DEDUP_RETENTION_MARGIN_SECONDS"])),
+    )
+    ttl = timedelta(seconds=int(values["DEDUP_TTL_SECONDS"]))
+    validate_retention(ttl, window)
+    with pytest.raises(RetentionConfigError):
+        validate_retention(ttl - timedelta(seconds=1), window)
+
+
+def test_retention_parameters_are_bounded_like_service_bus():
+    params = parse("resources.bicep")["parameters"]
+    lock = {d["type"]: d["argument"] for d in params["serviceBusLockDurationSeconds"]["decorators"]
+            if d["type"] in ("min_value", "max_value")}
+    assert lock == {"min_value": 5, "max_value": 300}
+    for name in RETENTION_PARAMS:
+        assert params[name]["type"] == "int", name
