@@ -1,0 +1,85 @@
+"""CloudEvents 1.0 from Event Hubs events: structured (JSON body) and binary mode.
+
+Binary mode carries the attributes as application properties: `ce_id` /
+`ce_source` (Kafka-style, as Event Hubs' Kafka endpoint and many producers
+write them) or `cloudEvents:id` / `cloudEvents_id` (the AMQP binding).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+REQUIRED = ("id", "source", "type", "specversion")
+_PREFIXES = ("ce_", "cloudEvents:", "cloudEvents_", "ce-")
+
+
+class InvalidEventError(ValueError):
+    """The event is not a usable CloudEvent; `reason` is a short stable code."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class CloudEvent:
+    id: str
+    source: str
+    type: str
+    specversion: str
+    data: Any = None
+    subject: str | None = None
+    time: str | None = None
+    datacontenttype: str | None = None
+    extensions: dict[str, Any] = field(default_factory=dict)
+
+
+def _text(value: Any) -> Any:
+    return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else value
+
+
+def _binary_attributes(properties: dict[Any, Any]) -> dict[str, Any]:
+    attributes: dict[str, Any] = {}
+    for raw_name, value in (properties or {}).items():
+        name = str(_text(raw_name))
+        for prefix in _PREFIXES:
+            if name.startswith(prefix):
+                attributes[name[len(prefix):].lower()] = _text(value)
+                break
+    return attributes
+
+
+def parse_cloudevent(body: bytes, properties: dict[Any, Any] | None = None,
+                     content_type: str | None = None) -> CloudEvent:
+    """Decode one CloudEvent, or raise InvalidEventError saying what is wrong."""
+    attributes = _binary_attributes(properties or {})
+    structured = (content_type or "").startswith("application/cloudevents") or not attributes
+    if structured:
+        try:
+            envelope = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise InvalidEventError("MalformedJson", f"body is not JSON: {error}") from None
+        if not isinstance(envelope, dict):
+            raise InvalidEventError("MalformedCloudEvent", "structured event must be a JSON object")
+        attributes, data = envelope, envelope.get("data")
+    else:
+        try:
+            data = json.loads(body) if body else None
+        except (ValueError, UnicodeDecodeError) as error:
+            raise InvalidEventError("MalformedJson", f"data is not JSON: {error}") from None
+    missing = [name for name in REQUIRED if not attributes.get(name)]
+    if missing:
+        raise InvalidEventError("MissingCloudEventAttributes", f"missing {', '.join(missing)}")
+    wrong = [name for name in REQUIRED if not isinstance(attributes[name], str)]
+    if wrong:
+        raise InvalidEventError("MalformedCloudEvent", f"{', '.join(wrong)} must be strings")
+    known = {*REQUIRED, "data", "subject", "time", "datacontenttype", "data_base64"}
+    return CloudEvent(
+        id=attributes["id"], source=attributes["source"], type=attributes["type"],
+        specversion=attributes["specversion"], data=data, subject=attributes.get("subject"),
+        time=attributes.get("time"), datacontenttype=attributes.get("datacontenttype"),
+        extensions={k: v for k, v in attributes.items() if k not in known},
+    )
