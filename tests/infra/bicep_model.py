@@ -272,7 +272,7 @@ def load_yaml(path: Path) -> Any:
     python = infra_venv_bin("python")
     if not python.exists():
         raise FileNotFoundError(python)
-    out = subprocess.run(  # noqa: S603 - fixed interpreter path, file path from the repo
+    out = subprocess.run(
         [str(python), "-c", "import json, sys, yaml; print(json.dumps(yaml.safe_load(open(sys.argv[1]))))",
          str(path)],
         check=True, capture_output=True, text=True, timeout=60,

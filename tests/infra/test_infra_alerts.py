@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 from tests.infra.bicep_model import (
+    ENTITY_SETTINGS,
     INFRA,
     LOG_EVENTS,
-    ENTITY_SETTINGS,
     bicep_files,
     body,
     evaluate,
@@ -43,9 +43,9 @@ def test_event_names_are_declared_once():
 def test_event_names_match_the_app_telemetry():
     from shared import telemetry
 
-    assert telemetry.EVENT_CONFLICT == LOG_EVENTS["keyConflict"]
-    assert telemetry.EVENT_PARKED == LOG_EVENTS["parked"]
-    assert telemetry.EVENT_DUPLICATE == LOG_EVENTS["duplicate"]
+    assert LOG_EVENTS["keyConflict"] == telemetry.EVENT_CONFLICT
+    assert LOG_EVENTS["parked"] == telemetry.EVENT_PARKED
+    assert LOG_EVENTS["duplicate"] == telemetry.EVENT_DUPLICATE
 
 
 def test_one_log_alert_per_event_querying_traces_and_custom_events():

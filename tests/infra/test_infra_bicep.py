@@ -96,7 +96,8 @@ def test_no_keys_or_connection_strings_are_read_from_resources():
 def test_azure_yaml_declares_the_function_service():
     text = (INFRA.parent / "azure.yaml").read_text()
     # Small, flat YAML: check the lines rather than pull in a YAML parser for the test venv.
-    lines = [line.rstrip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    lines = [line.rstrip() for line in text.splitlines()
+             if line.strip() and not line.lstrip().startswith("#")]
     assert "services:" in lines
     service = lines[lines.index("services:") + 1:]
     assert service[0] == "  api:"

@@ -97,7 +97,8 @@ def test_event_hubs_emulator_declares_the_contract_entities():
 @pytest.fixture(scope="module")
 def compose():
     if not infra_venv_bin("python").exists():
-        message = "infra venv missing: python3 -m venv .venv-infra && .venv-infra/bin/pip install -r requirements-infra.txt"
+        message = ("infra venv missing: python3 -m venv .venv-infra && "
+                   ".venv-infra/bin/pip install -r requirements-infra.txt")
         if ci():
             pytest.fail(message)
         pytest.skip(message)
@@ -129,7 +130,8 @@ def test_compose_services(compose):
     assert eh["environment"]["BLOB_SERVER"] == "azurite"
     assert eh["environment"]["METADATA_SERVER"] == "azurite"
     for name in ("servicebus", "eventhubs", "servicebus-sql"):
-        assert services[name]["environment"]["ACCEPT_EULA"] == "${ACCEPT_EULA:-N}", "the user accepts the EULA"
+        eula = services[name]["environment"]["ACCEPT_EULA"]
+        assert eula == "${ACCEPT_EULA:-N}", f"{name}: the user accepts the EULA, not the file"
 
 
 @pytest.mark.parametrize(("service", "config", "target"), [

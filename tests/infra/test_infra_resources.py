@@ -10,6 +10,7 @@ from tests.infra.bicep_model import (
     COSMOS_TTL_CONTAINERS,
     ENTITY_SETTINGS,
     TABLES,
+    Unresolved,
     body,
     evaluate,
     module_params,
@@ -33,7 +34,7 @@ def _sb_scope():
     for name, expr in passed.items():
         try:
             values[name] = evaluate(expr, outer)
-        except Exception:  # noqa: BLE001 - runtime values (outputs) stay unresolved
+        except Unresolved:
             values[name] = None
     return scope_of(SB, values)
 
@@ -58,7 +59,8 @@ def test_service_bus_entities_have_the_contract_names():
     subs = _named(SB, "Microsoft.ServiceBus/namespaces/topics/subscriptions", scope)
     assert set(queues) == {ENTITY_SETTINGS["ORDERS_QUEUE_NAME"], ENTITY_SETTINGS["ORDER_STATUS_QUEUE_NAME"]}
     assert set(topics) == {ENTITY_SETTINGS["NOTIFICATIONS_TOPIC_NAME"]}
-    assert set(subs) == {ENTITY_SETTINGS["NOTIFY_SUBSCRIPTION_NAME"], ENTITY_SETTINGS["AUDIT_SUBSCRIPTION_NAME"]}
+    assert set(subs) == {ENTITY_SETTINGS["NOTIFY_SUBSCRIPTION_NAME"],
+                         ENTITY_SETTINGS["AUDIT_SUBSCRIPTION_NAME"]}
 
 
 def test_orders_queue_has_parameterized_duplicate_detection():

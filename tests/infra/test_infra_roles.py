@@ -67,7 +67,8 @@ ALL_ASSIGNMENTS = [(f, a) for f in bicep_files() for a in role_assignments(f)]
 
 def _scope_type(relative, assignment):
     if assignment["kind"] == "cosmos":
-        return "database" if assignment["scope"] == "${account.id}/dbs/${databaseName}" else assignment["scope"]
+        database_scope = "${account.id}/dbs/${databaseName}"
+        return "database" if assignment["scope"] == database_scope else assignment["scope"]
     return parse(relative)["resources"][assignment["scope"]]["type"]
 
 
@@ -144,8 +145,9 @@ def test_one_identity_runs_the_app_holds_the_roles_and_is_named_by_the_connectio
     for connection, module in IDENTITY_CONNECTIONS.items():
         assert settings[f"{connection}__credential"] == "managedidentity"
         assert accessor_path(settings[f"{connection}__clientId"]) == ["identity", "outputs", "clientId"]
+        endpoint_kinds = {"fullyQualifiedNamespace", "blobServiceUri", "accountName"}
         endpoint_keys = [k for k in settings if k.startswith(f"{connection}__")
-                         and k.split("__", 1)[1] in {"fullyQualifiedNamespace", "blobServiceUri", "accountName"}]
+                         and k.split("__", 1)[1] in endpoint_kinds]
         assert endpoint_keys, f"{connection} has no identity-based endpoint setting"
         for key in endpoint_keys:
             # The endpoint comes from the module that grants the app its roles.
@@ -170,4 +172,5 @@ def test_cosmos_data_role_is_scoped_to_the_app_database():
 def test_storage_role_covers_host_storage_and_tables_of_the_same_account():
     assert module_file("storage") == "core/storage.bicep"
     (account,) = of_type("core/storage.bicep", "Microsoft.Storage/storageAccounts")
-    assert app_roles_on("core/storage.bicep", account) == {"storageBlobDataOwner", "storageTableDataContributor"}
+    assert app_roles_on("core/storage.bicep", account) == {
+        "storageBlobDataOwner", "storageTableDataContributor"}

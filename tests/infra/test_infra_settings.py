@@ -13,6 +13,7 @@ from tests.infra.bicep_model import (
     ENTITY_SETTINGS,
     IDENTITY_CONNECTIONS,
     LOCAL_ONLY_SETTINGS,
+    Unresolved,
     app_settings,
     evaluate,
     module_params,
@@ -34,7 +35,7 @@ def _setting_values(overrides=None):
     for key, expr in app_settings().items():
         try:
             values[key] = evaluate(expr, scope)
-        except Exception:  # noqa: BLE001 - resource outputs are runtime values
+        except Unresolved:
             values[key] = None
     return values
 
