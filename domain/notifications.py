@@ -1,0 +1,151 @@
+"""Notifications from a Service Bus topic: an HTTP call that cannot join a transaction.
+
+Two-phase record on the Table backend: claim in progress, call the API with
+the dedup key as `Idempotency-Key`, mark completed. A stale in-progress record
+(the previous attempt died mid-call) is re-sent with the same key when the API
+honours idempotency keys; otherwise it is parked for a person and the record
+closed, so nothing is sent twice. Two subscriptions (notify, audit) on the
+same topic track completion separately: the key is scoped by consumer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import propagate
+
+from domain.messages import InboundMessage, InvalidMessageError, parse_json_object
+from shared import (
+    ConcurrencyRetriesExhaustedError,
+    DedupKey,
+    Idempotency,
+    InvalidKeyError,
+    OutcomeStatus,
+    StoreRequestError,
+    StoreUnavailableError,
+    request_hash,
+)
+from shared.parking import ParkingLot
+from shared.records import RecordState
+from shared.settlement import Decision
+
+MAX_NOTIFICATION_BYTES = 64 * 1024
+logger = logging.getLogger(__name__)
+
+
+class NotificationRejectedError(Exception):
+    """The API refused the notification for good (4xx other than 409/429)."""
+
+
+class NotificationRetryError(Exception):
+    """The API failed in a way worth retrying (5xx, 409 in progress, 429, network)."""
+
+
+@dataclass(frozen=True)
+class HttpResponse:
+    status: int
+    body: str
+
+
+Sender = Callable[[str, bytes, dict[str, str]], HttpResponse]
+
+
+def urllib_sender(url: str, data: bytes, headers: dict[str, str], timeout: float = 10.0
+                  ) -> HttpResponse:
+    """POST with the standard library (no extra dependency in the function app)."""
+    request = urllib.request.Request(url, data=data, headers=headers, method="POST")  # noqa: S310
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - URL from settings
+            return HttpResponse(response.status, response.read(4096).decode("utf-8", "replace"))
+    except urllib.error.HTTPError as error:
+        return HttpResponse(error.code, error.read(4096).decode("utf-8", "replace"))
+    except (urllib.error.URLError, TimeoutError, OSError) as error:
+        raise NotificationRetryError(f"notification API unreachable: {error}") from error
+
+
+def downstream_headers(key: DedupKey, correlation_id: str | None) -> dict[str, str]:
+    """Idempotency-Key (store-safe, header-safe) plus trace context for the next hop."""
+    headers = {"Content-Type": "application/json", "Idempotency-Key": key.encoded}
+    if correlation_id:
+        headers["X-Correlation-Id"] = correlation_id
+    propagate.inject(headers)
+    return headers
+
+
+class NotificationService:
+    """One subscription's consumer: sends each message's notification once."""
+
+    def __init__(self, consumer: str, idempotency: Idempotency, parking: ParkingLot, *,
+                 api_url: str, api_honours_key: bool, sender: Sender = urllib_sender) -> None:
+        self.consumer = consumer
+        self.idempotency = idempotency
+        self.parking = parking
+        self.api_url = api_url
+        self.api_honours_key = api_honours_key
+        self.sender = sender
+
+    def _send(self, key: DedupKey, notification: dict[str, Any], correlation_id: str | None
+              ) -> dict[str, Any]:
+        payload = json.dumps({"channel": self.consumer, **notification}).encode("utf-8")
+        response = self.sender(self.api_url, payload, downstream_headers(key, correlation_id))
+        if response.status in (409, 429) or response.status >= 500:
+            raise NotificationRetryError(f"notification API answered {response.status}")
+        if response.status >= 400:
+            raise NotificationRejectedError(f"notification API answered {response.status}: "
+                                            f"{response.body[:200]}")
+        return {"status": response.status}
+
+    def handle(self, message: InboundMessage) -> Decision:
+        context = {"message_id": message.message_id, "correlation_id": message.correlation_id,
+                   "delivery_count": message.delivery_count}
+        try:
+            key = DedupKey.from_message_id(self.consumer, message.message_id)
+            notification = parse_json_object(message.body, max_bytes=MAX_NOTIFICATION_BYTES)
+        except InvalidKeyError as error:
+            return Decision.deadletter("InvalidMessageId", str(error))
+        except InvalidMessageError as error:
+            return Decision.deadletter(error.reason, error.detail)
+        digest = request_hash(notification)
+        try:
+            outcome = self.idempotency.run(
+                key, digest, lambda: self._send(key, notification, message.correlation_id),
+                takeover_stale=self.api_honours_key, **context)
+        except NotificationRejectedError as error:
+            return Decision.deadletter("NotificationRejected", str(error))
+        except (NotificationRetryError, StoreUnavailableError,
+                ConcurrencyRetriesExhaustedError) as error:
+            return Decision.abandon("Transient", str(error))
+        except StoreRequestError as error:
+            return Decision.deadletter("StoreRejected", str(error))
+        if outcome.status is OutcomeStatus.STALE:
+            return self.park_stale(outcome.record, message.body, context)
+        if outcome.status is OutcomeStatus.CONFLICT:
+            return Decision.deadletter(
+                "IdempotencyKeyConflict",
+                f"key {key.key!r} ({key.encoded}) stored hash {outcome.stored_hash}, "
+                f"message hash {outcome.request_hash}", outcome.status.value)
+        if outcome.should_ack:
+            return Decision.complete(outcome.status.value)
+        return Decision.abandon("InProgress", f"{key.encoded} is being sent by another consumer")
+
+    def park_stale(self, record: Any, payload: bytes | str, context: dict[str, Any]) -> Decision:
+        """An earlier attempt may or may not have reached the API: a person decides."""
+        self.parking.park(consumer=self.consumer, entry_id=record.key.key, reason="StaleInProgress",
+                          payload=payload, error="previous attempt died mid-call; the API does "
+                          "not honour Idempotency-Key, so re-sending could notify twice",
+                          attempts=record.attempts, **context)
+        closed = record.evolve(state=RecordState.COMPLETED, lease_expires_at=None,
+                               result={"parked": "StaleInProgress"},
+                               updated_at=self.idempotency.config.clock())
+        try:
+            self.idempotency.store.replace_record(closed)
+        except Exception as error:
+            logger.warning("could not close parked record: %s", error)
+            return Decision.abandon("Transient", str(error))
+        return Decision.complete("parked")

@@ -1,0 +1,138 @@
+"""Orders from Service Bus into Cosmos DB: the spec's reference example.
+
+MessageId is the order id. The order document's id is the order id and the
+container is partitioned by /orderId, so the document itself is the dedup
+marker; the order lines go into the same transactional batch. 409 on the
+order document means a copy was processed: equal request hash = duplicate
+(complete), different = the id was reused (dead-letter + alert).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from domain.messages import InboundMessage, InvalidMessageError, parse_json_object
+from shared import (
+    ConcurrencyRetriesExhaustedError,
+    DedupKey,
+    Idempotency,
+    InvalidKeyError,
+    OutcomeStatus,
+    StoreRequestError,
+    StoreUnavailableError,
+    request_hash,
+    store_safe_id,
+)
+from shared.settlement import Decision
+
+CONSUMER = "orders"
+MAX_ORDER_BYTES = 256 * 1024  # a Standard-tier Service Bus message
+MAX_LINES = 98  # one batch: order document + lines <= 100 operations
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Order:
+    order_id: str
+    customer_id: str
+    currency: str
+    lines: tuple[dict[str, Any], ...]
+
+    @property
+    def total(self) -> float:
+        return round(sum(line["quantity"] * line["unitPrice"] for line in self.lines), 2)
+
+    def immutable_fields(self) -> dict[str, Any]:
+        """What identifies the order's content; hashed to detect a reused id."""
+        return {"orderId": self.order_id, "customerId": self.customer_id,
+                "currency": self.currency, "lines": list(self.lines)}
+
+
+def parse_order(message: InboundMessage) -> Order:
+    data = parse_json_object(message.body, max_bytes=MAX_ORDER_BYTES)
+    order_id = data.get("orderId")
+    if not isinstance(order_id, str) or not order_id:
+        raise InvalidMessageError("InvalidOrder", "orderId must be a non-empty string")
+    if order_id != message.message_id:
+        raise InvalidMessageError("OrderIdMismatch",
+                                  f"MessageId {message.message_id!r} is not orderId {order_id!r}")
+    customer, currency = data.get("customerId"), data.get("currency", "EUR")
+    if not isinstance(customer, str) or not customer:
+        raise InvalidMessageError("InvalidOrder", "customerId must be a non-empty string")
+    if not isinstance(currency, str) or len(currency) != 3:
+        raise InvalidMessageError("InvalidOrder", "currency must be a 3-letter code")
+    lines = data.get("lines")
+    if not isinstance(lines, list) or not lines:
+        raise InvalidMessageError("InvalidOrder", "lines must be a non-empty list")
+    if len(lines) > MAX_LINES:
+        raise InvalidMessageError("OrderTooLarge", f"{len(lines)} lines; at most {MAX_LINES}")
+    parsed = []
+    for n, line in enumerate(lines):
+        if not isinstance(line, dict):
+            raise InvalidMessageError("InvalidOrder", f"line {n} must be an object")
+        sku, qty, price = line.get("sku"), line.get("quantity"), line.get("unitPrice")
+        if not isinstance(sku, str) or not sku:
+            raise InvalidMessageError("InvalidOrder", f"line {n}: sku must be a string")
+        if not isinstance(qty, int) or isinstance(qty, bool) or qty <= 0:
+            raise InvalidMessageError("InvalidOrder", f"line {n}: quantity must be a positive integer")
+        if (not isinstance(price, (int, float)) or isinstance(price, bool) or price < 0
+                or not math.isfinite(price)):
+            raise InvalidMessageError("InvalidOrder", f"line {n}: unitPrice must be a number >= 0")
+        parsed.append({"sku": sku, "quantity": qty, "unitPrice": price})
+    return Order(order_id, customer, currency, tuple(parsed))
+
+
+class OrderService:
+    """Persists each order once; the order document is the dedup marker."""
+
+    def __init__(self, idempotency: Idempotency) -> None:
+        self.idempotency = idempotency
+
+    def handle(self, message: InboundMessage) -> Decision:
+        context = {"message_id": message.message_id, "correlation_id": message.correlation_id,
+                   "delivery_count": message.delivery_count}
+        try:
+            key = DedupKey.from_message_id(CONSUMER, message.message_id)
+            order = parse_order(message)
+        except InvalidKeyError as error:
+            return self._reject("InvalidMessageId", str(error), context)
+        except InvalidMessageError as error:
+            return self._reject(error.reason, error.detail, context)
+        digest = request_hash(order.immutable_fields())
+        document_id = store_safe_id(order.order_id)
+        order_document = {"orderId": order.order_id, "customerId": order.customer_id,
+                          "currency": order.currency, "total": order.total,
+                          "lineCount": len(order.lines), "status": "accepted", "kind": "order"}
+
+        def build(tx: Any) -> dict[str, Any]:
+            for n, line in enumerate(order.lines, start=1):
+                tx.create(f"{document_id}:line:{n:03d}",
+                          {"orderId": order.order_id, "kind": "line", **line})
+            return {"orderId": order.order_id, "total": order.total}
+
+        try:
+            outcome = self.idempotency.run_atomic(
+                key, digest, build, partition=document_id, marker_id=document_id,
+                marker_body=order_document, expires=False, **context)
+        except (StoreUnavailableError, ConcurrencyRetriesExhaustedError) as error:
+            logger.warning("orders: transient failure, abandoning: %s", error, extra=context)
+            return Decision.abandon("StoreUnavailable", str(error))
+        except StoreRequestError as error:
+            return self._reject("StoreRejected", str(error), context)
+        if outcome.status is OutcomeStatus.CONFLICT:
+            return Decision.deadletter(
+                "IdempotencyKeyConflict",
+                f"key {key.key!r} ({key.encoded}) was processed with request hash "
+                f"{outcome.stored_hash}; this message has {outcome.request_hash}",
+                outcome.status.value)
+        if outcome.should_ack:
+            return Decision.complete(outcome.status.value)
+        return Decision.abandon("InProgress", f"{key.encoded} is being processed elsewhere")
+
+    def _reject(self, reason: str, detail: str, context: dict[str, Any]) -> Decision:
+        self.idempotency.telemetry.parked(consumer=CONSUMER, reason=reason, error=detail,
+                                          event="MessageDeadLettered", **context)
+        return Decision.deadletter(reason, detail)

@@ -1,0 +1,163 @@
+"""Every app setting the function app reads, in one place, with clear startup errors.
+
+Binding expressions (`%ORDERS_QUEUE_NAME%`, `connection="ServiceBusConnection"`)
+are resolved by the Functions host; the rest is read here. The infra contract
+tests check that each name is defined in Bicep and local.settings.sample.json.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+
+from shared.config import IdempotencyConfig, RedeliveryWindow
+
+# Read by the host for bindings (not by Python code).
+BINDING_SETTINGS = (
+    "AzureWebJobsStorage",
+    "ServiceBusConnection",
+    "EventHubConnection",
+    "ORDERS_QUEUE_NAME",
+    "ORDER_STATUS_QUEUE_NAME",
+    "NOTIFICATIONS_TOPIC_NAME",
+    "NOTIFY_SUBSCRIPTION_NAME",
+    "AUDIT_SUBSCRIPTION_NAME",
+    "PAYMENTS_HUB_NAME",
+    "PAYMENTS_CONSUMER_GROUP",
+    "MAINTENANCE_SCHEDULE",
+)
+# Read by the app at startup.
+APP_SETTINGS = (
+    "DEDUP_BACKEND",
+    "COSMOS_ENDPOINT",
+    "COSMOS_KEY",
+    "COSMOS_DATABASE",
+    "TABLE_ENDPOINT",
+    "TABLE_CONNECTION_STRING",
+    "NOTIFICATION_API_URL",
+    "NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY",
+    "DEDUP_TTL_SECONDS",
+    "DEDUP_LEASE_SECONDS",
+    "SERVICEBUS_LOCK_DURATION_SECONDS",
+    "SERVICEBUS_MAX_DELIVERY_COUNT",
+    "SERVICEBUS_MAX_AUTO_LOCK_RENEWAL_SECONDS",
+    "DEDUP_RETENTION_MARGIN_SECONDS",
+    "PAYMENTS_MISSING_KEY_POLICY",
+    "PAYMENTS_MAX_ATTEMPTS",
+    "PAYMENTS_HUB_NAME",
+    "PAYMENTS_CONSUMER_GROUP",
+    "APPLICATIONINSIGHTS_CONNECTION_STRING",
+    "AZURE_CLIENT_ID",
+    "COSMOS_VERIFY_TLS",
+)
+# Only for local runs (keys, emulator TLS); Azure uses the app's managed identity instead.
+LOCAL_ONLY_SETTINGS = ("COSMOS_KEY", "COSMOS_VERIFY_TLS", "TABLE_CONNECTION_STRING")
+SETTING_NAMES = tuple(dict.fromkeys(BINDING_SETTINGS + APP_SETTINGS))
+
+# Fixed store names (Bicep creates them; see infra/).
+COSMOS_CONTAINERS = {"orders": "/orderId", "order-status": "/orderId", "ledger": "/pk",
+                     "dedup": "/pk"}
+TABLES = ("dedup", "parked", "ledger", "orders", "orderstatus")
+
+
+class SettingsError(ValueError):
+    """A setting is missing or invalid; the message names it and says what is expected."""
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise SettingsError(f"{name}={value} must be at least {minimum}")
+    return value
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("true", "1", "yes"):
+        return True
+    if raw in ("false", "0", "no"):
+        return False
+    raise SettingsError(f"{name}={raw!r} must be true or false")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The app's configuration, validated once at startup."""
+
+    backend: str
+    cosmos_endpoint: str | None
+    cosmos_key: str | None
+    cosmos_database: str
+    cosmos_verify_tls: bool
+    table_endpoint: str | None
+    table_connection_string: str | None
+    notification_api_url: str | None
+    notification_api_honours_key: bool
+    ttl: timedelta
+    lease: timedelta
+    window: RedeliveryWindow
+    missing_key_policy: str
+    payments_max_attempts: int
+    payments_hub: str
+    payments_consumer_group: str
+    azure_client_id: str | None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        backend = env.get("DEDUP_BACKEND", "cosmos").strip().lower()
+        if backend not in ("cosmos", "table"):
+            raise SettingsError(f"DEDUP_BACKEND={backend!r} must be 'cosmos' or 'table'")
+        table_endpoint = env.get("TABLE_ENDPOINT") or None
+        table_conn = env.get("TABLE_CONNECTION_STRING") or None
+        if not (table_endpoint or table_conn):
+            raise SettingsError("set TABLE_ENDPOINT (Azure, identity) or TABLE_CONNECTION_STRING "
+                                "(local, e.g. UseDevelopmentStorage=true): parked messages, "
+                                "notifications and the table backend live there")
+        cosmos_endpoint = env.get("COSMOS_ENDPOINT") or None
+        if backend == "cosmos" and not cosmos_endpoint:
+            raise SettingsError("DEDUP_BACKEND=cosmos needs COSMOS_ENDPOINT")
+        policy = env.get("PAYMENTS_MISSING_KEY_POLICY", "park").strip().lower()
+        if policy not in ("park", "sequence"):
+            raise SettingsError(f"PAYMENTS_MISSING_KEY_POLICY={policy!r} must be 'park' or 'sequence'")
+        window = RedeliveryWindow(
+            lock_duration=timedelta(seconds=_int(env, "SERVICEBUS_LOCK_DURATION_SECONDS", 60, 1)),
+            max_delivery_count=_int(env, "SERVICEBUS_MAX_DELIVERY_COUNT", 10, 1),
+            max_auto_lock_renewal=timedelta(
+                seconds=_int(env, "SERVICEBUS_MAX_AUTO_LOCK_RENEWAL_SECONDS", 300, 0)),
+            margin=timedelta(seconds=_int(env, "DEDUP_RETENTION_MARGIN_SECONDS", 86400, 0)),
+        )
+        settings = cls(
+            backend=backend,
+            cosmos_endpoint=cosmos_endpoint,
+            cosmos_key=env.get("COSMOS_KEY") or None,
+            cosmos_database=env.get("COSMOS_DATABASE", "idempotency") or "idempotency",
+            cosmos_verify_tls=_bool(env, "COSMOS_VERIFY_TLS", True),
+            table_endpoint=table_endpoint,
+            table_connection_string=table_conn,
+            notification_api_url=env.get("NOTIFICATION_API_URL") or None,
+            notification_api_honours_key=_bool(env, "NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY", True),
+            ttl=timedelta(seconds=_int(env, "DEDUP_TTL_SECONDS", 7 * 86400, 1)),
+            lease=timedelta(seconds=_int(env, "DEDUP_LEASE_SECONDS", 300, 1)),
+            window=window,
+            missing_key_policy=policy,
+            payments_max_attempts=_int(env, "PAYMENTS_MAX_ATTEMPTS", 3, 1),
+            payments_hub=env.get("PAYMENTS_HUB_NAME", "payments") or "payments",
+            payments_consumer_group=env.get("PAYMENTS_CONSUMER_GROUP", "$Default") or "$Default",
+            azure_client_id=env.get("AZURE_CLIENT_ID") or None,
+        )
+        settings.idempotency_config()  # the retention rule is a startup error
+        return settings
+
+    def idempotency_config(self) -> IdempotencyConfig:
+        return IdempotencyConfig(ttl=self.ttl, lease=self.lease, window=self.window)

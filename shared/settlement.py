@@ -1,0 +1,67 @@
+"""Service Bus settlement behind a small interface.
+
+The app settles explicitly (`auto_complete_messages=False`) so a key conflict
+can be dead-lettered with a reason instead of completed or retried. In Azure
+the Functions host injects `ServiceBusMessageActions` (package
+azurefunctions-extensions-bindings-servicebus); the delivery simulator and the
+tests pass their own implementation of the same three methods.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+MAX_DESCRIPTION_CHARS = 4000
+
+
+class MessageActions(Protocol):
+    """What the app needs from ServiceBusMessageActions."""
+
+    def complete(self, message: Any) -> None: ...
+
+    def abandon(self, message: Any) -> None: ...
+
+    def deadletter(self, message: Any, deadletter_reason: str | None = None,
+                   deadletter_error_description: str | None = None) -> None: ...
+
+
+class Action(enum.StrEnum):
+    COMPLETE = "complete"
+    ABANDON = "abandon"  # redeliver: transient failure or another consumer is busy
+    DEADLETTER = "deadletter"  # never retry blindly: a reason says why
+
+
+@dataclass(frozen=True)
+class Decision:
+    """How one message is to be settled, decided by the domain code."""
+
+    action: Action
+    reason: str | None = None
+    description: str | None = None
+    outcome: str | None = None  # the dedup outcome behind it, for logs and tests
+
+    @classmethod
+    def complete(cls, outcome: str | None = None) -> Decision:
+        return cls(Action.COMPLETE, outcome=outcome)
+
+    @classmethod
+    def abandon(cls, reason: str, description: str = "") -> Decision:
+        return cls(Action.ABANDON, reason, description)
+
+    @classmethod
+    def deadletter(cls, reason: str, description: str, outcome: str | None = None) -> Decision:
+        return cls(Action.DEADLETTER, reason, description, outcome)
+
+
+def settle(decision: Decision, message: Any, actions: MessageActions) -> None:
+    """Apply a decision to a received message."""
+    if decision.action is Action.COMPLETE:
+        actions.complete(message)
+    elif decision.action is Action.ABANDON:
+        actions.abandon(message)
+    else:
+        actions.deadletter(message, deadletter_reason=decision.reason,
+                           deadletter_error_description=(decision.description or "")
+                           [:MAX_DESCRIPTION_CHARS])
