@@ -2,7 +2,8 @@
 (Azure) and local.settings.sample.json (local runs).
 
 Reads what the code declares, not a copy of it:
-  * shared.settings.SETTING_NAMES: every setting the app reads;
+  * shared.settings.SETTING_NAMES: every setting the app reads (and, when the module
+    declares them, LOCAL_ONLY_SETTINGS, COSMOS_CONTAINERS and TABLES);
   * function_app.app: the indexed functions, whose bindings name their connections
     (`connection=`) and entity settings (`%NAME%`).
 """
@@ -14,17 +15,21 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterator
 
 import pytest
 
 from tests.infra.bicep_model import (
     AZURE_ONLY_SETTINGS,
+    COSMOS_CONTAINERS,
     ENTITY_SETTINGS,
     IDENTITY_CONNECTIONS,
     LOCAL_ONLY_SETTINGS,
     REPO,
+    TABLES,
     app_settings,
+    body,
+    of_type,
+    parse,
 )
 
 SAMPLE = REPO / "local.settings.sample.json"
@@ -39,8 +44,23 @@ def _sample_values() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def code() -> Iterator[tuple[tuple[str, ...], list[dict]]]:
+def settings_module():
+    return _import_code()[0]
+
+
+@pytest.fixture(scope="module")
+def code():
     """SETTING_NAMES and every binding dict, imported with the sample settings in the env."""
+    settings, function_app = _import_code()
+    bindings = []
+    for function in function_app.app.get_functions():
+        for binding in function.get_bindings_dict()["bindings"]:
+            bindings.append({**binding, "function": function.get_function_name()})
+    assert bindings, "function_app.app declares no bindings"
+    return tuple(settings.SETTING_NAMES), bindings
+
+
+def _import_code():
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
     saved = dict(os.environ)
@@ -48,17 +68,10 @@ def code() -> Iterator[tuple[tuple[str, ...], list[dict]]]:
     for key, value in _sample_values().items():
         os.environ.setdefault(key, str(value))
     try:
-        settings = importlib.import_module("shared.settings")
-        function_app = importlib.import_module("function_app")
+        return importlib.import_module("shared.settings"), importlib.import_module("function_app")
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    bindings = []
-    for function in function_app.app.get_functions():
-        for binding in function.get_bindings_dict()["bindings"]:
-            bindings.append({**binding, "function": function.get_function_name()})
-    assert bindings, "function_app.app declares no bindings"
-    return tuple(settings.SETTING_NAMES), bindings
 
 
 def _connections(bindings: list[dict]) -> set[str]:
@@ -102,12 +115,31 @@ def test_every_percent_setting_is_defined_in_bicep_and_the_sample(code):
     assert not names - set(sample), f"missing in local.settings.sample.json: {sorted(names - set(sample))}"
 
 
-def test_every_setting_the_app_reads_is_defined_in_bicep(code):
+def _local_only(settings_module) -> set[str]:
+    """Local-only settings: the contract's, plus those the code itself declares local-only."""
+    return LOCAL_ONLY_SETTINGS | set(getattr(settings_module, "LOCAL_ONLY_SETTINGS", ()))
+
+
+def test_every_setting_the_app_reads_is_defined_in_bicep(code, settings_module):
     setting_names, _ = code
     deployed = set(app_settings())
-    missing = [n for n in setting_names
-               if n not in LOCAL_ONLY_SETTINGS and not _defined_in_bicep(n, deployed)]
+    local_only = _local_only(settings_module)
+    missing = [n for n in setting_names if n not in local_only and not _defined_in_bicep(n, deployed)]
     assert not missing, f"read by the app, absent from infra/resources.bicep appSettings: {missing}"
+    deployed_local_only = sorted(local_only & deployed)
+    assert not deployed_local_only, f"local-only settings deployed to Azure: {deployed_local_only}"
+
+
+def test_store_names_in_the_code_match_bicep(settings_module):
+    containers = getattr(settings_module, "COSMOS_CONTAINERS", COSMOS_CONTAINERS)
+    deployed = {}
+    for res in of_type("core/cosmos.bicep",
+                       "Microsoft.DocumentDB/databaseAccounts/sqlDatabases/containers").values():
+        resource = body(res)["properties"]["resource"]
+        deployed[resource["id"]] = resource["partitionKey"]["paths"][0]
+    assert dict(containers) == deployed
+    tables = set(getattr(settings_module, "TABLES", TABLES))
+    assert tables == set(parse("core/storage.bicep")["variables"]["tableNames"]["value"])
 
 
 def test_every_setting_the_app_reads_is_defined_in_the_sample(code):
