@@ -65,8 +65,8 @@ resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
 }
 
 resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
-  // checkov:skip=CKV_AZURE_17: mutual TLS is not this app's client authentication: its consumers are Service Bus, Event Hubs and timer triggers the host reaches outbound, and any HTTP function authenticates with function keys or Entra ID.
-  // checkov:skip=CKV_AZURE_222: inbound public access carries only deployments (azd deploy / func publish over Entra ID) in this template, which has no VNet or private endpoints; triggers are outbound connections and do not need it.
+  // checkov:skip=CKV_AZURE_17: mutual TLS is not this app's client authentication: the HTTP endpoint (POST /api/payments) is protected by function keys (front it with API Management or Entra ID auth for production), and the broker triggers are outbound connections.
+  // checkov:skip=CKV_AZURE_222: the app serves a public, function-key protected HTTP endpoint and receives deployments over Entra ID; this template has no VNet or private endpoint to confine it to (broker triggers are outbound and unaffected).
   // checkov:skip=CKV_AZURE_212: Flex Consumption scales on trigger load (to zero when idle); a fixed minimum instance count is a cost choice, not a correctness one, for queue-driven consumers whose messages wait in the broker.
   // checkov:skip=CKV_AZURE_213: an HTTP health probe says nothing about trigger-driven consumers on a scale-to-zero plan; their health is watched through the dead-letter, parked-event and duplicate-rate alerts (core/alerts.bicep).
   name: name
