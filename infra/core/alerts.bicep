@@ -50,7 +50,7 @@ var parkedRows = 'union isfuzzy=true (traces | where message has "${logEvents.pa
 var duplicateRows = 'union isfuzzy=true (traces | where message has "${logEvents.duplicate}" or tostring(customDimensions) has "${logEvents.duplicate}"), (customEvents | where name == "${logEvents.duplicate}")'
 
 // 15-minute window compared with the average 15-minute count of the preceding day (95 windows).
-var duplicateSpikeQuery = 'let dups = ${duplicateRows}; let recent = toscalar(dups | where timestamp > ago(15m) | count); let baseline = todouble(toscalar(dups | where timestamp between (ago(1d) .. ago(15m)) | count)) / 95.0; print recent = recent, baseline = baseline | where recent >= ${duplicateSpikeMinCount} and recent > ${duplicateSpikeFactor} * baseline'
+var duplicateSpikeQuery = 'let dups = ${duplicateRows}; let recent = toscalar(dups | where timestamp > ago(15m) | count); let baseline = todouble(toscalar(dups | where timestamp between (ago(1d) .. ago(15m)) | count)) / 95.0; print recentCount = recent, baselineCount = baseline | where recentCount >= ${duplicateSpikeMinCount} and recentCount > ${duplicateSpikeFactor} * baselineCount'
 
 var actionGroupIds = empty(alertEmailAddress) ? [] : [
   actionGroup.id

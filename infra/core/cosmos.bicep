@@ -75,12 +75,6 @@ resource account 'Microsoft.DocumentDB/databaseAccounts@2024-11-15' = {
     publicNetworkAccess: 'Enabled'
     enableAutomaticFailover: false
     enableMultipleWriteLocations: false
-    backupPolicy: {
-      type: 'Continuous'
-      continuousModeProperties: {
-        tier: 'Continuous7Days'
-      }
-    }
   }
 }
 

@@ -82,7 +82,7 @@ def test_duplicate_spike_compares_the_window_with_a_baseline():
     rules = _query_rules()
     (rule, query, _) = rules["duplicateSpikeAlert"]
     assert LOG_EVENTS["duplicate"] in query
-    assert re.search(r"recent >= 20 and recent > 3 \* baseline", query)
+    assert re.search(r"recentCount >= 20 and recentCount > 3 \* baselineCount", query)
     assert rule["properties"]["windowSize"] == "P1D"
     assert rule["properties"]["evaluationFrequency"] == "PT15M"
 
