@@ -1,0 +1,1 @@
+"""Azure Functions triggers (blueprints): thin adapters from bindings to domain services."""

@@ -1,0 +1,83 @@
+"""Binding types -> the domain's transport-neutral views."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import azure.functions as func
+
+from domain.messages import InboundEvent, InboundMessage
+
+
+def _text(value: Any) -> Any:
+    return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else value
+
+
+def message_body(message: Any) -> bytes:
+    body = message.body
+    if isinstance(body, (bytes, bytearray)):
+        return bytes(body)
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    try:
+        return b"".join(bytes(part) for part in body)  # AMQP data sections
+    except TypeError:
+        return str(message).encode("utf-8")  # AMQP value/sequence body
+
+
+def message_view(message: Any) -> InboundMessage:
+    """From azure.servicebus.ServiceBusReceivedMessage (SDK-type binding)."""
+    message_id = message.message_id
+    return InboundMessage(
+        message_id=None if message_id is None else str(_text(message_id)),
+        body=message_body(message),
+        correlation_id=None if message.correlation_id is None else str(_text(message.correlation_id)),
+        delivery_count=int(message.delivery_count or 1),
+        content_type=_text(message.content_type),
+        application_properties={str(_text(k)): _text(v)
+                                for k, v in (message.application_properties or {}).items()},
+    )
+
+
+def _content_type(properties: dict[str, Any], system: dict[str, Any]) -> str | None:
+    for source in (system, properties):
+        for name in ("ContentType", "content-type", "content_type", "contentType"):
+            if source.get(name):
+                return str(_text(source[name]))
+    return None
+
+
+def event_views(events: list[func.EventHubEvent]) -> list[InboundEvent]:
+    """Per-event views of a cardinality-many batch.
+
+    Each event carries the whole batch's trigger metadata; its own application
+    properties are entry i of `PropertiesArray` (system ones of
+    `SystemPropertiesArray`).
+    """
+    views = []
+    for index, event in enumerate(events):
+        metadata = event.metadata or {}
+        properties_array = metadata.get("PropertiesArray") or []
+        system_array = metadata.get("SystemPropertiesArray") or []
+        raw_properties = properties_array[index] if index < len(properties_array) else {}
+        system = system_array[index] if index < len(system_array) else {}
+        properties = {str(_text(k)): _text(v) for k, v in (raw_properties or {}).items()}
+        views.append(InboundEvent(
+            sequence_number=int(event.sequence_number),
+            body=event.get_body() or b"",
+            properties=properties,
+            content_type=_content_type(properties, system or {}),
+            offset=None if event.offset is None else str(event.offset),
+            enqueued_time=None if event.enqueued_time is None else event.enqueued_time.isoformat(),
+            partition_key=event.partition_key,
+        ))
+    return views
+
+
+def partition_id(events: list[func.EventHubEvent]) -> str:
+    """The batch's partition, from the trigger metadata the host sends."""
+    for event in events:
+        context = (event.metadata or {}).get("PartitionContext") or {}
+        if context.get("PartitionId") is not None:
+            return str(context["PartitionId"])
+    raise ValueError("Event Hubs trigger metadata has no PartitionContext.PartitionId")

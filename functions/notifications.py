@@ -1,0 +1,30 @@
+"""`notify` and `audit`: two subscriptions on one topic, each deduplicated on its own."""
+
+from __future__ import annotations
+
+import azure.functions as func
+import azurefunctions.extensions.bindings.servicebus as servicebus
+
+from functions.adapters import message_view
+from functions.services import services
+from shared.settlement import settle
+
+bp = func.Blueprint()
+
+
+@bp.function_name("notify")
+@bp.service_bus_topic_trigger(arg_name="message", topic_name="%NOTIFICATIONS_TOPIC_NAME%",
+                              subscription_name="%NOTIFY_SUBSCRIPTION_NAME%",
+                              connection="ServiceBusConnection", auto_complete_messages=False)
+def notify(message: servicebus.ServiceBusReceivedMessage,
+           message_actions: servicebus.ServiceBusMessageActions) -> None:
+    settle(services().notify.handle(message_view(message)), message, message_actions)
+
+
+@bp.function_name("audit")
+@bp.service_bus_topic_trigger(arg_name="message", topic_name="%NOTIFICATIONS_TOPIC_NAME%",
+                              subscription_name="%AUDIT_SUBSCRIPTION_NAME%",
+                              connection="ServiceBusConnection", auto_complete_messages=False)
+def audit(message: servicebus.ServiceBusReceivedMessage,
+          message_actions: servicebus.ServiceBusMessageActions) -> None:
+    settle(services().audit.handle(message_view(message)), message, message_actions)

@@ -1,0 +1,20 @@
+"""`order_status`: Service Bus queue trigger for full-state, versioned status events."""
+
+from __future__ import annotations
+
+import azure.functions as func
+import azurefunctions.extensions.bindings.servicebus as servicebus
+
+from functions.adapters import message_view
+from functions.services import services
+from shared.settlement import settle
+
+bp = func.Blueprint()
+
+
+@bp.function_name("order_status")
+@bp.service_bus_queue_trigger(arg_name="message", queue_name="%ORDER_STATUS_QUEUE_NAME%",
+                              connection="ServiceBusConnection", auto_complete_messages=False)
+def order_status(message: servicebus.ServiceBusReceivedMessage,
+                 message_actions: servicebus.ServiceBusMessageActions) -> None:
+    settle(services().order_status.handle(message_view(message)), message, message_actions)

@@ -1,0 +1,20 @@
+"""`orders`: Service Bus queue trigger, settled explicitly (see shared/settlement.py)."""
+
+from __future__ import annotations
+
+import azure.functions as func
+import azurefunctions.extensions.bindings.servicebus as servicebus
+
+from functions.adapters import message_view
+from functions.services import services
+from shared.settlement import settle
+
+bp = func.Blueprint()
+
+
+@bp.function_name("orders")
+@bp.service_bus_queue_trigger(arg_name="message", queue_name="%ORDERS_QUEUE_NAME%",
+                              connection="ServiceBusConnection", auto_complete_messages=False)
+def orders(message: servicebus.ServiceBusReceivedMessage,
+           message_actions: servicebus.ServiceBusMessageActions) -> None:
+    settle(services().orders.handle(message_view(message)), message, message_actions)
