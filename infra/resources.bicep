@@ -65,8 +65,9 @@ param serviceBusLockDurationSeconds int = 60
 @maxValue(2000)
 param serviceBusMaxDeliveryCount int = 10
 
-@description('Longest time the Functions host keeps renewing a lock (host.json maxAutoLockRenewalDuration), in seconds.')
+@description('Longest time the Functions host keeps renewing a lock, in seconds. Overrides host.json maxAutoLockRenewalDuration and sets SERVICEBUS_MAX_AUTO_LOCK_RENEWAL_SECONDS.')
 @minValue(0)
+@maxValue(86399)
 param serviceBusMaxAutoLockRenewalSeconds int = 300
 
 @description('Extra dedup retention beyond the last possible redelivery, in seconds (covers late dead-letter resubmissions).')
@@ -159,6 +160,13 @@ var deploymentContainerName = 'app-package-${resourceToken}'
 // message for max(lock, renewal) seconds, there are at most maxDeliveryCount deliveries, and the
 // margin covers late handling (dead-letter resubmission). Derived here, so it holds by construction.
 var dedupTtlSeconds = (max(serviceBusLockDurationSeconds, serviceBusMaxAutoLockRenewalSeconds) * serviceBusMaxDeliveryCount) + dedupRetentionMarginSeconds
+
+// The host's lock renewal comes from the same parameter (an app setting overrides host.json
+// extensions.serviceBus.maxAutoLockRenewalDuration), so the derivation above and the host agree.
+var renewalHours = padLeft(string(serviceBusMaxAutoLockRenewalSeconds / 3600), 2, '0')
+var renewalMinutes = padLeft(string((serviceBusMaxAutoLockRenewalSeconds % 3600) / 60), 2, '0')
+var renewalSeconds = padLeft(string(serviceBusMaxAutoLockRenewalSeconds % 60), 2, '0')
+var maxAutoLockRenewalDuration = '${renewalHours}:${renewalMinutes}:${renewalSeconds}'
 
 module identity 'core/identity.bicep' = {
   name: 'identity'
@@ -298,6 +306,7 @@ var appSettings = {
   SERVICEBUS_LOCK_DURATION_SECONDS: string(serviceBusLockDurationSeconds)
   SERVICEBUS_MAX_DELIVERY_COUNT: string(serviceBusMaxDeliveryCount)
   SERVICEBUS_MAX_AUTO_LOCK_RENEWAL_SECONDS: string(serviceBusMaxAutoLockRenewalSeconds)
+  AzureFunctionsJobHost__extensions__serviceBus__maxAutoLockRenewalDuration: maxAutoLockRenewalDuration
   DEDUP_RETENTION_MARGIN_SECONDS: string(dedupRetentionMarginSeconds)
   PAYMENTS_MISSING_KEY_POLICY: paymentsMissingKeyPolicy
   PAYMENTS_MAX_ATTEMPTS: string(paymentsMaxAttempts)

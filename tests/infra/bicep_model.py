@@ -170,6 +170,10 @@ def evaluate(expr: Any, scope: dict[str, Any]) -> Any:
                 return evaluate(operands["operand_1"], scope) - evaluate(operands["operand_2"], scope)
             if kind == "multiply":
                 return evaluate(operands["operand_1"], scope) * evaluate(operands["operand_2"], scope)
+            if kind == "divide":
+                return evaluate(operands["operand_1"], scope) // evaluate(operands["operand_2"], scope)
+            if kind == "modulo":
+                return evaluate(operands["operand_1"], scope) % evaluate(operands["operand_2"], scope)
             if kind == "minus":
                 return -evaluate(operands["integer_value"], scope)
             if kind == "conditional":
@@ -190,6 +194,8 @@ def evaluate(expr: Any, scope: dict[str, Any]) -> Any:
             if fn["type"] == "string":
                 value = args[0]
                 return ("True" if value else "False") if isinstance(value, bool) else str(value)
+            if fn["type"] == "pad_left":
+                return str(args[0]).rjust(int(args[1]), str(args[2]))
             if fn["type"] == "empty":
                 return not args[0]
             raise Unresolved(fn["type"])

@@ -4,6 +4,7 @@ retention rule holding by construction."""
 from __future__ import annotations
 
 import itertools
+import json
 from datetime import timedelta
 
 import pytest
@@ -13,6 +14,7 @@ from tests.infra.bicep_model import (
     ENTITY_SETTINGS,
     IDENTITY_CONNECTIONS,
     LOCAL_ONLY_SETTINGS,
+    REPO,
     Unresolved,
     app_settings,
     evaluate,
@@ -21,6 +23,7 @@ from tests.infra.bicep_model import (
     scope_of,
 )
 
+HOST_RENEWAL = "AzureFunctionsJobHost__extensions__serviceBus__maxAutoLockRenewalDuration"
 RETENTION_PARAMS = (
     "serviceBusLockDurationSeconds",
     "serviceBusMaxDeliveryCount",
@@ -129,7 +132,7 @@ def _rule(lock, count, renewal, margin):
 
 
 @pytest.mark.parametrize(("lock", "count", "renewal", "margin"), list(itertools.product(
-    (5, 60, 300), (1, 10, 2000), (0, 300, 3600), (0, 86400))))
+    (5, 60, 300), (1, 10, 2000), (0, 59, 300, 3661, 86399), (0, 86400))))
 def test_retention_rule_holds_for_any_parameter_values(lock, count, renewal, margin):
     values = _setting_values({
         "serviceBusLockDurationSeconds": lock,
@@ -138,6 +141,9 @@ def test_retention_rule_holds_for_any_parameter_values(lock, count, renewal, mar
         "dedupRetentionMarginSeconds": margin,
     })
     ttl = int(values["DEDUP_TTL_SECONDS"])
+    hours, minutes, secs = (int(x) for x in values[HOST_RENEWAL].split(":"))
+    assert hours * 3600 + minutes * 60 + secs == renewal, "the host renews exactly as long as the TTL assumes"
+    assert int(values["SERVICEBUS_MAX_AUTO_LOCK_RENEWAL_SECONDS"]) == renewal
     assert ttl >= _rule(lock, count, renewal, margin)
     assert ttl == _rule(lock, count, renewal, margin), "derived exactly, no hidden slack"
     assert int(values["SERVICEBUS_LOCK_DURATION_SECONDS"]) == lock
@@ -174,3 +180,11 @@ def test_retention_parameters_are_bounded_like_service_bus():
     assert lock == {"min_value": 5, "max_value": 300}
     for name in RETENTION_PARAMS:
         assert params[name]["type"] == "int", name
+
+
+def test_host_json_renewal_matches_the_bicep_default():
+    """Locally (func start) host.json decides the renewal; in Azure the app setting overrides it."""
+    host = json.loads((REPO / "host.json").read_text())
+    configured = host["extensions"]["serviceBus"]["maxAutoLockRenewalDuration"]
+    assert configured == _setting_values()[HOST_RENEWAL] == "00:05:00"
+    assert app_settings()[HOST_RENEWAL] == "maxAutoLockRenewalDuration"
