@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any, ParamSpec
 
+from shared.cache import CompletedKeyCache
 from shared.config import IdempotencyConfig
 from shared.exceptions import (
     ConcurrencyRetriesExhaustedError,
@@ -66,10 +67,11 @@ class Idempotency:
     """Runs messages through the dedup flow against one store."""
 
     def __init__(self, store: IdempotencyStore, *, config: IdempotencyConfig | None = None,
-                 telemetry: Telemetry | None = None) -> None:
+                 telemetry: Telemetry | None = None, cache: CompletedKeyCache | None = None) -> None:
         self.store = store
         self.config = config or IdempotencyConfig()
         self.telemetry = telemetry or Telemetry()
+        self.cache = cache  # completed keys only; consulted by run/run_atomic before the store
 
     # -- helpers -------------------------------------------------------------------
     def _now(self) -> float:
@@ -95,9 +97,18 @@ class Idempotency:
             return Outcome(OutcomeStatus.DUPLICATE, key, digest, existing.result, existing)
         return Outcome(OutcomeStatus.IN_PROGRESS, key, digest, None, existing)
 
-    def _finish(self, outcome: Outcome, started: float, **context: Any) -> Outcome:
-        self.telemetry.outcome(outcome, latency=time.perf_counter() - started,
-                               backend=self.store.name, **context)
+    def _cached(self, key: DedupKey, digest: str) -> Outcome | None:
+        """A duplicate (or conflict) answered by the local cache, without a store request."""
+        record = self.cache.get(key, now=self._now()) if self.cache is not None else None
+        return None if record is None else self._judge(record, digest, key)
+
+    def _finish(self, outcome: Outcome, started: float, *, handler_seconds: float = 0.0,
+                source: str = "store", **context: Any) -> Outcome:
+        if self.cache is not None and outcome.record is not None and source == "store":
+            self.cache.put(outcome.record)  # refuses anything not completed
+        elapsed = time.perf_counter() - started
+        self.telemetry.outcome(outcome, latency=elapsed - handler_seconds, backend=self.store.name,
+                               source=source, handler_latency=handler_seconds, **context)
         return outcome
 
     # -- two-phase -------------------------------------------------------------------
@@ -173,16 +184,22 @@ class Idempotency:
             takeover_stale: bool = True, partition: str | None = None, **context: Any) -> Outcome:
         """Claim, run `handler` once, record its result; duplicates get the first result."""
         started = time.perf_counter()
+        cached = self._cached(key, digest)
+        if cached is not None:
+            return self._finish(cached, started, source="cache", **context)
         outcome, held = self.claim(key, digest, takeover_stale=takeover_stale, partition=partition)
         if held is None:
             return self._finish(outcome, started, **context)
+        handler_started = time.perf_counter()
         try:
             result = handler()
         except BaseException:
             self.release(held)
             raise
+        handler_seconds = time.perf_counter() - handler_started
         done = self.complete(held, result)
-        return self._finish(Outcome(outcome.status, key, digest, result, done), started, **context)
+        return self._finish(Outcome(outcome.status, key, digest, result, done), started,
+                            handler_seconds=handler_seconds, **context)
 
     # -- atomic ------------------------------------------------------------------------
     def run_atomic(self, key: DedupKey, digest: str, build: Callable[[Transaction], Any], *,
@@ -197,6 +214,9 @@ class Idempotency:
         itself (an order whose id is the order id); `expires=False` keeps it.
         """
         started = time.perf_counter()
+        cached = self._cached(key, digest)
+        if cached is not None:
+            return self._finish(cached, started, source="cache", **context)
         takeover: IdempotencyRecord | None = None
         for _ in range(self.config.max_commit_attempts):
             marker = self._new_record(key, digest, RecordState.COMPLETED, partition=partition,

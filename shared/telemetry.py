@@ -1,8 +1,26 @@
 """Structured logs and OpenTelemetry metrics for dedup outcomes (spec requirement 11).
 
+Every outcome is one log record whose `extra` fields are stable (they become
+customDimensions in Application Insights) and one point on each metric:
+
+* `dedup.messages` (counter): messages by consumer, outcome (processed,
+  duplicate, conflict, in_progress, taken_over, stale, parked), backend,
+  source (`store` or `cache`) and, for duplicates, the cause where known
+  (`redelivery`: the broker delivered the same message again;
+  `producer_retry`: a second copy arrived on its first delivery, a producer
+  retry or a resubmission; `replay`: an Event Hubs replay; or what the caller
+  passed as `cause=`).
+* `dedup.store.latency` (histogram, ms): time the dedup flow spent on the
+  store for one message (the handler's own time is excluded).
+* `dedup.replay_skipped` (counter): Event Hubs events skipped under the
+  high-water mark, with no store request each.
+* `dedup.parked` (counter): messages parked or dead-lettered.
+
 Metrics go through the OpenTelemetry API: a no-op until the app configures a
-meter provider (Application Insights via azure-monitor-opentelemetry when its
-connection string is set). Event names are stable: the Bicep alerts query them.
+meter provider (`shared.observability.configure_observability`, Application
+Insights via azure-monitor-opentelemetry when its connection string is set).
+Conflicts and parked messages are ERROR records whose message starts with a
+stable event name; the Bicep alerts query these names, do not rename them.
 """
 
 from __future__ import annotations
@@ -10,72 +28,151 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from opentelemetry import metrics
+from opentelemetry import metrics, trace
 
 from shared.records import Outcome, OutcomeStatus
 
 EVENT_OUTCOME = "DedupOutcome"
 EVENT_DUPLICATE = "DuplicateDetected"
 EVENT_CONFLICT = "IdempotencyKeyConflict"
+EVENT_IN_PROGRESS = "DedupInProgress"
 EVENT_PARKED = "EventParked"
 EVENT_REPLAY_SKIPPED = "ReplaySkipped"
 
+OUTCOME_PARKED = "parked"  # the `outcome` attribute of a parked message on dedup.messages
+
+CAUSE_REDELIVERY = "redelivery"
+CAUSE_PRODUCER_RETRY = "producer_retry"
+CAUSE_REPLAY = "replay"
+
+METRIC_MESSAGES = "dedup.messages"
+METRIC_STORE_LATENCY = "dedup.store.latency"
+METRIC_REPLAY_SKIPPED = "dedup.replay_skipped"
+METRIC_PARKED = "dedup.parked"
+
 logger = logging.getLogger("shared.idempotency")
+
+# LogRecord attributes that `extra` may not overwrite (logging raises KeyError).
+_RESERVED_LOG_KEYS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
+    "message", "asctime"}
+
+
+def _safe_extra(fields: dict[str, Any]) -> dict[str, Any]:
+    """`extra` for logging: caller context that collides with LogRecord attributes is prefixed."""
+    return {(f"ctx_{name}" if name in _RESERVED_LOG_KEYS else name): value
+            for name, value in fields.items()}
+
+
+def trace_fields() -> dict[str, str]:
+    """Ids of the current span, when there is one, so logs join traces."""
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return {}
+    return {"trace_id": format(context.trace_id, "032x"), "span_id": format(context.span_id, "016x")}
+
+
+def duplicate_cause(*, delivery_count: Any = None, cause: str | None = None) -> str | None:
+    """Why a duplicate arrived, where it can be told: explicit cause, else from the delivery count."""
+    if cause:
+        return str(cause)
+    try:
+        count = int(delivery_count) if delivery_count is not None else None
+    except (TypeError, ValueError):
+        return None
+    if count is None:
+        return None
+    return CAUSE_REDELIVERY if count > 1 else CAUSE_PRODUCER_RETRY
 
 
 class Telemetry:
-    """One place that turns outcomes into log events and metric points."""
+    """One place that turns outcomes into log events and metric points.
 
-    def __init__(self, meter_name: str = "idempotent-consumer") -> None:
-        meter = metrics.get_meter(meter_name)
+    `meter_provider` defaults to the global one; tests pass an SDK provider
+    with an in-memory reader.
+    """
+
+    def __init__(self, meter_name: str = "idempotent-consumer", *,
+                 meter_provider: metrics.MeterProvider | None = None) -> None:
+        meter = (meter_provider.get_meter(meter_name) if meter_provider is not None
+                 else metrics.get_meter(meter_name))
         self.messages = meter.create_counter(
-            "dedup.messages", unit="{message}", description="Messages by consumer and outcome")
+            METRIC_MESSAGES, unit="{message}",
+            description="Messages by consumer and dedup outcome (duplicates by cause where known)")
         self.latency = meter.create_histogram(
-            "dedup.store.latency", unit="ms", description="Dedup flow latency incl. store calls")
+            METRIC_STORE_LATENCY, unit="ms",
+            description="Time the dedup flow spent on the store per message (handler excluded)")
         self.replay_skipped_events = meter.create_counter(
-            "dedup.replay_skipped", unit="{event}",
+            METRIC_REPLAY_SKIPPED, unit="{event}",
             description="Event Hubs events skipped under the high-water mark")
         self.parked_events = meter.create_counter(
-            "dedup.parked", unit="{message}", description="Messages parked or dead-lettered")
+            METRIC_PARKED, unit="{message}", description="Messages parked or dead-lettered")
 
-    def outcome(self, outcome: Outcome, *, latency: float, backend: str, **context: Any) -> None:
-        cause = context.pop("cause", None)
-        attributes = {"consumer": outcome.key.consumer, "outcome": outcome.status.value,
-                      "backend": backend}
-        if cause and outcome.status is OutcomeStatus.DUPLICATE:
+    def outcome(self, outcome: Outcome, *, latency: float, backend: str, source: str = "store",
+                handler_latency: float | None = None, message_id: str | None = None,
+                correlation_id: str | None = None, **context: Any) -> None:
+        """Record one dedup outcome. `latency` is the store time in seconds."""
+        status = outcome.status
+        cause = None
+        explicit_cause = context.pop("cause", None)
+        if status is OutcomeStatus.DUPLICATE:
+            cause = duplicate_cause(delivery_count=context.get("delivery_count"), cause=explicit_cause)
+        attributes = {"consumer": outcome.key.consumer, "outcome": status.value,
+                      "backend": backend, "source": source}
+        if cause:
             attributes["cause"] = cause
         self.messages.add(1, attributes)
-        self.latency.record(latency * 1000.0, {"consumer": outcome.key.consumer, "backend": backend})
+        latency_ms = max(0.0, latency * 1000.0)
+        self.latency.record(latency_ms, {"consumer": outcome.key.consumer, "backend": backend,
+                                         "outcome": status.value, "source": source})
+
         event, level = EVENT_OUTCOME, logging.INFO
-        if outcome.status is OutcomeStatus.DUPLICATE:
+        if status is OutcomeStatus.DUPLICATE:
             event = EVENT_DUPLICATE
-        elif outcome.status is OutcomeStatus.CONFLICT:
+        elif status is OutcomeStatus.CONFLICT:
             event, level = EVENT_CONFLICT, logging.ERROR
+        elif status in (OutcomeStatus.IN_PROGRESS, OutcomeStatus.STALE):
+            event, level = EVENT_IN_PROGRESS, logging.WARNING
         fields = {
+            **context,
             "event": event,
             "dedup_key": outcome.key.key,
             "dedup_key_encoded": outcome.key.encoded,
             "consumer": outcome.key.consumer,
-            "outcome": outcome.status.value,
+            "message_id": message_id,
+            "correlation_id": correlation_id,
+            "outcome": status.value,
+            "duplicate_cause": cause,
             "attempt": outcome.record.attempts if outcome.record else None,
             "request_hash": outcome.request_hash,
             "stored_hash": outcome.stored_hash,
-            "store_latency_ms": round(latency * 1000.0, 3),
+            "store_latency_ms": round(latency_ms, 3),
+            "handler_latency_ms": (round(handler_latency * 1000.0, 3)
+                                   if handler_latency is not None else None),
             "backend": backend,
-            **context,
+            "source": source,
+            **trace_fields(),
         }
-        logger.log(level, "%s %s %s", event, outcome.key.consumer, outcome.status.value,
-                   extra=fields)
+        logger.log(level, "%s consumer=%s outcome=%s key=%s", event, outcome.key.consumer,
+                   status.value, outcome.key.key, extra=_safe_extra(fields))
 
     def parked(self, *, consumer: str, reason: str, level: int = logging.ERROR,
-               event: str = EVENT_PARKED, **context: Any) -> None:
+               event: str = EVENT_PARKED, message_id: str | None = None,
+               correlation_id: str | None = None, **context: Any) -> None:
+        """A message that could not be applied was parked or dead-lettered: alert."""
         self.parked_events.add(1, {"consumer": consumer, "reason": reason})
-        logger.log(level, "%s %s %s", event, consumer, reason,
-                   extra={"event": event, "consumer": consumer, "reason": reason, **context})
+        self.messages.add(1, {"consumer": consumer, "outcome": OUTCOME_PARKED, "reason": reason})
+        fields = {**context, "event": event, "consumer": consumer, "reason": reason,
+                  "outcome": OUTCOME_PARKED, "message_id": message_id,
+                  "correlation_id": correlation_id, **trace_fields()}
+        logger.log(level, "%s consumer=%s reason=%s", event, consumer, reason,
+                   extra=_safe_extra(fields))
 
     def replay_skipped(self, count: int, *, consumer: str, partition_id: str) -> None:
+        """Events at or below the high-water mark, skipped without a store request each."""
         if count:
-            self.replay_skipped_events.add(count, {"consumer": consumer})
-            logger.info("%s %s %d", EVENT_REPLAY_SKIPPED, consumer, count,
-                        extra={"event": EVENT_REPLAY_SKIPPED, "consumer": consumer,
-                               "partition_id": partition_id, "count": count})
+            self.replay_skipped_events.add(count, {"consumer": consumer, "partition_id": partition_id})
+            logger.info("%s consumer=%s partition=%s count=%d", EVENT_REPLAY_SKIPPED, consumer,
+                        partition_id, count,
+                        extra=_safe_extra({"event": EVENT_REPLAY_SKIPPED, "consumer": consumer,
+                                           "partition_id": partition_id, "count": count,
+                                           "outcome": "replay_skipped", **trace_fields()}))
