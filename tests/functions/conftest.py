@@ -1,0 +1,88 @@
+"""Fixtures for invoking the registered functions against the real local servers."""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+import uuid
+from typing import Any
+
+import pytest
+
+from domain.notifications import HttpResponse
+from function_app import app
+from functions.services import build_services, configure
+from shared.settings import Settings
+
+
+class FakeNotificationApi:
+    """Records each POST; honours Idempotency-Key like a well-behaved API when asked to."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any], dict[str, str]]] = []
+        self.status = 202
+        self.lock = threading.Lock()
+
+    def __call__(self, url: str, data: bytes, headers: dict[str, str]) -> HttpResponse:
+        with self.lock:
+            self.calls.append((url, json.loads(data), dict(headers)))
+        return HttpResponse(self.status, "{}")
+
+    def keys(self) -> list[str]:
+        return [headers["Idempotency-Key"] for _, _, headers in self.calls]
+
+
+def settings_for(stack, backend: str, **overrides: str) -> Settings:
+    env = {
+        "DEDUP_BACKEND": backend,
+        "TABLE_CONNECTION_STRING": stack.table_connection_string,
+        "COSMOS_ENDPOINT": stack.cosmos_endpoint,
+        "COSMOS_KEY": stack.cosmos_key,
+        "COSMOS_VERIFY_TLS": "true" if stack.cosmos_verify else "false",
+        "COSMOS_DATABASE": "functions-tests",
+        "NOTIFICATION_API_URL": "http://notifications.invalid/send",
+        # A unique hub name per test keeps high-water marks apart.
+        "PAYMENTS_HUB_NAME": f"payments-{uuid.uuid4().hex[:8]}",
+        "PAYMENTS_CONSUMER_GROUP": "payments-processor",
+        **overrides,
+    }
+    return Settings.from_env(env)
+
+
+@pytest.fixture
+def api() -> FakeNotificationApi:
+    return FakeNotificationApi()
+
+
+@pytest.fixture
+def services_for(stack, api, clock):
+    """Install app services for a backend; returns them. Undone after the test."""
+
+    def install(backend: str, **overrides: str):
+        services = build_services(settings_for(stack, backend, **overrides), sender=api,
+                                  clock=clock, sleep=lambda _: None)
+        configure(services)
+        return services
+
+    yield install
+    configure(None)
+
+
+@pytest.fixture
+def services(services_for, backend):
+    return services_for(backend)
+
+
+@functools.cache
+def registered_functions() -> tuple:
+    """`app.get_functions()` indexes once per app (as the worker does)."""
+    return tuple(app.get_functions())
+
+
+def function(name: str):
+    """The user function registered under `name`, as the worker would call it."""
+    for fn in registered_functions():
+        if fn.get_function_name() == name:
+            return fn.get_user_function()
+    raise KeyError(name)

@@ -1,0 +1,135 @@
+"""`orders`: the reference example, invoked as the worker would, against both backends."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from azure.cosmos import CosmosClient, PartitionKey
+
+from local_stack import COSMOS_LOCAL_KEY, free_port
+from local_stack.servers import cosmos_server
+from shared import CosmosIdempotencyStore, TableIdempotencyStore, store_safe_id
+from simulator.host_inputs import RecordingActions, SentMessage, service_bus_message
+from tests.functions.conftest import function
+
+
+def order(order_id: str, *, qty: int = 2, lines: int = 2) -> dict:
+    return {"orderId": order_id, "customerId": "C-1", "currency": "EUR",
+            "lines": [{"sku": f"SKU-{n}", "quantity": qty, "unitPrice": 9.5} for n in range(lines)]}
+
+
+def deliver(body: bytes | dict, message_id: str | None, *, delivery_count: int = 1):
+    raw = json.dumps(body).encode() if isinstance(body, dict) else body
+    message = service_bus_message(SentMessage(raw, message_id=message_id, correlation_id="corr-1"),
+                                  delivery_count=delivery_count)
+    actions = RecordingActions()
+    function("orders")(message=message, message_actions=actions)
+    return actions.last
+
+
+def new_id() -> str:
+    return f"ORD-{uuid.uuid4().hex[:10]}"
+
+
+def test_first_delivery_creates_the_order_and_its_lines_then_completes(services):
+    order_id = new_id()
+    assert deliver(order(order_id), order_id) == ("complete", None, None)
+    store = services.stores["orders"]
+    document = store.read_document(order_id, order_id)
+    assert document.body["total"] == 38.0 and document.body["lineCount"] == 2
+    assert document.body["idemState"] == "completed"  # the order document is the marker
+    assert store.read_document(order_id, f"{order_id}:line:002").body["sku"] == "SKU-1"
+
+
+def test_redelivery_completes_without_writing_again(services):
+    order_id = new_id()
+    deliver(order(order_id), order_id)
+    before = services.stores["orders"].read_document(order_id, order_id)
+    assert deliver(order(order_id), order_id, delivery_count=2) == ("complete", None, None)
+    after = services.stores["orders"].read_document(order_id, order_id)
+    assert after.etag == before.etag
+
+
+def test_concurrent_copies_create_one_order(services):
+    order_id = new_id()
+    barrier = threading.Barrier(8)
+
+    def copy(_):
+        barrier.wait()
+        return deliver(order(order_id), order_id)
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(copy, range(8)))
+    assert results == [("complete", None, None)] * 8
+    assert services.stores["orders"].read_document(order_id, order_id) is not None
+
+
+def test_reused_order_id_with_different_content_is_dead_lettered_with_both_hashes(services, caplog):
+    order_id = new_id()
+    deliver(order(order_id, qty=1), order_id)
+    with caplog.at_level("ERROR"):
+        action, reason, description = deliver(order(order_id, qty=5), order_id)
+    assert (action, reason) == ("deadletter", "IdempotencyKeyConflict")
+    assert order_id in description and description.count("sha256:") == 2
+    assert any(getattr(r, "event", None) == "IdempotencyKeyConflict" for r in caplog.records)
+    stored = services.stores["orders"].read_document(order_id, order_id)
+    assert stored.body["total"] == 19.0  # the first order is untouched
+
+
+@pytest.mark.parametrize("backend", ["table", "cosmos"])
+def test_store_outage_abandons_for_redelivery(services_for, backend, caplog):
+    services = services_for(backend)
+    services.orders.idempotency.store = dead_store(backend)
+    order_id = new_id()
+    with caplog.at_level("WARNING"):
+        assert deliver(order(order_id), order_id)[0] == "abandon"
+    assert "transient failure" in caplog.text
+
+
+def dead_store(backend: str):
+    """A store whose server went away after the store was built."""
+    if backend == "table":
+        return TableIdempotencyStore.from_connection_string(
+            "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=a2V5;"
+            f"TableEndpoint=http://127.0.0.1:{free_port()}/devstoreaccount1;", table_name="orders",
+            retry_total=0)
+    server = cosmos_server(free_port())
+    server.start()
+    client = CosmosClient(f"https://127.0.0.1:{server.port}/", COSMOS_LOCAL_KEY,
+                          connection_verify=False, retry_total=0)
+    container = client.create_database_if_not_exists("d").create_container_if_not_exists(
+        "orders", PartitionKey("/orderId"))
+    server.stop()
+    return CosmosIdempotencyStore.from_container(container, "/orderId")
+
+
+@pytest.mark.parametrize(("body", "message_id", "reason"), [
+    (b"{not json", "ORD-x", "MalformedJson"),
+    (b"[1, 2]", "ORD-x", "MalformedJson"),
+    ({"orderId": "ORD-y", "customerId": "C", "lines": []}, "ORD-y", "InvalidOrder"),
+    ({"orderId": "ORD-z", "customerId": 5, "lines": [{"sku": "A", "quantity": 1, "unitPrice": 1}]},
+     "ORD-z", "InvalidOrder"),
+    ({"orderId": "ORD-q", "customerId": "C", "lines": [{"sku": "A", "quantity": "2", "unitPrice": 1}]},
+     "ORD-q", "InvalidOrder"),
+    ({"orderId": "ORD-other", "customerId": "C", "lines": [{"sku": "A", "quantity": 1, "unitPrice": 1}]},
+     "ORD-mismatch", "OrderIdMismatch"),
+    (order("ORD-none"), None, "InvalidMessageId"),
+    (order("ORD-big", lines=99), "ORD-big", "OrderTooLarge"),
+    (b"x" * (256 * 1024 + 1), "ORD-huge", "PayloadTooLarge"),
+])
+def test_bad_input_is_dead_lettered_with_a_reason(services, body, message_id, reason):
+    action, got_reason, description = deliver(body, message_id)
+    assert (action, got_reason) == ("deadletter", reason)
+    assert description
+
+
+def test_order_ids_with_characters_the_store_forbids_are_stored_safely(services):
+    order_id = f"ORD/{uuid.uuid4().hex[:6]}?#\\é"
+    assert deliver(order(order_id), order_id) == ("complete", None, None)
+    assert deliver(order(order_id), order_id) == ("complete", None, None)
+    safe = store_safe_id(order_id)
+    assert services.stores["orders"].read_document(safe, safe).body["idemKey"] == order_id
