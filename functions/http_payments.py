@@ -15,5 +15,7 @@ bp = func.Blueprint()
 @bp.route(route="payments", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
 def http_payments(req: func.HttpRequest) -> func.HttpResponse:
     result = services().http_payments.handle(dict(req.headers), req.get_body() or b"")
-    return func.HttpResponse(json.dumps(result.body), status_code=result.status,
-                             headers=result.headers)
+    headers = {k: v for k, v in result.headers.items() if k.lower() != "content-type"}
+    mimetype = result.headers.get("Content-Type", "application/json")
+    return func.HttpResponse(json.dumps(result.body), status_code=result.status, headers=headers,
+                             mimetype=mimetype, charset="utf-8")

@@ -1,0 +1,34 @@
+"""`maintenance`: purges expired records and parks in-progress records nobody will finish."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from azure.functions import meta
+from azure.functions.timer import TimerRequestConverter
+
+from shared import DedupKey, request_hash
+from tests.functions.conftest import function
+
+
+def test_timer_purges_expired_records_and_parks_abandoned_claims(services, clock):
+    idem = services.notify.idempotency
+    done_key = DedupKey("notify", f"done-{uuid.uuid4().hex[:6]}")
+    idem.run(done_key, request_hash("x"), lambda: "sent")
+    clock.advance(idem.config.ttl.total_seconds() + 1)
+    stuck_key = DedupKey("audit", f"stuck-{uuid.uuid4().hex[:6]}")
+    _, held = idem.claim(stuck_key, request_hash("y"))
+    clock.advance(idem.config.lease.total_seconds() + services.settings.window.length.total_seconds()
+                  + 1)
+
+    timer = TimerRequestConverter.decode(
+        meta.Datum(json.dumps({"IsPastDue": False, "ScheduleStatus": None}), "json"),
+        trigger_metadata={})
+    function("maintenance")(timer=timer)
+
+    assert idem.store.get_record(idem._new_record(done_key, "", held.state)) is None
+    closed = idem.store.get_record(held)
+    assert closed.state.value == "completed" and closed.result == {"parked": "StaleInProgress"}
+    assert services.parking.get("audit", stuck_key.key)["reason"] == "StaleInProgress"
+    assert not list(idem.store.iter_records(in_progress_before=clock()))

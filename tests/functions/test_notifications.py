@@ -1,0 +1,116 @@
+"""`notify` and `audit`: a non-transactional side effect, two-phase, per-consumer scope."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import timedelta
+
+import pytest
+
+from shared import DedupKey, IdempotencyRecord, RecordState, request_hash
+from simulator.host_inputs import RecordingActions, SentMessage, service_bus_message
+from tests.functions.conftest import function
+
+pytestmark = pytest.mark.parametrize("backend", ["table"])  # notifications use Table Storage
+
+
+def send(name: str, message_id: str | None, body: dict | bytes, delivery_count: int = 1):
+    raw = json.dumps(body).encode() if isinstance(body, dict) else body
+    message = service_bus_message(SentMessage(raw, message_id=message_id, correlation_id="c-9"),
+                                  delivery_count=delivery_count)
+    actions = RecordingActions()
+    function(name)(message=message, message_actions=actions)
+    return actions.last
+
+
+def mid() -> str:
+    return f"N-{uuid.uuid4().hex[:10]}"
+
+
+def test_both_subscriptions_process_the_same_message_once_each(services, api, backend):
+    message_id, body = mid(), {"to": "a@example.com", "text": "shipped"}
+    assert send("notify", message_id, body)[0] == "complete"
+    assert send("audit", message_id, body)[0] == "complete"
+    assert send("notify", message_id, body, delivery_count=2)[0] == "complete"  # redelivery
+    assert send("audit", message_id, body, delivery_count=2)[0] == "complete"
+    assert sorted(api.keys()) == sorted([f"audit|{message_id}", f"notify|{message_id}"])
+    channels = sorted(call[1]["channel"] for call in api.calls)
+    assert channels == ["audit", "notify"]
+    headers = api.calls[0][2]
+    assert headers["X-Correlation-Id"] == "c-9"
+
+
+def test_api_failure_releases_the_claim_and_abandons_then_redelivery_sends(services, api, backend):
+    message_id = mid()
+    api.status = 503
+    assert send("notify", message_id, {"text": "x"})[0] == "abandon"
+    api.status = 202
+    assert send("notify", message_id, {"text": "x"}, delivery_count=2)[0] == "complete"
+    assert api.keys().count(f"notify|{message_id}") == 2  # retried with the same key
+
+
+def test_api_rejection_dead_letters(services, api, backend):
+    api.status = 400
+    action, reason, _ = send("notify", mid(), {"text": "x"})
+    assert (action, reason) == ("deadletter", "NotificationRejected")
+
+
+def _stale_claim(services, message_id: str, body: dict, clock) -> None:
+    """An earlier attempt claimed the key and died mid-call; its lease has run out."""
+    idem = services.notify.idempotency
+    idem.claim(DedupKey.from_message_id("notify", message_id), request_hash(body))
+    clock.advance(idem.config.lease.total_seconds() + 1)
+
+
+def test_stale_record_is_resent_with_the_same_key_when_the_api_honours_it(services, api, clock,
+                                                                          backend):
+    message_id, body = mid(), {"text": "hello"}
+    _stale_claim(services, message_id, body, clock)
+    assert send("notify", message_id, body, delivery_count=2)[0] == "complete"
+    assert api.keys() == [f"notify|{message_id}"]
+
+
+def test_stale_record_is_parked_for_a_person_when_the_api_does_not_honour_keys(
+        services_for, api, clock, backend):
+    services = services_for(backend, NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY="false")
+    message_id, body = mid(), {"text": "hello"}
+    _stale_claim(services, message_id, body, clock)
+    assert send("notify", message_id, body, delivery_count=2) == ("complete", None, None)
+    assert api.calls == []  # nothing re-sent blindly
+    parked = services.parking.get("notify", message_id)
+    assert parked["reason"] == "StaleInProgress"
+    probe = IdempotencyRecord(DedupKey("notify", message_id), RecordState.COMPLETED, "", 0, 0)
+    record = services.notify.idempotency.store.get_record(probe)
+    assert record.state is RecordState.COMPLETED  # closed: not left in progress
+    assert send("notify", message_id, body, delivery_count=3)[0] == "complete"
+    assert api.calls == []
+
+
+def test_live_in_progress_elsewhere_abandons(services, api, backend):
+    message_id, body = mid(), {"text": "busy"}
+    services.notify.idempotency.claim(DedupKey.from_message_id("notify", message_id),
+                                      request_hash(body))
+    assert send("notify", message_id, body)[0] == "abandon"
+    assert api.calls == []
+
+
+@pytest.mark.parametrize(("message_id", "body", "reason"), [
+    (None, {"text": "x"}, "InvalidMessageId"),
+    ("N-bad", b"<xml/>", "MalformedJson"),
+    ("N-big", b"{" + b" " * (64 * 1024) + b"}", "PayloadTooLarge"),
+])
+def test_bad_notification_input_is_dead_lettered(services, api, backend, message_id, body, reason):
+    assert send("notify", message_id, body)[:2] == ("deadletter", reason)
+    assert api.calls == []
+
+
+def test_reused_message_id_with_other_content_is_dead_lettered(services, api, backend):
+    message_id = mid()
+    send("notify", message_id, {"text": "one"})
+    assert send("notify", message_id, {"text": "two"})[:2] == ("deadletter", "IdempotencyKeyConflict")
+    assert len(api.calls) == 1
+
+
+def test_lease_is_the_configured_one(services, backend):
+    assert services.notify.idempotency.config.lease == timedelta(seconds=300)

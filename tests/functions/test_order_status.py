@@ -1,0 +1,55 @@
+"""`order_status`: the naturally idempotent path, guarded by versions, no dedup record."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from shared import store_safe_id
+from simulator.host_inputs import RecordingActions, SentMessage, service_bus_message
+from tests.functions.conftest import function
+
+
+def status(order_id: str, version: int, state: str, message_id: str | None = None):
+    body = json.dumps({"orderId": order_id, "version": version, "status": state,
+                       "carrier": "DHL"}).encode()
+    message = service_bus_message(SentMessage(body, message_id=message_id or str(uuid.uuid4())))
+    actions = RecordingActions()
+    function("order_status")(message=message, message_actions=actions)
+    return actions.last
+
+
+def stored(services, order_id: str) -> dict:
+    safe = store_safe_id(order_id)
+    return services.stores["order-status"].read_document(safe, safe).body
+
+
+def test_newer_versions_apply_replays_change_nothing_and_stale_ones_are_rejected(services, caplog):
+    order_id = f"ORD-{uuid.uuid4().hex[:8]}"
+    assert status(order_id, 1, "accepted") == ("complete", None, None)
+    assert status(order_id, 2, "paid") == ("complete", None, None)
+    before = services.stores["order-status"].read_document(store_safe_id(order_id),
+                                                           store_safe_id(order_id))
+    assert status(order_id, 2, "paid") == ("complete", None, None)  # duplicate: no write
+    with caplog.at_level("WARNING"):
+        assert status(order_id, 1, "accepted") == ("complete", None, None)  # late, older
+    after = services.stores["order-status"].read_document(store_safe_id(order_id),
+                                                          store_safe_id(order_id))
+    assert after.etag == before.etag
+    assert stored(services, order_id)["status"] == "paid"
+    assert any(getattr(r, "event", None) == "StaleStatusRejected" for r in caplog.records)
+    assert services.order_status.apply({"orderId": order_id, "version": 1, "status": "accepted"}) \
+        == "stale"
+
+
+def test_no_dedup_record_is_written(services):
+    order_id = f"ORD-{uuid.uuid4().hex[:8]}"
+    status(order_id, 1, "accepted")
+    assert "idemState" not in stored(services, order_id)
+
+
+def test_malformed_status_events_are_dead_lettered(services):
+    message = service_bus_message(SentMessage(b'{"orderId": "x", "version": "2"}', message_id="m"))
+    actions = RecordingActions()
+    function("order_status")(message=message, message_actions=actions)
+    assert actions.last[:2] == ("deadletter", "InvalidStatusEvent")
