@@ -1,17 +1,36 @@
 """The function app: registers each consumer's blueprint (Python v2 programming model).
 
-Startup validates settings (including the dedup retention rule) and enables
-telemetry export when Application Insights is configured.
+Under the Functions host, startup validates every setting (including the dedup
+retention rule): a bad value fails indexing with a message naming it, instead
+of failing each invocation later.
 """
 
 from __future__ import annotations
 
+import functools
+import os
+
 import azure.functions as func
 
 from functions import http_payments, maintenance, notifications, order_status, orders, payments
+from shared.settings import Settings
+
+if os.environ.get("FUNCTIONS_WORKER_RUNTIME"):  # set by the host, absent in tests
+    Settings.from_env()
 
 app = func.FunctionApp()
 
 for blueprint in (orders.bp, order_status.bp, notifications.bp, payments.bp, http_payments.bp,
                   maintenance.bp):
     app.register_functions(blueprint)
+
+
+@functools.cache
+def indexed_functions() -> tuple[func.FunctionBuilder, ...]:
+    """The app's functions as the worker indexes them.
+
+    `app.get_functions()` validates and may run only once per app object, so
+    tests and the delivery simulator share this cached result. The worker
+    itself calls `app.get_functions()` and never this.
+    """
+    return tuple(app.get_functions())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import threading
 import uuid
@@ -11,7 +10,7 @@ from typing import Any
 import pytest
 
 from domain.notifications import HttpResponse
-from function_app import app
+from function_app import indexed_functions
 from functions.services import build_services, configure
 from shared.settings import Settings
 
@@ -74,10 +73,8 @@ def services(services_for, backend):
     return services_for(backend)
 
 
-@functools.cache
 def registered_functions() -> tuple:
-    """`app.get_functions()` indexes once per app (as the worker does)."""
-    return tuple(app.get_functions())
+    return indexed_functions()
 
 
 def function(name: str):
