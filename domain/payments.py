@@ -180,6 +180,10 @@ class PaymentService:
                 if attempt < self.max_attempts:
                     self.sleep(self.backoff * 2 ** (attempt - 1))
                 continue
+            except Exception as error:  # a bug for this event: park it, keep the partition moving
+                logger.exception("payments: unexpected error", extra=context)
+                self._park(event, partition_id, "UnexpectedError", repr(error), report)
+                return
             if status is OutcomeStatus.PROCESSED:
                 report.applied += 1
             elif status is OutcomeStatus.DUPLICATE:

@@ -22,7 +22,7 @@ from azure.core.exceptions import (
     ResourceModifiedError,
     ResourceNotFoundError,
 )
-from azure.data.tables import TableClient, TableTransactionError, UpdateMode
+from azure.data.tables import EdmType, EntityProperty, TableClient, TableTransactionError, UpdateMode
 
 from shared.exceptions import (
     RETRIABLE_STATUS,
@@ -60,6 +60,22 @@ def _call(action: Callable[[], T]) -> T:
 
 def _etag(metadata: dict[str, Any] | None) -> str | None:
     return (metadata or {}).get("etag")
+
+
+_INT32 = range(-(2**31), 2**31)
+
+
+def _typed(entity: dict[str, Any]) -> dict[str, Any]:
+    """Python ints beyond Int32 are sent as Edm.Int64 (the SDK refuses them otherwise)."""
+    return {name: EntityProperty(value, EdmType.INT64)
+            if isinstance(value, int) and not isinstance(value, bool) and value not in _INT32
+            else value for name, value in entity.items()}
+
+
+def _plain(entity: Any) -> dict[str, Any]:
+    """Entity properties as plain Python values (Int64 arrives as EntityProperty)."""
+    return {name: value.value if isinstance(value, EntityProperty) else value
+            for name, value in entity.items()}
 
 
 class TableIdempotencyStore(IdempotencyStore):
@@ -102,18 +118,18 @@ class TableIdempotencyStore(IdempotencyStore):
     @staticmethod
     def _record_entity(record: IdempotencyRecord,
                        body: dict[str, Any] | None = None) -> dict[str, Any]:
-        return {**(body or {}), **record_fields(record),
-                "PartitionKey": record.partition_key, "RowKey": record.id}
+        return _typed({**(body or {}), **record_fields(record),
+                       "PartitionKey": record.partition_key, "RowKey": record.id})
 
     @staticmethod
     def _to_record(entity: Any) -> IdempotencyRecord:
-        return record_from_fields(dict(entity), record_id=entity["RowKey"],
+        return record_from_fields(_plain(entity), record_id=entity["RowKey"],
                                   partition=entity["PartitionKey"], etag=_etag(entity.metadata))
 
     @staticmethod
     def _document_entity(partition: str, op: WriteOp) -> dict[str, Any]:
         check_flat(op.body)
-        return {**op.body, "PartitionKey": partition, "RowKey": op.id}
+        return _typed({**op.body, "PartitionKey": partition, "RowKey": op.id})
 
     def _transaction_op(self, partition: str, op: WriteOp) -> tuple[Any, ...]:
         entity = self._document_entity(partition, op)
@@ -248,7 +264,7 @@ class TableIdempotencyStore(IdempotencyStore):
             entity = _call(lambda: self._client.get_entity(partition, document_id))
         except ResourceNotFoundError:
             return None
-        body = {k: v for k, v in entity.items() if k not in _SYSTEM}
+        body = {k: v for k, v in _plain(entity).items() if k not in _SYSTEM}
         return Document(document_id, partition, body, _etag(entity.metadata))
 
     def write_documents(self, partition: str, operations: Sequence[WriteOp]) -> list[Document]:

@@ -172,3 +172,22 @@ def _report():
     from domain.payments import BatchReport
 
     return BatchReport()
+
+
+def test_an_unexpected_error_parks_the_event_instead_of_stalling_the_partition(services,
+                                                                               monkeypatch):
+    account, cursed = account_id(), account_id()
+    real_apply = services.payments.apply
+
+    def buggy(payment, **context):
+        if payment.account_id == cursed:
+            raise KeyError("bug")
+        return real_apply(payment, **context)
+
+    monkeypatch.setattr(services.payments, "apply", buggy)
+    partition = uuid.uuid4().hex[:6]
+    run([SentEvent(structured("u1", cursed, 1), 1), SentEvent(structured("u2", account, 4), 2)],
+        partition)
+    assert balance(services, account) == 4
+    parked = services.parking.get("payments", f"{services.settings.payments_hub}/{partition}/1")
+    assert parked["reason"] == "UnexpectedError"

@@ -326,3 +326,16 @@ def test_stale_in_progress_records_can_be_listed(idem, store, clock):
     clock.advance(LEASE.total_seconds() + 1)
     stale = list(store.iter_records(in_progress_before=clock()))
     assert [r.key.key for r in stale] == ["stuck"]
+
+
+def test_documents_round_trip_scalar_types_including_int64(store):
+    body = {"big": 2**40, "negative": -(2**35), "small": 7, "price": 9.75, "flag": True,
+            "text": "é/#?"}
+    store.write_documents("p", [WriteOp("create", "doc", body)])
+    assert {k: v for k, v in store.read_document("p", "doc").body.items() if k in body} == body
+
+
+def test_nested_business_bodies_are_refused_with_a_clear_error(idem):
+    with pytest.raises(ValueError, match="nested"):
+        idem.run_atomic(key(), request_hash("x"), lambda tx: tx.create("d", {"lines": [1]}),
+                        partition="p")
