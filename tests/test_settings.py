@@ -1,0 +1,54 @@
+"""App settings: one place, clear startup errors, the retention rule enforced."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from shared import RetentionConfigError
+from shared.settings import SETTING_NAMES, Settings, SettingsError
+
+BASE = {"TABLE_CONNECTION_STRING": "UseDevelopmentStorage=true",
+        "COSMOS_ENDPOINT": "https://localhost:8081/"}
+
+
+def test_defaults_are_valid_and_hold_the_retention_rule():
+    settings = Settings.from_env(BASE)
+    assert settings.backend == "cosmos"
+    assert settings.ttl.total_seconds() == 7 * 86400
+    assert settings.idempotency_config().window == settings.window
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"DEDUP_BACKEND": "redis"}, "DEDUP_BACKEND"),
+    ({"TABLE_CONNECTION_STRING": ""}, "TABLE_ENDPOINT"),
+    ({"COSMOS_ENDPOINT": ""}, "COSMOS_ENDPOINT"),
+    ({"SERVICEBUS_MAX_DELIVERY_COUNT": "ten"}, "SERVICEBUS_MAX_DELIVERY_COUNT"),
+    ({"SERVICEBUS_MAX_DELIVERY_COUNT": "0"}, "at least 1"),
+    ({"PAYMENTS_MISSING_KEY_POLICY": "drop"}, "PAYMENTS_MISSING_KEY_POLICY"),
+    ({"NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY": "maybe"}, "true or false"),
+])
+def test_invalid_settings_fail_with_the_setting_named(overrides, message):
+    with pytest.raises(SettingsError, match=message):
+        Settings.from_env({**BASE, **overrides})
+
+
+def test_ttl_shorter_than_the_redelivery_window_fails_startup():
+    with pytest.raises(RetentionConfigError, match="redelivery window"):
+        Settings.from_env({**BASE, "DEDUP_TTL_SECONDS": "3600",
+                           "SERVICEBUS_MAX_DELIVERY_COUNT": "20"})
+
+
+def test_table_backend_needs_no_cosmos():
+    assert Settings.from_env({"DEDUP_BACKEND": "table", **{k: v for k, v in BASE.items()
+                                                            if k != "COSMOS_ENDPOINT"}}).backend \
+        == "table"
+
+
+def test_sample_settings_define_every_setting_and_parse():
+    sample = json.loads(Path(__file__).parent.parent.joinpath("local.settings.sample.json").read_text())
+    values = sample["Values"]
+    assert set(SETTING_NAMES) <= set(values)
+    Settings.from_env(values)
