@@ -14,6 +14,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from shared.exceptions import (
+    RETRIABLE_STATUS,
+    IdempotencyError,
+    OperationFailedError,
+    RecordChangedError,
+    RecordExistsError,
+    StoreUnavailableError,
+)
 from shared.records import IdempotencyRecord
 
 OperationKind = Literal["create", "replace", "upsert", "patch", "delete"]
@@ -38,6 +46,24 @@ class WriteOp:
     body: dict[str, Any] = field(default_factory=dict)
     etag: str | None = None  # replace/patch/delete only when the document is unchanged
     patch: tuple[dict[str, Any], ...] = ()  # Cosmos patch operations
+
+
+def transaction_failure(index: int, status: int | None, *, marker_id: str | None,
+                        detail: str = "") -> IdempotencyError:
+    """The store-contract error for a failed transaction (the marker, if any, at index 0).
+
+    Both backends report the failing operation's index and status; this maps
+    them the same way: marker 409 = exists, marker 404/412 = changed, throttling
+    or timeouts = retriable, anything else = the business operation failed.
+    """
+    if marker_id is not None and index == 0:
+        if status == 409:
+            return RecordExistsError(marker_id)
+        if status in (404, 412):
+            return RecordChangedError(marker_id)
+    if status in RETRIABLE_STATUS:
+        return StoreUnavailableError(f"transaction failed with {status}", status_code=status)
+    return OperationFailedError(index - (marker_id is not None), status, detail)
 
 
 class IdempotencyStore(abc.ABC):

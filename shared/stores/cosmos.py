@@ -27,14 +27,13 @@ from azure.cosmos.exceptions import (
 
 from shared.exceptions import (
     RETRIABLE_STATUS,
-    OperationFailedError,
     RecordChangedError,
     RecordExistsError,
     StoreRequestError,
     StoreUnavailableError,
 )
 from shared.records import IdempotencyRecord, RecordState
-from shared.stores.base import Document, IdempotencyStore, WriteOp
+from shared.stores.base import Document, IdempotencyStore, WriteOp, transaction_failure
 from shared.stores.codec import check_flat, is_record, record_fields, record_from_fields
 
 T = TypeVar("T")
@@ -179,17 +178,8 @@ class CosmosIdempotencyStore(IdempotencyStore):
         try:
             results = _call(lambda: self._container.execute_item_batch(batch, partition_key=partition))
         except CosmosBatchOperationError as error:
-            index = error.error_index
-            status = error.operation_responses[index].get("statusCode")
-            if index == 0:
-                if status == 409:
-                    raise RecordExistsError(marker.id) from error
-                if status in (404, 412):
-                    raise RecordChangedError(marker.id) from error
-            if status in RETRIABLE_STATUS:
-                raise StoreUnavailableError(f"batch failed with {status}",
-                                            status_code=status, error=error) from error
-            raise OperationFailedError(index - 1, status) from error
+            status = error.operation_responses[error.error_index].get("statusCode")
+            raise transaction_failure(error.error_index, status, marker_id=marker.id) from error
         etag = results[0].get("eTag") or (results[0].get("resourceBody") or {}).get("_etag")
         return marker.evolve(etag=etag)
 
@@ -242,10 +232,7 @@ class CosmosIdempotencyStore(IdempotencyStore):
             results = _call(lambda: self._container.execute_item_batch(batch, partition_key=partition))
         except CosmosBatchOperationError as error:
             status = error.operation_responses[error.error_index].get("statusCode")
-            if status in RETRIABLE_STATUS:
-                raise StoreUnavailableError(f"batch failed with {status}",
-                                            status_code=status, error=error) from error
-            raise OperationFailedError(error.error_index, status) from error
+            raise transaction_failure(error.error_index, status, marker_id=None) from error
         return [Document(op.id, partition, op.body, result.get("eTag"))
                 for op, result in zip(operations, results, strict=True)]
 

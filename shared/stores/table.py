@@ -26,14 +26,13 @@ from azure.data.tables import EdmType, EntityProperty, TableClient, TableTransac
 
 from shared.exceptions import (
     RETRIABLE_STATUS,
-    OperationFailedError,
     RecordChangedError,
     RecordExistsError,
     StoreRequestError,
     StoreUnavailableError,
 )
 from shared.records import IdempotencyRecord, RecordState
-from shared.stores.base import Document, IdempotencyStore, WriteOp
+from shared.stores.base import Document, IdempotencyStore, WriteOp, transaction_failure
 from shared.stores.codec import check_flat, is_record, record_fields, record_from_fields
 
 T = TypeVar("T")
@@ -197,17 +196,8 @@ class TableIdempotencyStore(IdempotencyStore):
         try:
             results = _call(lambda: self._client.submit_transaction(batch))
         except TableTransactionError as error:
-            index = getattr(error, "index", 0) or 0
-            status = error.status_code
-            if index == 0:
-                if status == 409:
-                    raise RecordExistsError(marker.id) from error
-                if status in (404, 412):
-                    raise RecordChangedError(marker.id) from error
-            if status in RETRIABLE_STATUS:
-                raise StoreUnavailableError(f"transaction failed with {status}",
-                                            status_code=status, error=error) from error
-            raise OperationFailedError(index - 1, status, str(error).splitlines()[0]) from error
+            raise transaction_failure(error.index or 0, error.status_code, marker_id=marker.id,
+                                      detail=str(error).splitlines()[0]) from error
         return marker.evolve(etag=_etag(results[0]))
 
     def iter_records(self, *, in_progress_before: float | None = None,
@@ -272,11 +262,7 @@ class TableIdempotencyStore(IdempotencyStore):
         try:
             results = _call(lambda: self._client.submit_transaction(batch))
         except TableTransactionError as error:
-            index = getattr(error, "index", 0) or 0
-            if error.status_code in RETRIABLE_STATUS:
-                raise StoreUnavailableError(f"transaction failed with {error.status_code}",
-                                            status_code=error.status_code, error=error) from error
-            raise OperationFailedError(index, error.status_code) from error
+            raise transaction_failure(error.index or 0, error.status_code, marker_id=None) from error
         return [Document(op.id, partition, op.body, _etag(meta))
                 for op, meta in zip(operations, results, strict=True)]
 
