@@ -2,7 +2,8 @@
 
 Under the Functions host, startup validates every setting (including the dedup
 retention rule): a bad value fails indexing with a message naming it, instead
-of failing each invocation later.
+of failing each invocation later. Telemetry goes to Application Insights when
+APPLICATIONINSIGHTS_CONNECTION_STRING is set.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import os
 import azure.functions as func
 
 from functions import http_payments, maintenance, notifications, order_status, orders, payments
+from shared.observability import configure_observability
 from shared.settings import Settings
 
 if os.environ.get("FUNCTIONS_WORKER_RUNTIME"):  # set by the host, absent in tests
     Settings.from_env()
+    configure_observability()  # Application Insights export when its connection string is set
 
 app = func.FunctionApp()
 

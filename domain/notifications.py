@@ -18,8 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from opentelemetry import propagate
-
 from domain.messages import InboundMessage, InvalidMessageError, parse_json_object
 from shared import (
     ConcurrencyRetriesExhaustedError,
@@ -31,6 +29,7 @@ from shared import (
     StoreUnavailableError,
     request_hash,
 )
+from shared.observability import downstream_headers
 from shared.parking import ParkingLot
 from shared.records import RecordState
 from shared.settlement import Decision
@@ -69,15 +68,6 @@ def urllib_sender(url: str, data: bytes, headers: dict[str, str], timeout: float
         raise NotificationRetryError(f"notification API unreachable: {error}") from error
 
 
-def downstream_headers(key: DedupKey, correlation_id: str | None) -> dict[str, str]:
-    """Idempotency-Key (store-safe, header-safe) plus trace context for the next hop."""
-    headers = {"Content-Type": "application/json", "Idempotency-Key": key.encoded}
-    if correlation_id:
-        headers["X-Correlation-Id"] = correlation_id
-    propagate.inject(headers)
-    return headers
-
-
 class NotificationService:
     """One subscription's consumer: sends each message's notification once."""
 
@@ -90,10 +80,13 @@ class NotificationService:
         self.api_honours_key = api_honours_key
         self.sender = sender
 
-    def _send(self, key: DedupKey, notification: dict[str, Any], correlation_id: str | None
+    def _send(self, key: DedupKey, notification: dict[str, Any], message: InboundMessage
               ) -> dict[str, Any]:
         payload = json.dumps({"channel": self.consumer, **notification}).encode("utf-8")
-        response = self.sender(self.api_url, payload, downstream_headers(key, correlation_id))
+        headers = downstream_headers(key, message.correlation_id,
+                                     properties=message.application_properties,
+                                     headers={"Content-Type": "application/json"})
+        response = self.sender(self.api_url, payload, headers)
         if response.status in (409, 429) or response.status >= 500:
             raise NotificationRetryError(f"notification API answered {response.status}")
         if response.status >= 400:
@@ -114,7 +107,7 @@ class NotificationService:
         digest = request_hash(notification)
         try:
             outcome = self.idempotency.run(
-                key, digest, lambda: self._send(key, notification, message.correlation_id),
+                key, digest, lambda: self._send(key, notification, message),
                 takeover_stale=self.api_honours_key, **context)
         except NotificationRejectedError as error:
             return Decision.deadletter("NotificationRejected", str(error))

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import azure.functions as func
 
 from domain.messages import InboundEvent, InboundMessage
+from shared.observability import message_span
+from shared.settlement import Decision, MessageActions, settle
 
 
 def _text(value: Any) -> Any:
@@ -81,3 +84,14 @@ def partition_id(events: list[func.EventHubEvent]) -> str:
         if context.get("PartitionId") is not None:
             return str(context["PartitionId"])
     raise ValueError("Event Hubs trigger metadata has no PartitionContext.PartitionId")
+
+
+def consume(name: str, handle: Callable[[InboundMessage], Decision], message: Any,
+            actions: MessageActions) -> None:
+    """One Service Bus delivery: view it, trace it (continuing the producer's trace),
+    let the domain decide, settle explicitly."""
+    view = message_view(message)
+    with message_span(name, properties=view.application_properties, message_id=view.message_id,
+                      correlation_id=view.correlation_id,
+                      attributes={"messaging.delivery_count": view.delivery_count}):
+        settle(handle(view), message, actions)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import azure.functions as func
 import azurefunctions.extensions.bindings.servicebus as servicebus
 
-from functions.adapters import message_view
+from functions.adapters import consume
 from functions.services import services
-from shared.settlement import settle
 
 bp = func.Blueprint()
 
@@ -18,7 +17,7 @@ bp = func.Blueprint()
                               connection="ServiceBusConnection", auto_complete_messages=False)
 def notify(message: servicebus.ServiceBusReceivedMessage,
            message_actions: servicebus.ServiceBusMessageActions) -> None:
-    settle(services().notify.handle(message_view(message)), message, message_actions)
+    consume("notify", services().notify.handle, message, message_actions)
 
 
 @bp.function_name("audit")
@@ -27,4 +26,4 @@ def notify(message: servicebus.ServiceBusReceivedMessage,
                               connection="ServiceBusConnection", auto_complete_messages=False)
 def audit(message: servicebus.ServiceBusReceivedMessage,
           message_actions: servicebus.ServiceBusMessageActions) -> None:
-    settle(services().audit.handle(message_view(message)), message, message_actions)
+    consume("audit", services().audit.handle, message, message_actions)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import azure.functions as func
 import azurefunctions.extensions.bindings.servicebus as servicebus
 
-from functions.adapters import message_view
+from functions.adapters import consume
 from functions.services import services
-from shared.settlement import settle
 
 bp = func.Blueprint()
 
@@ -17,4 +16,4 @@ bp = func.Blueprint()
                               connection="ServiceBusConnection", auto_complete_messages=False)
 def orders(message: servicebus.ServiceBusReceivedMessage,
            message_actions: servicebus.ServiceBusMessageActions) -> None:
-    settle(services().orders.handle(message_view(message)), message, message_actions)
+    consume("orders", services().orders.handle, message, message_actions)
