@@ -1,0 +1,261 @@
+"""Log fields and metric points for every dedup outcome, from real flows on the local servers.
+
+Metrics are read with the OpenTelemetry SDK's InMemoryMetricReader on a meter
+provider of the test's own (the global provider is left alone); logs with
+caplog. Event names are the ones the Bicep alerts query.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+
+from shared import Idempotency, IdempotencyConfig, OutcomeStatus
+from shared.cache import CompletedKeyCache
+from shared.keys import DedupKey, request_hash
+from shared.parking import ParkingLot
+from shared.telemetry import (
+    EVENT_CONFLICT,
+    EVENT_DUPLICATE,
+    EVENT_IN_PROGRESS,
+    EVENT_OUTCOME,
+    EVENT_PARKED,
+    EVENT_REPLAY_SKIPPED,
+    METRIC_MESSAGES,
+    METRIC_PARKED,
+    METRIC_REPLAY_SKIPPED,
+    METRIC_STORE_LATENCY,
+    Telemetry,
+)
+from shared.watermark import PartitionWatermark
+
+OUTCOME_FIELDS = ("event", "dedup_key", "dedup_key_encoded", "consumer", "message_id",
+                  "correlation_id", "outcome", "attempt", "store_latency_ms", "backend", "source",
+                  "request_hash", "stored_hash")
+
+
+def test_event_names_are_stable():
+    # Infra alerts query these names; renaming them silences the alerts.
+    assert (EVENT_CONFLICT, EVENT_PARKED, EVENT_DUPLICATE) == (
+        "IdempotencyKeyConflict", "EventParked", "DuplicateDetected")
+
+
+@pytest.fixture
+def reader():
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    reader.provider = provider
+    yield reader
+    provider.shutdown()
+
+
+@pytest.fixture
+def telemetry(reader) -> Telemetry:
+    return Telemetry(meter_provider=reader.provider)
+
+
+@pytest.fixture
+def logs(caplog):
+    caplog.set_level(logging.INFO, logger="shared")
+    return caplog
+
+
+def metric_points(reader: InMemoryMetricReader, name: str) -> list:
+    data = reader.get_metrics_data()
+    points = []
+    for resource in (data.resource_metrics if data else []):
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == name:
+                    points.extend(metric.data.data_points)
+    return points
+
+
+def counts(reader: InMemoryMetricReader, name: str = METRIC_MESSAGES) -> dict[frozenset, int]:
+    return {frozenset(p.attributes.items()): p.value for p in metric_points(reader, name)}
+
+
+def attrs(**values) -> frozenset:
+    return frozenset(values.items())
+
+
+def last(caplog, event: str) -> logging.LogRecord:
+    records = [r for r in caplog.records if getattr(r, "event", None) == event]
+    assert records, f"no {event} log record"
+    return records[-1]
+
+
+def check_outcome_record(record: logging.LogRecord, *, event: str, level: int, key: DedupKey,
+                         outcome: str, backend: str, message_id: str, correlation_id: str,
+                         source: str = "store") -> None:
+    for name in OUTCOME_FIELDS:
+        assert hasattr(record, name), f"log record has no {name}"
+    assert record.levelno == level
+    assert record.getMessage().startswith(event)  # alerts match the message text too
+    assert record.event == event
+    assert record.dedup_key == key.key
+    assert record.dedup_key_encoded == key.encoded
+    assert record.consumer == key.consumer
+    assert record.outcome == outcome
+    assert record.message_id == message_id
+    assert record.correlation_id == correlation_id
+    assert record.backend == backend
+    assert record.source == source
+    assert isinstance(record.store_latency_ms, float) and record.store_latency_ms >= 0
+
+
+def order(n: int, **changes) -> tuple[DedupKey, str, dict]:
+    body = {"orderId": f"order-{n}", "amount": 25, **changes}
+    return DedupKey.from_message_id("orders", f"order-{n}"), request_hash(body), body
+
+
+def build(tx):
+    tx.create("line-1", {"sku": "A", "qty": 1})
+    return {"ok": True}
+
+
+def test_processed_duplicates_and_conflict(store, telemetry, reader, logs):
+    idem = Idempotency(store, telemetry=telemetry)
+    key, digest, _ = order(1)
+    ctx = {"message_id": "order-1", "correlation_id": "corr-1"}
+
+    assert idem.run_atomic(key, digest, build, delivery_count=1, **ctx).status is OutcomeStatus.PROCESSED
+    record = last(logs, EVENT_OUTCOME)
+    check_outcome_record(record, event=EVENT_OUTCOME, level=logging.INFO, key=key,
+                         outcome="processed", backend=store.name, **ctx)
+    assert record.attempt == 1 and record.delivery_count == 1
+    assert record.duplicate_cause is None
+
+    # redelivered by the broker (lock lost / abandoned): delivery count 2
+    assert idem.run_atomic(key, digest, build, delivery_count=2, **ctx).status is OutcomeStatus.DUPLICATE
+    record = last(logs, EVENT_DUPLICATE)
+    check_outcome_record(record, event=EVENT_DUPLICATE, level=logging.INFO, key=key,
+                         outcome="duplicate", backend=store.name, **ctx)
+    assert record.duplicate_cause == "redelivery"
+    assert record.stored_hash == record.request_hash == digest
+
+    # a second copy on its first delivery: the producer sent it again
+    idem.run_atomic(key, digest, build, delivery_count=1, **ctx)
+    assert last(logs, EVENT_DUPLICATE).duplicate_cause == "producer_retry"
+    # an explicit cause wins (Event Hubs replay has no delivery count)
+    idem.run_atomic(key, digest, build, cause="replay", **ctx)
+    assert last(logs, EVENT_DUPLICATE).duplicate_cause == "replay"
+
+    # same key, different content: error-level conflict event
+    _, other_digest, _ = order(1, amount=26)
+    assert idem.run_atomic(key, other_digest, build, **ctx).status is OutcomeStatus.CONFLICT
+    record = last(logs, EVENT_CONFLICT)
+    check_outcome_record(record, event=EVENT_CONFLICT, level=logging.ERROR, key=key,
+                         outcome="conflict", backend=store.name, **ctx)
+    assert record.stored_hash == digest and record.request_hash == other_digest
+
+    base = {"consumer": "orders", "backend": store.name, "source": "store"}
+    assert counts(reader) == {
+        attrs(**base, outcome="processed"): 1,
+        attrs(**base, outcome="duplicate", cause="redelivery"): 1,
+        attrs(**base, outcome="duplicate", cause="producer_retry"): 1,
+        attrs(**base, outcome="duplicate", cause="replay"): 1,
+        attrs(**base, outcome="conflict"): 1,
+    }
+    latency = metric_points(reader, METRIC_STORE_LATENCY)
+    assert sum(p.count for p in latency) == 5
+    assert all(p.attributes["backend"] == store.name for p in latency)
+
+
+def test_in_progress_taken_over_and_stale(store, telemetry, reader, logs, clock):
+    config = IdempotencyConfig(ttl=timedelta(hours=1), lease=timedelta(seconds=30), clock=clock)
+    idem = Idempotency(store, config=config, telemetry=telemetry)
+    key, digest, _ = DedupKey.from_message_id("notify", "n-1"), "sha256:n1", None
+    ctx = {"message_id": "n-1", "correlation_id": "corr-n"}
+    idem.claim(key, digest)  # another consumer holds it
+
+    assert idem.run(key, digest, lambda: "x", **ctx).status is OutcomeStatus.IN_PROGRESS
+    check_outcome_record(last(logs, EVENT_IN_PROGRESS), event=EVENT_IN_PROGRESS,
+                         level=logging.WARNING, key=key, outcome="in_progress",
+                         backend=store.name, **ctx)
+
+    clock.advance(31)  # its lease ran out
+    assert (idem.run(key, digest, lambda: "x", takeover_stale=False, **ctx).status
+            is OutcomeStatus.STALE)
+    check_outcome_record(last(logs, EVENT_IN_PROGRESS), event=EVENT_IN_PROGRESS,
+                         level=logging.WARNING, key=key, outcome="stale", backend=store.name, **ctx)
+
+    outcome = idem.run(key, digest, lambda: "sent", **ctx)
+    assert outcome.status is OutcomeStatus.TAKEN_OVER
+    record = [r for r in logs.records if getattr(r, "outcome", None) == "taken_over"][-1]
+    check_outcome_record(record, event=EVENT_OUTCOME, level=logging.INFO, key=key,
+                         outcome="taken_over", backend=store.name, **ctx)
+    assert record.attempt == 2
+    assert record.handler_latency_ms is not None
+
+    base = {"consumer": "notify", "backend": store.name, "source": "store"}
+    assert counts(reader) == {attrs(**base, outcome="in_progress"): 1,
+                              attrs(**base, outcome="stale"): 1,
+                              attrs(**base, outcome="taken_over"): 1}
+
+
+def test_duplicate_answered_by_the_cache(store, telemetry, reader, logs):
+    idem = Idempotency(store, telemetry=telemetry, cache=CompletedKeyCache(10))
+    key, digest, _ = order(2)
+    idem.run_atomic(key, digest, build, message_id="order-2", correlation_id="c2")
+    idem.run_atomic(key, digest, build, message_id="order-2", correlation_id="c2", delivery_count=3)
+    record = last(logs, EVENT_DUPLICATE)
+    check_outcome_record(record, event=EVENT_DUPLICATE, level=logging.INFO, key=key,
+                         outcome="duplicate", backend=store.name, message_id="order-2",
+                         correlation_id="c2", source="cache")
+    assert counts(reader)[attrs(consumer="orders", backend=store.name, source="cache",
+                                outcome="duplicate", cause="redelivery")] == 1
+
+
+def test_parked_is_an_error_event_and_a_message_outcome(store, telemetry, reader, logs):
+    lot = ParkingLot(store, telemetry=telemetry)
+    lot.park(consumer="payments", entry_id="0:42", reason="PaymentRejected", payload=b'{"x":1}',
+             message_id="evt-42", correlation_id="corr-42", partition_id="0")
+    record = last(logs, EVENT_PARKED)
+    assert record.levelno == logging.ERROR
+    assert record.getMessage().startswith(EVENT_PARKED)
+    assert (record.consumer, record.reason, record.outcome) == ("payments", "PaymentRejected", "parked")
+    assert (record.message_id, record.correlation_id) == ("evt-42", "corr-42")
+    assert lot.get("payments", "0:42")["reason"] == "PaymentRejected"
+    assert counts(reader) == {attrs(consumer="payments", outcome="parked",
+                                    reason="PaymentRejected"): 1}
+    assert counts(reader, METRIC_PARKED) == {attrs(consumer="payments", reason="PaymentRejected"): 1}
+
+
+def test_replay_skipped_events_are_counted(store, telemetry, reader, logs):
+    mark = PartitionWatermark(store, consumer="payments", event_hub="payments",
+                              consumer_group="$Default")
+    mark.advance("3", 10)
+    current = mark.read("3")
+    replayed = range(6, 13)
+    skipped = [s for s in replayed if s <= current.sequence_number]
+    telemetry.replay_skipped(len(skipped), consumer="payments", partition_id="3")
+    record = last(logs, EVENT_REPLAY_SKIPPED)
+    assert (record.count, record.partition_id, record.consumer) == (5, "3", "payments")
+    assert counts(reader, METRIC_REPLAY_SKIPPED) == {attrs(consumer="payments", partition_id="3"): 5}
+
+
+def test_logs_carry_the_current_trace(store, telemetry, logs):
+    tracer = TracerProvider().get_tracer("test")
+    idem = Idempotency(store, telemetry=telemetry)
+    key, digest, _ = order(3)
+    with tracer.start_as_current_span("consume") as span:
+        idem.run_atomic(key, digest, build)
+    record = last(logs, EVENT_OUTCOME)
+    assert record.trace_id == format(span.get_span_context().trace_id, "032x")
+    assert record.span_id == format(span.get_span_context().span_id, "016x")
+
+
+def test_context_names_that_clash_with_log_record_attributes_are_kept(telemetry, logs):
+    from shared.records import Outcome
+
+    key = DedupKey("orders", "o-9")
+    outcome = Outcome(OutcomeStatus.PROCESSED, key, "sha256:x")
+    telemetry.outcome(outcome, latency=0.001, backend="table", name="clash", module="m")
+    record = last(logs, EVENT_OUTCOME)
+    assert record.ctx_name == "clash" and record.ctx_module == "m"
