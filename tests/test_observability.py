@@ -1,0 +1,104 @@
+"""Azure Monitor configuration (only with a connection string) and downstream headers."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+
+from shared import observability
+from shared.keys import DedupKey
+from shared.observability import (
+    CONNECTION_STRING_SETTING,
+    configure_observability,
+    context_from_message,
+    downstream_headers,
+    idempotency_key_value,
+    incoming_traceparent,
+    message_span,
+)
+
+PRODUCER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+CONN = "InstrumentationKey=00000000-0000-0000-0000-000000000000"
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    observability._reset_for_tests()
+    yield
+    observability._reset_for_tests()
+
+
+def test_no_connection_string_is_a_no_op():
+    calls = []
+    assert configure_observability(environ={}, configure=lambda **kw: calls.append(kw)) is False
+    assert calls == []
+    assert not observability.is_configured()
+
+
+def test_connection_string_configures_once():
+    calls = []
+    env = {CONNECTION_STRING_SETTING: CONN}
+    assert configure_observability(environ=env, configure=lambda **kw: calls.append(kw),
+                                   logger_name="shared") is True
+    assert configure_observability(environ=env, configure=lambda **kw: calls.append(kw)) is True
+    assert calls == [{"connection_string": CONN, "logger_name": "shared"}]
+    assert observability.is_configured()
+
+
+def test_missing_distro_warns_and_does_not_raise(monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "azure.monitor.opentelemetry", None)  # import fails
+    with caplog.at_level(logging.WARNING, logger="shared.observability"):
+        assert configure_observability(connection_string=CONN) is False
+    assert "azure-monitor-opentelemetry is not installed" in caplog.text
+
+
+def test_headers_carry_the_key_and_the_current_span():
+    key = DedupKey.from_message_id("notify", "msg 1/2")
+    tracer = TracerProvider().get_tracer("test")
+    with tracer.start_as_current_span("send") as span:
+        headers = downstream_headers(key, "corr-7", headers={"Content-Type": "application/json"})
+    context = span.get_span_context()
+    assert headers["Idempotency-Key"] == key.encoded == "notify|msg!201!2F2"
+    assert headers["X-Correlation-Id"] == "corr-7"
+    assert headers["Content-Type"] == "application/json"
+    assert headers["traceparent"] == (f"00-{context.trace_id:032x}-{context.span_id:016x}-"
+                                      f"{int(context.trace_flags):02x}")
+    assert int(context.trace_flags) & 0x01  # sampled
+
+
+def test_headers_without_a_span_pass_the_message_trace_on():
+    key = DedupKey.from_message_id("notify", "m-1")
+    assert "traceparent" not in downstream_headers(key)
+    headers = downstream_headers(key, properties={"Diagnostic-Id": PRODUCER})
+    assert headers["traceparent"] == PRODUCER
+
+
+def test_message_span_continues_the_producer_trace():
+    key = DedupKey.from_message_id("notify", "m-2")
+    with message_span("notify process", properties={"Diagnostic-Id": PRODUCER}, key=key,
+                      message_id="m-2", correlation_id="c"):
+        headers = downstream_headers(key)
+    assert headers["traceparent"].split("-")[1] == PRODUCER.split("-")[1]
+
+
+def test_incoming_trace_context_is_validated():
+    assert incoming_traceparent({"traceparent": PRODUCER}) == PRODUCER
+    assert incoming_traceparent({"diagnostic-id": PRODUCER.upper()}) == PRODUCER
+    assert incoming_traceparent({"Diagnostic-Id": "|abc.1."}) is None  # legacy Request-Id format
+    assert incoming_traceparent({"traceparent": "ff" + PRODUCER[2:]}) is None
+    assert incoming_traceparent(None) is None
+    assert context_from_message({}) is None
+    assert context_from_message({"traceparent": PRODUCER}) is not None
+
+
+def test_idempotency_key_values_are_header_safe():
+    key = DedupKey.from_message_id("orders", "ümlaut key")
+    assert idempotency_key_value(key) == key.encoded
+    assert idempotency_key_value(key, "charge") == f"{key.encoded}:charge"
+    assert idempotency_key_value("plain-key_1") == "plain-key_1"
+    unsafe = idempotency_key_value("two words\r\n")
+    assert all(0x21 <= ord(c) <= 0x7E for c in unsafe)
+    assert len(idempotency_key_value("x" * 1000)) <= 255
