@@ -1,0 +1,112 @@
+"""The benchmark harness at a tiny size, on the session's local servers.
+
+Timing is not asserted (CI machines vary); the store request counts are
+deterministic and are: they are the figures the README quotes.
+"""
+
+from __future__ import annotations
+
+import pytest
+from azure.cosmos import PartitionKey
+
+from benchmarks.counting import RequestCounter, counted_cosmos_client, counted_table_store
+from benchmarks.harness import Endpoints, run_benchmark
+from benchmarks.report import markdown, rows, targets, write_outputs
+from benchmarks.variants import VARIANTS
+from benchmarks.workload import Sizes
+
+N = 4  # events per batch
+SIZES = Sizes(messages=3, duplicates=3, batch_size=N, batches=2, concurrent=2, copies=2,
+              rounds=1, warmup=1)
+
+# variant: (requests per new message, per duplicate, per replayed batch)
+EXPECTED = {
+    "no-dedup": (1, 1, N),
+    "naive": (3, 1, N),  # read marker, effect, write marker / read finds it
+    "powertools": (3, 2, 2 * N),  # put in-progress, effect, update / 409 + read
+    "two-phase": (3, 2, 2 * N),
+    "atomic": (1, 2, 2 * N),  # one transaction / 409 + read
+    "atomic+cache": (1, 0, 2 * N),  # warm duplicate: none; replay after a restart is cold
+    "atomic+hwm": (1, 2, 1),  # replayed, checkpointed batch: one mark read
+}
+
+
+@pytest.fixture(scope="module")
+def run(stack):
+    endpoints = Endpoints(stack.table_connection_string, stack.cosmos_endpoint, stack.cosmos_key,
+                          stack.cosmos_verify)
+    return run_benchmark(endpoints, SIZES, seed=7)
+
+
+def test_every_variant_ran_on_both_backends(run):
+    assert {(r.name, r.backend) for r in run.results} == {
+        (name, backend) for name in VARIANTS for backend in ("table", "cosmos")}
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+@pytest.mark.parametrize("backend", ["table", "cosmos"])
+def test_request_counts_are_exact(run, name, backend):
+    result = run.result(name, backend)
+    new, dup, replay = EXPECTED[name]
+    assert result.new_requests == [new] * SIZES.messages
+    assert result.dup_requests == [dup] * SIZES.duplicates
+    assert result.replay_batch_requests == [replay] * SIZES.batches
+    if name == "atomic+hwm":
+        # mark read + N commits + mark write (+1 read on the partition's first batch)
+        assert result.first_batch_requests[1:] == [N + 2] * (SIZES.batches - 1)
+        assert result.first_batch_requests[0] <= N + 3
+    else:
+        assert result.first_batch_requests == [new * N] * SIZES.batches
+    assert result.meta_requests == 0
+    assert result.retried_calls == 0
+
+
+@pytest.mark.parametrize("backend", ["table", "cosmos"])
+def test_dedup_variants_never_apply_an_effect_twice(run, backend):
+    for name in ("powertools", "two-phase", "atomic", "atomic+cache", "atomic+hwm"):
+        result = run.result(name, backend)
+        assert result.concurrent_extra_effects == 0, name
+        assert result.replay_extra_effects == 0, name
+    baseline = run.result("no-dedup", backend)
+    assert baseline.concurrent_extra_effects == SIZES.concurrent * (SIZES.copies - 1)
+    assert baseline.replay_extra_effects == SIZES.batches * N
+
+
+def test_request_targets_hold_and_outputs_are_written(run, tmp_path):
+    met = {(t.text, t.backend): t.met for t in targets(run) if "throughput" not in t.text}
+    assert met and all(met.values()), met
+    assert all(r.throughput > 0 for r in rows(run))
+    written = write_outputs(run, tmp_path, with_chart=True)
+    text = written["markdown"].read_text()
+    assert text == markdown(run)
+    assert "| Variant | Backend | Req/new msg |" in text
+    if "chart" in written:  # matplotlib is a dev requirement
+        assert written["chart"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_counting_is_exact_on_both_sdks(stack, cosmos_database, table_service):
+    table_counter = RequestCounter("table")
+    store = counted_table_store(stack.table_connection_string, "countcheck", table_counter)
+    try:
+        assert table_counter.meta() == 1  # create table
+        store.client.create_entity({"PartitionKey": "p", "RowKey": "a"})
+        store.client.submit_transaction([("create", {"PartitionKey": "p", "RowKey": "b"}),
+                                         ("create", {"PartitionKey": "p", "RowKey": "c"})])
+        assert table_counter.data("wire") == table_counter.data("call") == 2
+    finally:
+        table_service.delete_table("countcheck")
+
+    cosmos_counter = RequestCounter("cosmos")
+    client = counted_cosmos_client(stack.cosmos_endpoint, stack.cosmos_key, cosmos_counter,
+                                   verify=stack.cosmos_verify)
+    container = cosmos_database.create_container("countcheck", PartitionKey("/pk"))
+    try:
+        proxy = client.get_database_client(cosmos_database.id).get_container_client("countcheck")
+        proxy.create_item({"id": "a", "pk": "p"})
+        proxy.execute_item_batch([("create", ({"id": "b", "pk": "p"},)),
+                                  ("create", ({"id": "c", "pk": "p"},))], partition_key="p")
+        proxy.read_item("a", "p")
+        assert cosmos_counter.data() == 3
+    finally:
+        client.close()
+        cosmos_database.delete_container(container.id)
