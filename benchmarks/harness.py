@@ -165,8 +165,8 @@ def _phase_new(slots: list[_Slot], workload: Workload, sizes: Sizes, rng: random
         part = workload.new[r * chunk:(r + 1) * chunk]
         order = list(slots)
         rng.shuffle(order)
+        gc.collect()
         for slot in order:
-            gc.collect()
             for message in part:
                 outcome, requests, elapsed, cpu = _measure(
                     slot, lambda m=message, s=slot: s.variant.handle(m))

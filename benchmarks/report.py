@@ -203,6 +203,8 @@ def markdown(run: BenchmarkRun) -> str:
               "(process-local state dropped), so that row's replay is cold.",
               f"- `atomic + high-water mark` first pass: 1 mark read + {s.batch_size} commits + "
               "1 mark write per batch, plus 1 read on the partition's very first batch.",
+              "- Every row except `atomic + high-water mark` handles an Event Hubs batch one "
+              "event at a time: its replay column is the replay without a high-water mark.",
               "- Extra effects: messages whose effect was applied more than once, on replay "
               f"(per batch) and when delivered as {s.copies} simultaneous copies.",
               "", "Targets:", ""]

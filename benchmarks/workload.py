@@ -26,7 +26,7 @@ class Sizes:
     batches: int = 4  # batches processed, then replayed
     concurrent: int = 30  # messages delivered as `copies` simultaneous copies
     copies: int = 2
-    rounds: int = 5  # the new-message phase is interleaved across variants in this many rounds
+    rounds: int = 20  # the new-message phase is interleaved across variants in this many rounds
     warmup: int = 10
 
 
