@@ -72,6 +72,7 @@ class SentEvent:
     partition_key: str | None = None
     offset: int | None = None
     enqueued_time: datetime | None = None
+    content_type: str | None = None
 
 
 def event_hub_batch(events: list[SentEvent], *, partition_id: str, event_hub: str = "payments",
@@ -82,6 +83,7 @@ def event_hub_batch(events: list[SentEvent], *, partition_id: str, event_hub: st
         "Offset": e.offset if e.offset is not None else e.sequence_number * 100,
         "PartitionKey": e.partition_key,
         "EnqueuedTimeUtc": (e.enqueued_time or datetime.now(UTC)).isoformat(),
+        **({"content-type": e.content_type} if e.content_type else {}),
     } for e in events]
     metadata = {
         "SystemPropertiesArray": meta.Datum(json.dumps(system), "json"),

@@ -1,0 +1,533 @@
+"""Invariant checker: reads the stores and says whether every message had exactly one effect.
+
+Effects are counted from what the stores hold (order documents and lines,
+ledger markers and account balances, order-status documents, parked
+entries) and, in the simulator, from what the fake notification API and the
+simulated broker's dead-letter queues saw: never from counters kept by the
+code under test.
+
+Invariants:
+
+* exactly one effect per logical message: one order document (with all its
+  lines), one ledger marker per payment with every account balance equal to
+  the sum of its applied events, one accepted notification per subscription
+  (distinct Idempotency-Keys when the API honours them, raw calls when not);
+* nothing lost: every message is effected, dead-lettered or parked, with a reason;
+* every key conflict (same id, other content) is dead-lettered or parked;
+* no dedup record left in progress (after reconciliation).
+
+Also a command for real deployments (Docker emulators or Azure), after the
+producer CLI sent a workload:
+
+    python -m simulator.check --sent sent.json     # app settings from the environment
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared import IdempotencyStore, request_hash
+from shared.stores import CosmosIdempotencyStore, TableIdempotencyStore
+from simulator.faults import ApiCall, innermost
+from simulator.workload import Item, load_ledger
+
+CONFLICT = "IdempotencyKeyConflict"
+CHANNELS = ("notify", "audit")
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """One dead-lettered copy, as the (simulated) broker holds it."""
+
+    consumer: str
+    logical: str
+    variant: int
+    reason: str
+    description: str = ""
+
+
+@dataclass
+class Evidence:
+    """What the harness saw outside the stores; None where it cannot see (real brokers)."""
+
+    dead_letters: list[DeadLetter] | None = None
+    api_calls: list[ApiCall] | None = None
+    api_honours_key: bool = True
+
+
+@dataclass
+class Stores:
+    """The stores to read, by role (the app's wiring; see functions.services)."""
+
+    orders: IdempotencyStore
+    order_status: IdempotencyStore
+    ledger: IdempotencyStore
+    notifications: IdempotencyStore
+    parked: IdempotencyStore
+    records: dict[str, IdempotencyStore] = field(default_factory=dict)  # for the in-progress check
+
+
+@dataclass
+class Invariant:
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass
+class CheckResult:
+    logical: Counter[str] = field(default_factory=Counter)  # logical messages by kind
+    effects: Counter[str] = field(default_factory=Counter)  # effects found, by kind
+    double_effects: Counter[str] = field(default_factory=Counter)
+    lost: Counter[str] = field(default_factory=Counter)
+    partial: Counter[str] = field(default_factory=Counter)
+    balance_mismatches: list[dict[str, Any]] = field(default_factory=list)
+    dead_lettered: Counter[str] = field(default_factory=Counter)  # "consumer: reason"
+    parked: Counter[str] = field(default_factory=Counter)  # "consumer: reason"
+    conflicts: Counter[str] = field(default_factory=Counter)  # handled / not handled
+    not_effected_but_handled: Counter[str] = field(default_factory=Counter)  # "kind: reason"
+    resent_same_key: int = 0
+    in_progress: int = 0
+    unverified: Counter[str] = field(default_factory=Counter)
+    examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    invariants: list[Invariant] = field(default_factory=list)
+
+    def example(self, what: str, text: str) -> None:
+        if len(self.examples[what]) < 5:
+            self.examples[what].append(text)
+
+    @property
+    def ok(self) -> bool:
+        return all(inv.ok for inv in self.invariants)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "logical": dict(self.logical), "effects": dict(self.effects),
+            "doubleEffects": dict(self.double_effects), "lost": dict(self.lost),
+            "partialEffects": dict(self.partial), "balanceMismatches": self.balance_mismatches[:20],
+            "deadLettered": dict(self.dead_lettered), "parked": dict(self.parked),
+            "conflicts": dict(self.conflicts), "resentWithSameKey": self.resent_same_key,
+            "inProgress": self.in_progress, "unverified": dict(self.unverified),
+            "examples": dict(self.examples),
+            "invariants": [{"name": i.name, "ok": i.ok, "detail": i.detail} for i in self.invariants],
+        }
+
+
+# -- reading stores ----------------------------------------------------------------------
+def _successor(prefix: str) -> str:
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
+def scan(store: IdempotencyStore, partition_prefix: str | None = None) -> list[dict[str, Any]]:
+    """Every entity/document of a store (whose partition starts with a prefix), flattened.
+
+    Each row gets `_id` and `_partition` besides its own properties.
+    """
+    inner = innermost(store)
+    rows = []
+    if isinstance(inner, TableIdempotencyStore):
+        if partition_prefix:
+            entities = inner.client.query_entities(
+                "PartitionKey ge @lo and PartitionKey lt @hi",
+                parameters={"lo": partition_prefix, "hi": _successor(partition_prefix)})
+        else:
+            entities = inner.client.list_entities()
+        for entity in entities:
+            rows.append({**dict(entity), "_id": entity["RowKey"], "_partition": entity["PartitionKey"]})
+        return rows
+    if isinstance(inner, CosmosIdempotencyStore):
+        container = inner.container
+        field_name = container.read()["partitionKey"]["paths"][0].lstrip("/")
+        if partition_prefix:
+            items = container.query_items(
+                f"SELECT * FROM c WHERE STARTSWITH(c.{field_name}, @p)",  # noqa: S608 - path from metadata
+                parameters=[{"name": "@p", "value": partition_prefix}],
+                enable_cross_partition_query=True)
+        else:
+            items = container.query_items("SELECT * FROM c", enable_cross_partition_query=True)
+        for item in items:
+            rows.append({**item, "_id": item["id"], "_partition": item.get(field_name)})
+        return rows
+    raise TypeError(f"cannot scan a {type(inner).__name__}")
+
+
+def _is_record(row: dict[str, Any]) -> bool:
+    return "idemState" in row and "idemKey" in row
+
+
+# -- the checks ---------------------------------------------------------------------------
+def _group(items: Iterable[Item], kind: str) -> dict[str, list[Item]]:
+    groups: dict[str, list[Item]] = defaultdict(list)
+    for item in items:
+        if item.kind == kind:
+            groups[item.key].append(item)
+    return groups
+
+
+def _order_total(body: dict[str, Any]) -> float:
+    return round(sum(line["quantity"] * line["unitPrice"] for line in body["lines"]), 2)
+
+
+class Checker:
+    def __init__(self, items: list[Item], stores: Stores, *, run_id: str, hub: str,
+                 evidence: Evidence | None = None) -> None:
+        self.items = items
+        self.stores = stores
+        self.run_id = run_id
+        self.hub = hub
+        self.evidence = evidence or Evidence()
+        self.result = CheckResult()
+        self._dead: dict[tuple[str, str, int], list[DeadLetter]] = defaultdict(list)
+        for letter in self.evidence.dead_letters or []:
+            self._dead[(letter.consumer, letter.logical, letter.variant)].append(letter)
+            self.result.dead_lettered[f"{letter.consumer}: {letter.reason or '(no reason)'}"] += 1
+        self._parked_rows = [row for row in scan(stores.parked)
+                             if run_id in str(row.get("entryId", "")) + str(row.get("payload", ""))]
+        self._parked_by_sha: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self._parked_by_entry: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+        for row in self._parked_rows:
+            self.result.parked[f"{row.get('consumer')}: {row.get('reason') or '(no reason)'}"] += 1
+            self._parked_by_sha[str(row.get("payloadSha256"))].append(row)
+            self._parked_by_entry[(str(row.get("consumer")), str(row.get("entryId")))].append(row)
+
+    # -- evidence helpers -------------------------------------------------------------------
+    def _dead_letters(self, consumer: str, item: Item) -> list[DeadLetter]:
+        return self._dead.get((consumer, item.logical, item.variant), [])
+
+    def _handled(self, consumer: str, item: Item, parked: list[dict[str, Any]]) -> str | None:
+        """The reason a not-effected message was handled with (dead-letter or parking), or None."""
+        for letter in self._dead_letters(consumer, item):
+            if letter.reason:
+                return f"dead-lettered: {letter.reason}"
+        for row in parked:
+            if row.get("reason"):
+                return f"parked: {row['reason']}"
+        return None
+
+    def _not_effected(self, kind: str, consumer: str, item: Item, parked: list[dict[str, Any]],
+                      what: str) -> None:
+        reason = self._handled(consumer, item, parked)
+        if reason is not None:
+            self.result.not_effected_but_handled[f"{kind}: {reason}"] += 1
+            return
+        if self.evidence.dead_letters is None and kind != "payment":
+            self.result.unverified[kind] += 1  # real broker: look in its dead-letter queue
+            self.result.example("unverified", what)
+            return
+        self.result.lost[kind] += 1
+        self.result.example("lost", what)
+
+    def _conflict(self, consumer: str, item: Item, parked: list[dict[str, Any]]) -> None:
+        """A variant that was not applied: it must have been refused with a reason."""
+        reason = self._handled(consumer, item, parked)
+        if reason is None and self.evidence.dead_letters is None and item.kind != "payment":
+            self.result.unverified["conflict"] += 1
+            return
+        if reason is None:
+            self.result.conflicts["not dead-lettered or parked"] += 1
+            self.result.example("conflict not handled", f"{consumer} {item.key} variant {item.variant}")
+        elif CONFLICT in reason:
+            self.result.conflicts[reason.split(":")[0]] += 1
+        else:
+            self.result.conflicts[f"refused for another reason ({reason})"] += 1
+
+    # -- orders --------------------------------------------------------------------------------
+    def check_orders(self) -> None:
+        rows = scan(self.stores.orders, self.run_id)
+        orders: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        lines: Counter[str] = Counter()
+        for row in rows:
+            if row.get("kind") == "order":
+                orders[str(row.get("idemKey") or row.get("orderId"))].append(row)
+            elif row.get("kind") == "line":
+                lines[str(row.get("orderId"))] += 1
+        for key, variants in _group(self.items, "order").items():
+            self.result.logical["order"] += 1
+            stored = orders.get(key, [])
+            valid = [v for v in variants if not v.expect.startswith("deadletter:")]
+            if not valid:  # malformed input: must not be effected, must be dead-lettered
+                if stored:
+                    self.result.double_effects["order (invalid input effected)"] += 1
+                for variant in variants:
+                    self._not_effected("order", "orders", variant, [], f"order {key}")
+                continue
+            if len(stored) > 1:
+                self.result.double_effects["order"] += len(stored) - 1
+                self.result.example("double effect", f"order {key}: {len(stored)} order documents")
+            if not stored:
+                for variant in valid:
+                    self._not_effected("order", "orders", variant, [], f"order {key}")
+                continue
+            self.result.effects["order"] += 1
+            document = stored[0]
+            applied = None
+            for variant in valid:
+                body = variant.json_body()
+                if (abs(float(document.get("total", -1)) - _order_total(body)) < 0.005
+                        and int(document.get("lineCount", -1)) == len(body["lines"])):
+                    applied = variant
+            expected_lines = int(document.get("lineCount", 0)) * len(stored)
+            order_id = str(document.get("orderId"))
+            if lines[order_id] < expected_lines:
+                self.result.partial["order lines missing"] += 1
+                self.result.example("partial", f"order {key}: {lines[order_id]}/{expected_lines} lines")
+            elif lines[order_id] > expected_lines:
+                self.result.double_effects["order line"] += lines[order_id] - expected_lines
+            if applied is None:
+                self.result.partial["order content matches no message sent"] += 1
+            for variant in valid:
+                if variant is not applied:
+                    self._conflict("orders", variant, [])
+
+    # -- order status ------------------------------------------------------------------------
+    def check_order_status(self) -> None:
+        rows = scan(self.stores.order_status, self.run_id)
+        stored = {str(row.get("orderId")): row for row in rows}
+        by_order: dict[str, list[Item]] = defaultdict(list)
+        for item in self.items:
+            if item.kind == "order_status":
+                by_order[item.json_body()["orderId"]].append(item)
+        for order_id, events in by_order.items():
+            self.result.logical["order_status"] += len(events)
+            version = int(stored[order_id]["version"]) if order_id in stored else 0
+            for event in events:
+                if version >= event.json_body()["version"]:
+                    self.result.effects["order_status"] += 1
+                else:
+                    self._not_effected("order_status", "order_status", event, [],
+                                       f"status {event.key}: stored version {version}")
+
+    # -- payments -----------------------------------------------------------------------------
+    def check_payments(self) -> None:
+        rows = scan(self.stores.ledger, self.run_id)
+        markers: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        balances: dict[str, int] = {}
+        for row in rows:
+            if _is_record(row) and row.get("idemConsumer") == "payments":
+                markers[str(row["idemKey"])].append(row)
+            elif row.get("kind") == "account":
+                balances[str(row.get("accountId"))] = int(row.get("balanceCents", 0))
+        expected: Counter[str] = Counter()
+        for key, variants in _group(self.items, "payment").items():
+            self.result.logical["payment"] += 1
+            found = markers.get(key, [])
+            valid = [v for v in variants if not v.expect.startswith("park:")]
+            if not valid:
+                if found:
+                    self.result.double_effects["payment (invalid event applied)"] += 1
+                for variant in variants:
+                    self._not_effected("payment", "payments", variant,
+                                       self._parked_by_sha.get(variant.body_sha256, []),
+                                       f"payment {key}")
+                continue
+            if len(found) > 1:
+                self.result.double_effects["payment"] += len(found) - 1
+                self.result.example("double effect", f"payment {key}: {len(found)} ledger markers")
+            if not found:
+                for variant in valid:
+                    self._not_effected("payment", "payments", variant,
+                                       self._parked_by_sha.get(variant.body_sha256, []),
+                                       f"payment {key}")
+                continue
+            self.result.effects["payment"] += 1
+            applied = None
+            for variant in valid:
+                content = _payment_content(variant)
+                if content is not None and request_hash(content) == found[0].get("idemRequestHash"):
+                    applied = variant
+            if applied is None:
+                self.result.partial["payment content matches no event sent"] += 1
+                continue
+            content = _payment_content(applied)
+            assert content is not None
+            sign = 1 if content["type"] == "payment.credit" else -1
+            expected[content["accountId"]] += sign * content["amountCents"] * len(found)
+            for variant in valid:
+                if variant is not applied:
+                    self._conflict("payments", variant, self._parked_by_sha.get(variant.body_sha256, []))
+        for account in sorted(set(expected) | set(balances)):
+            if balances.get(account, 0) != expected.get(account, 0):
+                self.result.balance_mismatches.append(
+                    {"account": account, "balanceCents": balances.get(account, 0),
+                     "sumOfAppliedEventsCents": expected.get(account, 0)})
+        self.result.effects["account balances checked"] = len(set(expected) | set(balances))
+
+    # -- notifications -------------------------------------------------------------------------
+    def check_notifications(self) -> None:
+        notifications = _group(self.items, "notification")
+        calls = self.evidence.api_calls
+        if calls is None:
+            self._notifications_from_records(notifications)
+            return
+        per: dict[tuple[str, str], list[ApiCall]] = defaultdict(list)
+        for call in calls:
+            per[(call.channel, call.notification_id)].append(call)
+        for key, variants in notifications.items():
+            item = variants[0]
+            for channel in CHANNELS:
+                self.result.logical[f"notification ({channel})"] += 1
+                seen = per.get((channel, key), [])
+                keys = {c.key for c in seen}
+                effects = sum(1 for c in seen if c.new_effect)
+                self.result.resent_same_key += len(seen) - len(keys)
+                if effects > 1:
+                    self.result.double_effects[f"notification ({channel})"] += effects - 1
+                    self.result.example("double effect",
+                                        f"{channel} {key}: {effects} notifications accepted "
+                                        f"({len(keys)} distinct keys, {len(seen)} calls)")
+                if effects >= 1:
+                    self.result.effects[f"notification ({channel})"] += 1
+                else:
+                    parked = self._parked_by_entry.get((channel, key), [])
+                    self._not_effected("notification", channel, item, parked, f"{channel} {key}")
+
+    def _notifications_from_records(self, notifications: dict[str, list[Item]]) -> None:
+        """Without the API's log (a real deployment): the dedup records say what was sent."""
+        for channel in CHANNELS:
+            rows = scan(self.stores.notifications, f"{channel}|{self.run_id}")
+            records = {str(r["idemKey"]): r for r in rows if _is_record(r)}
+            for key, variants in notifications.items():
+                self.result.logical[f"notification ({channel})"] += 1
+                record = records.get(key)
+                if record is not None and record.get("idemState") == "completed":
+                    self.result.effects[f"notification ({channel}, recorded)"] += 1
+                else:
+                    parked = self._parked_by_entry.get((channel, key), [])
+                    self._not_effected("notification", channel, variants[0], parked,
+                                       f"{channel} {key}")
+
+    # -- records ----------------------------------------------------------------------------------
+    def check_in_progress(self) -> None:
+        for name, store in self.stores.records.items():
+            for row in scan(store):
+                if (_is_record(row) and row.get("idemState") == "in_progress"
+                        and self.run_id in str(row.get("idemKey"))):
+                    self.result.in_progress += 1
+                    self.result.example("in progress", f"{name}: {row['idemConsumer']} {row['idemKey']}")
+
+    def run(self, *, check_in_progress: bool = True) -> CheckResult:
+        self.check_orders()
+        self.check_order_status()
+        self.check_payments()
+        self.check_notifications()
+        if check_in_progress:
+            self.check_in_progress()
+        result = self.result
+        doubles = sum(result.double_effects.values())
+        lost = sum(result.lost.values())
+        partial = sum(result.partial.values())
+        unhandled = result.conflicts.get("not dead-lettered or parked", 0)
+        result.invariants = [
+            Invariant("exactly one effect per message (no double effects)", doubles == 0,
+                      f"{doubles} double effects {dict(result.double_effects)}" if doubles else ""),
+            Invariant("each account balance == sum of its applied events",
+                      not result.balance_mismatches,
+                      f"{len(result.balance_mismatches)} accounts differ"
+                      if result.balance_mismatches else ""),
+            Invariant("effects complete (no partial effects)", partial == 0,
+                      f"{partial} {dict(result.partial)}" if partial else ""),
+            Invariant("nothing lost (effected, dead-lettered or parked with a reason)", lost == 0,
+                      f"{lost} lost {dict(result.lost)}" if lost else ""),
+            Invariant("every key conflict dead-lettered or parked", unhandled == 0,
+                      f"{unhandled} conflicts neither dead-lettered nor parked" if unhandled else ""),
+        ]
+        if check_in_progress:
+            result.invariants.append(Invariant(
+                "no record left in progress after reconciliation", result.in_progress == 0,
+                f"{result.in_progress} records in progress" if result.in_progress else ""))
+        return result
+
+
+def _payment_content(item: Item) -> dict[str, Any] | None:
+    """What the app hashes for a payment (type, account, amount), from what was sent."""
+    body = item.json_body()
+    if not isinstance(body, dict):
+        return None
+    if item.properties.get("ce_type"):
+        event_type, data = item.properties["ce_type"], body
+    else:
+        event_type, data = body.get("type"), body.get("data")
+    if not isinstance(data, dict):
+        return None
+    return {"type": event_type, "accountId": data.get("accountId"),
+            "amountCents": data.get("amountCents")}
+
+
+# -- command line (real deployments) -------------------------------------------------------
+def stores_from_settings(env: dict[str, str] | None = None) -> tuple[Stores, str]:
+    """The app's stores, built from its settings exactly as the app builds them."""
+    from functions.services import build_services
+    from shared.settings import Settings
+
+    settings = Settings.from_env(env if env is not None else dict(os.environ))
+    services = build_services(settings)
+    return stores_of(services.stores, parked_store(settings)), settings.payments_hub
+
+
+def parked_store(settings: Any) -> TableIdempotencyStore:
+    """The parking lot's table ("parked"), reached as the app reaches it."""
+    if settings.table_connection_string:
+        return TableIdempotencyStore.from_connection_string(settings.table_connection_string,
+                                                            table_name="parked")
+    from azure.identity import DefaultAzureCredential
+
+    credential = DefaultAzureCredential(managed_identity_client_id=settings.azure_client_id)
+    return TableIdempotencyStore(settings.table_endpoint, credential, table_name="parked")
+
+
+def stores_of(stores: dict[str, IdempotencyStore], parked: IdempotencyStore) -> Stores:
+    """Roles of the app's stores (names as in `functions.services.build_services`)."""
+    records = {name: stores[name] for name in ("dedup", "ledger", "notifications", "orders")}
+    return Stores(orders=stores["orders"], order_status=stores["order-status"],
+                  ledger=stores["ledger"], notifications=stores["notifications"], parked=parked,
+                  records=records)
+
+
+def format_result(result: CheckResult) -> str:
+    lines = ["Invariants (read from the stores):"]
+    for inv in result.invariants:
+        lines.append(f"  [{'PASS' if inv.ok else 'FAIL'}] {inv.name}"
+                     + (f": {inv.detail}" if inv.detail else ""))
+    lines.append(f"  logical messages: {dict(result.logical)}")
+    lines.append(f"  effects found:    {dict(result.effects)}")
+    if result.unverified:
+        lines.append(f"  not effected, reason not visible here (check the dead-letter queues): "
+                     f"{dict(result.unverified)}")
+    for what, examples in result.examples.items():
+        lines.append(f"  e.g. {what}: " + "; ".join(examples))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m simulator.check",
+        description="Read the app's stores and check the invariants for a workload the producer "
+                    "CLI sent (app settings such as DEDUP_BACKEND, COSMOS_ENDPOINT, "
+                    "TABLE_CONNECTION_STRING come from the environment).")
+    parser.add_argument("--sent", required=True, help="the ledger written by `python -m producer`")
+    parser.add_argument("--json", help="also write the result as JSON to this file")
+    parser.add_argument("--in-progress", action="store_true",
+                        help="fail on records still in progress (run after maintenance reconciled)")
+    args = parser.parse_args(argv)
+    with open(args.sent, encoding="utf-8") as handle:
+        meta, items = load_ledger(json.load(handle))
+    stores, hub = stores_from_settings()
+    result = Checker(items, stores, run_id=meta["runId"], hub=meta.get("hub", hub)).run(
+        check_in_progress=args.in_progress)
+    print(format_result(result))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(result.to_json(), handle, indent=2)
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,565 @@
+"""Faults injected at every boundary of the flow, without touching production code.
+
+The app's stores are wrapped after `build_services` built them (see
+`wrap_service_stores`): each store becomes a `FaultyStore` that forwards to
+the real one and, for the function invocation running on the current thread,
+may crash, fail or stall at a chosen call. The notification API is wrapped
+the same way (`FaultySender`). What a fault does follows a real failure:
+
+* a **crash** (`SimulatedCrash`) is the worker process dying: from then on
+  every store call, API call, settlement and checkpoint of that invocation
+  fails without effect, and no cleanup code reaches the store (a dead process
+  releases nothing). The simulated host then settles nothing (Service Bus:
+  the lock runs out) or checkpoints nothing (Event Hubs: the next owner
+  replays);
+* a **transient store error** is `StoreUnavailableError` (throttled / 503)
+  before the request reaches the server; a **timeout** is the same error
+  *after* the request was applied (the client never saw the answer);
+* **lock expiry mid-processing** takes the Service Bus lock back and waits
+  until another consumer has the redelivered copy, then lets the first one
+  finish: two consumers work on one message at once;
+* a **store outage** stops the server process for a stretch (SIGSTOP, data
+  kept; the SDK times out) or, for servers the harness did not start, makes
+  the wrapped stores fail for that stretch.
+
+Two harness-only variants prove the checks can fail: `DedupOffStore` (every
+claim looks new) and `NonAtomicStore` (marker and effect in separate steps).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import os
+import random
+import signal
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from domain.notifications import HttpResponse, NotificationRetryError
+from shared import IdempotencyStore, StoreUnavailableError, store_safe_id
+from shared.exceptions import RecordExistsError
+from shared.records import IdempotencyRecord
+from shared.stores.base import Document, WriteOp
+
+
+class SimulatedCrash(BaseException):
+    """The worker process died here. A BaseException, so `except Exception` cannot swallow it."""
+
+
+class FaultKind(enum.StrEnum):
+    CRASH_BEFORE_CLAIM = "crash before the claim"
+    CRASH_AFTER_CLAIM = "crash after the claim/commit, before the effect or return"
+    CRASH_AFTER_EFFECT = "crash after the effect, before completion"
+    CRASH_MID_BATCH = "crash in the middle of a batch"
+    CRASH_BEFORE_ACK = "crash after commit, before ack/checkpoint"
+    CRASH_BETWEEN_STEPS = "crash between marker and effect (non-atomic variant)"
+    TRANSIENT = "transient store error (throttled/503)"
+    TIMEOUT = "store timeout after the write was applied"
+    LOCK_EXPIRY = "lock expired mid-processing"
+    SENDER_ERROR = "notification API answered 503"
+    SENDER_TIMEOUT = "notification API timed out after accepting"
+    REBALANCE = "partition rebalance mid-batch"
+    OUTAGE = "store outage (server paused)"
+
+
+def stable_seed(*parts: object) -> int:
+    """A seed from values, identical in every process (unlike `hash()`)."""
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: FaultKind
+    at: int = 1  # the call (or write) number at which it fires
+
+
+class FaultLog:
+    """Counts faults that actually fired (a planned fault fires only if its call is reached)."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[FaultKind] = Counter()
+        self._lock = threading.Lock()
+
+    def fired(self, kind: FaultKind) -> None:
+        with self._lock:
+            self._counts[kind] += 1
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return {kind.value: n for kind, n in sorted(self._counts.items()) if n}
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(self._counts.values())
+
+
+class FaultPlan:
+    """Seeded choice of at most one fault per invocation, by kind and weight."""
+
+    def __init__(self, seed: int, *, fault_rate: float, duplicate_rate: float,
+                 non_atomic: bool = False) -> None:
+        self.seed = seed
+        self.fault_rate = max(0.0, fault_rate)
+        self.duplicate_rate = max(0.0, duplicate_rate)
+        self.non_atomic = non_atomic
+
+    def _table(self, faults: Sequence[FaultKind], duplicates: Sequence[tuple[FaultKind, float]]
+               ) -> list[tuple[FaultKind, float]]:
+        table = [(kind, self.duplicate_rate * share) for kind, share in duplicates]
+        if self.non_atomic:  # the counter-proof's point: crash between the two writes
+            table.append((FaultKind.CRASH_BETWEEN_STEPS, self.fault_rate))
+        table += [(kind, self.fault_rate / len(faults)) for kind in faults]
+        return table
+
+    def service_bus(self, style: str) -> list[tuple[FaultKind, float]]:
+        """Weights for one Service Bus delivery; `style` is two_phase, atomic or natural."""
+        faults = [FaultKind.CRASH_BEFORE_CLAIM, FaultKind.CRASH_AFTER_CLAIM, FaultKind.TRANSIENT,
+                  FaultKind.TIMEOUT]
+        if style == "two_phase":
+            faults += [FaultKind.CRASH_AFTER_EFFECT, FaultKind.SENDER_ERROR,
+                       FaultKind.SENDER_TIMEOUT]
+        # Redelivery (a lost ack) and concurrent copies (a lost lock) are duplicate sources.
+        return self._table(faults, [(FaultKind.CRASH_BEFORE_ACK, 0.2),
+                                    (FaultKind.LOCK_EXPIRY, 0.2)])
+
+    def event_hubs(self) -> list[tuple[FaultKind, float]]:
+        """Weights for one Event Hubs batch."""
+        faults = [FaultKind.CRASH_BEFORE_CLAIM, FaultKind.CRASH_MID_BATCH, FaultKind.TRANSIENT,
+                  FaultKind.TIMEOUT]
+        # Checkpoint replays: a crash before the checkpoint, or a rebalance mid-batch.
+        return self._table(faults, [(FaultKind.CRASH_BEFORE_ACK, 0.1),
+                                    (FaultKind.REBALANCE, 0.1)])
+
+    def draw(self, key: str, table: list[tuple[FaultKind, float]], *, calls: int = 2
+             ) -> Fault | None:
+        """The fault for invocation `key` (deterministic for a seed), or None."""
+        rng = random.Random(stable_seed(self.seed, key))
+        roll, total = rng.random(), 0.0
+        for kind, probability in table:
+            total += probability
+            if roll < total:
+                return Fault(kind, at=rng.randint(1, max(1, calls)))
+        return None
+
+
+@dataclass
+class Invocation:
+    """One function invocation on the current thread, with the fault planned for it."""
+
+    name: str
+    fault: Fault | None
+    log: FaultLog
+    lock_expiry: Callable[[], None] | None = None
+    dead: bool = False
+    calls: int = 0
+    writes: int = 0
+    fired: bool = False
+
+    def planned(self, *kinds: FaultKind) -> bool:
+        return self.fault is not None and not self.fired and self.fault.kind in kinds
+
+    def fire(self) -> None:
+        self.fired = True
+        assert self.fault is not None
+        self.log.fired(self.fault.kind)
+
+    def crash(self) -> SimulatedCrash:
+        self.dead = True
+        return SimulatedCrash(f"{self.name}: {self.fault.kind if self.fault else 'crash'}")
+
+    def check_alive(self) -> None:
+        if self.dead:
+            raise SimulatedCrash(f"{self.name}: the process is gone")
+
+    def before_ack(self) -> None:
+        """Called by the host just before it settles or checkpoints."""
+        self.check_alive()
+        if self.planned(FaultKind.CRASH_BEFORE_ACK):
+            self.fire()
+            raise self.crash()
+
+    def between_steps(self) -> None:
+        """Called by the non-atomic variant between its two writes."""
+        self.check_alive()
+        if self.planned(FaultKind.CRASH_BETWEEN_STEPS):
+            self.fire()
+            raise self.crash()
+
+
+_current = threading.local()
+
+
+def current() -> Invocation | None:
+    return getattr(_current, "invocation", None)
+
+
+class invocation:
+    """`with invocation(inv):` makes `inv` the current thread's invocation."""
+
+    def __init__(self, value: Invocation) -> None:
+        self.value = value
+
+    def __enter__(self) -> Invocation:
+        _current.invocation = self.value
+        return self.value
+
+    def __exit__(self, *exc: object) -> None:
+        _current.invocation = None
+
+
+# -- outages ---------------------------------------------------------------------------
+class OutageController:
+    """Store outages for a stretch: pause a server process, or fail the wrapped stores."""
+
+    def __init__(self, log: FaultLog, *, processes: dict[str, int] | None = None,
+                 duration: float = 2.5) -> None:
+        self.log = log
+        self.processes = processes or {}  # server name -> pid of a server the harness started
+        self.duration = duration
+        self._until: dict[str, float] = {}
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self.history: list[tuple[str, str, float]] = []
+
+    def blocked(self, server: str) -> bool:
+        """True while a proxy outage of `server` lasts."""
+        until = self._until.get(server)
+        return until is not None and time.monotonic() < until
+
+    @staticmethod
+    def _alive(pid: int | None) -> bool:
+        if pid is None:
+            return False
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        return True
+
+    def start(self, server: str) -> None:
+        self.log.fired(FaultKind.OUTAGE)
+        pid = self.processes.get(server)
+        mode = "pause" if self._alive(pid) else "proxy"
+        with self._lock:
+            self.history.append((server, mode, self.duration))
+        if mode == "proxy":
+            self._until[server] = time.monotonic() + self.duration
+            return
+        thread = threading.Thread(target=self._pause, args=(pid,), daemon=True,
+                                  name=f"outage-{server}")
+        self._threads.append(thread)
+        thread.start()
+
+    def _pause(self, pid: int) -> None:
+        """SIGSTOP the server's process group (it keeps its data), SIGCONT after the stretch."""
+        group = os.getpgid(pid)
+        os.killpg(group, signal.SIGSTOP)
+        try:
+            time.sleep(self.duration)
+        finally:
+            os.killpg(group, signal.SIGCONT)
+
+    def wait(self) -> None:
+        for thread in self._threads:
+            thread.join()
+
+
+# -- store wrappers ---------------------------------------------------------------------
+class _Forwarding(IdempotencyStore):
+    """Forwards the store interface (and anything else) to `inner`."""
+
+    def __init__(self, inner: IdempotencyStore) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def create_record(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        return self.inner.create_record(record)
+
+    def get_record(self, record: IdempotencyRecord) -> IdempotencyRecord | None:
+        return self.inner.get_record(record)
+
+    def replace_record(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        return self.inner.replace_record(record)
+
+    def delete_record(self, record: IdempotencyRecord) -> None:
+        self.inner.delete_record(record)
+
+    def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
+               marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
+        return self.inner.commit(marker, operations, marker_body=marker_body)
+
+    def iter_records(self, *, in_progress_before: float | None = None,
+                     expired_before: float | None = None) -> Iterator[IdempotencyRecord]:
+        return self.inner.iter_records(in_progress_before=in_progress_before,
+                                       expired_before=expired_before)
+
+    def purge_expired(self, now: float, *, batch_size: int = 100) -> int:
+        return self.inner.purge_expired(now, batch_size=batch_size)
+
+    def read_document(self, partition: str, document_id: str) -> Document | None:
+        return self.inner.read_document(partition, document_id)
+
+    def write_documents(self, partition: str, operations: Sequence[WriteOp]) -> list[Document]:
+        return self.inner.write_documents(partition, operations)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def innermost(store: IdempotencyStore) -> IdempotencyStore:
+    while isinstance(store, _Forwarding):
+        store = store.inner
+    return store
+
+
+class FaultyStore(_Forwarding):
+    """Injects the current invocation's fault at the chosen store call."""
+
+    def __init__(self, inner: IdempotencyStore, *, label: str, server: str,
+                 outages: OutageController | None = None) -> None:
+        super().__init__(inner)
+        self.label = label
+        self.server = server
+        self.outages = outages
+
+    def _run(self, action: Callable[[], Any], *, write: bool) -> Any:
+        inv = current()
+        if inv is None:  # maintenance, checks: no faults
+            return action()
+        inv.check_alive()
+        inv.calls += 1
+        if inv.planned(FaultKind.CRASH_BEFORE_CLAIM) and inv.calls == 1:
+            inv.fire()
+            raise inv.crash()
+        if inv.planned(FaultKind.TRANSIENT) and inv.calls >= inv.fault.at:  # type: ignore[union-attr]
+            inv.fire()
+            status = random.Random(inv.calls).choice((429, 503))
+            raise StoreUnavailableError(f"simulated {status} from {self.label}", status_code=status)
+        if inv.planned(FaultKind.LOCK_EXPIRY) and inv.calls >= inv.fault.at:  # type: ignore[union-attr]
+            inv.fire()
+            if inv.lock_expiry is not None:
+                inv.lock_expiry()
+        if self.outages is not None and self.outages.blocked(self.server):
+            raise StoreUnavailableError(f"simulated outage of {self.server}", status_code=503)
+        result = action()
+        if write:
+            inv.writes += 1
+            at = inv.fault.at if inv.fault else 0
+            if inv.planned(FaultKind.TIMEOUT) and inv.writes >= at:
+                inv.fire()
+                raise StoreUnavailableError(f"simulated timeout from {self.label} (write applied)")
+            if inv.planned(FaultKind.CRASH_AFTER_CLAIM) and inv.writes >= 1:
+                inv.fire()
+                raise inv.crash()
+            if inv.planned(FaultKind.CRASH_MID_BATCH) and inv.writes >= at:
+                inv.fire()
+                raise inv.crash()
+        return result
+
+    def create_record(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        return self._run(lambda: self.inner.create_record(record), write=True)
+
+    def get_record(self, record: IdempotencyRecord) -> IdempotencyRecord | None:
+        return self._run(lambda: self.inner.get_record(record), write=False)
+
+    def replace_record(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        return self._run(lambda: self.inner.replace_record(record), write=True)
+
+    def delete_record(self, record: IdempotencyRecord) -> None:
+        self._run(lambda: self.inner.delete_record(record), write=True)
+
+    def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
+               marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
+        return self._run(lambda: self.inner.commit(marker, operations, marker_body=marker_body),
+                         write=True)
+
+    def read_document(self, partition: str, document_id: str) -> Document | None:
+        return self._run(lambda: self.inner.read_document(partition, document_id), write=False)
+
+    def write_documents(self, partition: str, operations: Sequence[WriteOp]) -> list[Document]:
+        return self._run(lambda: self.inner.write_documents(partition, operations), write=True)
+
+
+HWM_PREFIX = store_safe_id("hwm|")  # partitions of the Event Hubs high-water marks
+
+
+class DedupOffStore(_Forwarding):
+    """Harness flag `dedup off`: every claim and commit looks like a first delivery.
+
+    Each record gets a fresh id (as a consumer without a stable key would
+    write), new documents likewise, and the Event Hubs high-water mark is
+    never found. Production code is unchanged; only what the store answers is.
+    """
+
+    @staticmethod
+    def _suffix() -> str:
+        return "~" + uuid.uuid4().hex[:12]
+
+    def create_record(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        return self.inner.create_record(record.evolve(record_id=record.id + self._suffix()))
+
+    def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
+               marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
+        suffix = self._suffix()
+        fresh = marker.evolve(record_id=marker.id + suffix, etag=None)
+        ops = [replace(op, id=op.id + suffix) if op.kind == "create" else op for op in operations]
+        return self.inner.commit(fresh, ops, marker_body=marker_body)
+
+    def read_document(self, partition: str, document_id: str) -> Document | None:
+        if partition.startswith(HWM_PREFIX):
+            return None
+        return self.inner.read_document(partition, document_id)
+
+    def write_documents(self, partition: str, operations: Sequence[WriteOp]) -> list[Document]:
+        if partition.startswith(HWM_PREFIX):
+            operations = [replace(op, kind="upsert", etag=None) for op in operations]
+        return self.inner.write_documents(partition, operations)
+
+
+class NonAtomicStore(_Forwarding):
+    """Harness flag `non-atomic`: the marker and the effect are written in two steps.
+
+    `effect-first` is the classic naive consumer: look the key up, apply the
+    effect, then record the key (a crash in between reprocesses: double
+    effect). `marker-first` records the key, then applies the effect (a crash
+    in between loses the effect).
+    """
+
+    def __init__(self, inner: IdempotencyStore, mode: str = "effect-first") -> None:
+        super().__init__(inner)
+        if mode not in ("effect-first", "marker-first"):
+            raise ValueError(f"unknown non-atomic mode {mode!r}")
+        self.mode = mode
+
+    @staticmethod
+    def _between_steps() -> None:
+        inv = current()
+        if inv is not None:
+            inv.between_steps()
+
+    def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
+               marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
+        partition = marker.partition_key
+        if self.mode == "marker-first":
+            committed = self.inner.commit(marker, [], marker_body=marker_body)
+            self._between_steps()
+            if operations:
+                self.inner.write_documents(partition, operations)
+            return committed
+        if marker.etag is None and self.inner.get_record(marker) is not None:
+            raise RecordExistsError(marker.id)  # the lookup step
+        if operations:
+            self.inner.write_documents(partition, operations)
+        self._between_steps()
+        return self.inner.commit(marker, [], marker_body=marker_body)
+
+
+def wrap_service_stores(root: Any, wrap: Callable[[IdempotencyStore, str], IdempotencyStore],
+                        names: dict[int, str]) -> dict[str, IdempotencyStore]:
+    """Replace every store the app's service objects hold with `wrap(store, name)`.
+
+    Walks the objects of the app's own packages (domain, shared, functions)
+    so the wiring of `build_services` is used exactly as built; the same
+    underlying store always gets the same wrapper.
+    """
+    wrapped: dict[int, IdempotencyStore] = {}
+    seen: set[int] = set()
+
+    def convert(store: IdempotencyStore) -> IdempotencyStore:
+        if id(store) not in wrapped:
+            wrapped[id(store)] = wrap(store, names.get(id(store), store.name))
+        return wrapped[id(store)]
+
+    def visit(obj: Any) -> None:
+        if id(obj) in seen or isinstance(obj, IdempotencyStore):
+            return
+        seen.add(id(obj))
+        if isinstance(obj, dict):
+            for key, value in list(obj.items()):
+                if isinstance(value, IdempotencyStore):
+                    obj[key] = convert(value)
+                else:
+                    visit(value)
+            return
+        if isinstance(obj, list):
+            for index, value in enumerate(obj):
+                if isinstance(value, IdempotencyStore):
+                    obj[index] = convert(value)
+                else:
+                    visit(value)
+            return
+        module = type(obj).__module__.split(".")[0]
+        if module not in ("domain", "shared", "functions") or not hasattr(obj, "__dict__"):
+            return
+        for attribute, value in list(vars(obj).items()):
+            if isinstance(value, IdempotencyStore):
+                object.__setattr__(obj, attribute, convert(value))
+            else:
+                visit(value)
+
+    visit(root)
+    return {names.get(key, store.name): store for key, store in wrapped.items()}
+
+
+# -- the notification API side --------------------------------------------------------
+@dataclass
+class ApiCall:
+    channel: str
+    key: str
+    notification_id: str
+    new_effect: bool  # False: the API recognised the Idempotency-Key and replayed its answer
+
+
+@dataclass
+class FakeNotificationApi:
+    """The third-party API: records every call; honours Idempotency-Key when told to."""
+
+    honours_key: bool = True
+    calls: list[ApiCall] = field(default_factory=list)
+    _seen: set[str] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, url: str, data: bytes, headers: dict[str, str]) -> HttpResponse:
+        body = json.loads(data)
+        key = headers.get("Idempotency-Key", "")
+        with self._lock:
+            repeat = self.honours_key and key in self._seen
+            self._seen.add(key)
+            self.calls.append(ApiCall(str(body.get("channel")), key,
+                                      str(body.get("notificationId")), not repeat))
+        return HttpResponse(200 if repeat else 202, "{}")
+
+
+class FaultySender:
+    """Wraps the API call with the current invocation's sender faults."""
+
+    def __init__(self, api: Callable[[str, bytes, dict[str, str]], HttpResponse]) -> None:
+        self.api = api
+
+    def __call__(self, url: str, data: bytes, headers: dict[str, str]) -> HttpResponse:
+        inv = current()
+        if inv is None:
+            return self.api(url, data, headers)
+        inv.check_alive()
+        if inv.planned(FaultKind.SENDER_ERROR):
+            inv.fire()
+            return HttpResponse(503, '{"title": "simulated: try again"}')
+        response = self.api(url, data, headers)
+        if inv.planned(FaultKind.SENDER_TIMEOUT):
+            inv.fire()
+            raise NotificationRetryError("simulated: timed out waiting for the API's answer")
+        if inv.planned(FaultKind.CRASH_AFTER_EFFECT):
+            inv.fire()
+            raise inv.crash()
+        return response

@@ -1,0 +1,534 @@
+"""A simulated Functions host: competing instances that deliver to the real functions.
+
+Each instance is a thread that, like a Functions host instance, runs every
+trigger of the app: it receives Service Bus messages from every queue and
+subscription (PeekLock, one message at a time) and Event Hubs batches from the
+partitions it owns. Inputs are built through the real converters
+(`simulator.host_inputs`) and handed to the user functions registered in
+`function_app` (indexed as the worker indexes them), which call the app's
+services against the real stores.
+
+The host reproduces what the Functions runtime does around the call:
+
+* Service Bus: the function settles through `message_actions`; an exception
+  that left the message unsettled abandons it; a crash leaves the lock to
+  expire; settling after the lock was lost fails.
+* Event Hubs: the function's retry policy re-runs a failed batch (virtual
+  backoff) before the checkpoint; the checkpoint is written after every batch;
+  a crash writes none and the partition's next owner replays.
+
+Virtual time (`SimClock`) moves with the producer's schedule: when the backlog
+runs low the clock jumps to release the next chunk of sends; at the end it
+jumps to the next lock expiry so crashed deliveries come back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import random
+import runpy
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from simulator.clock import SimClock
+from simulator.eventhubs import Batch, EventHub, PartitionOwnership
+from simulator.faults import (
+    FaultKind,
+    FaultLog,
+    FaultPlan,
+    Invocation,
+    OutageController,
+    SimulatedCrash,
+    current,
+    invocation,
+    stable_seed,
+)
+from simulator.host_inputs import SentMessage, event_hub_batch, service_bus_message
+from simulator.servicebus import Delivery, MessageLockLostError, Origin, ServiceBusNamespace
+from simulator.workload import Item, Workload
+
+# How each Service Bus consumer deduplicates (decides which faults make sense).
+STYLE = {"orders": "atomic", "order_status": "natural", "notify": "two_phase", "audit": "two_phase"}
+CAUSES = ("producer retry", "redelivery", "concurrent copy", "checkpoint replay")
+
+
+@dataclass(frozen=True)
+class RegisteredFunction:
+    name: str
+    user_function: Callable[..., Any]
+    trigger: dict[str, Any]
+    retry: dict[str, Any] | None
+
+
+@functools.cache
+def registered_functions() -> dict[str, RegisteredFunction]:
+    """The app's functions as the worker indexes them.
+
+    `FunctionApp.get_functions()` can index an app object only once, so the
+    app module is executed again into a fresh namespace: a new FunctionApp
+    registering the same blueprints (the same user functions and bindings),
+    leaving `function_app.app` untouched for anyone else.
+    """
+    spec = importlib.util.find_spec("function_app")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("function_app.py is not importable (run from the repository root)")
+    app = runpy.run_path(spec.origin, run_name="function_app_simulated")["app"]
+    functions = {}
+    for fn in app.get_functions():
+        retry = fn.get_setting("retry_policy")
+        functions[fn.get_function_name()] = RegisteredFunction(
+            fn.get_function_name(), fn.get_user_function(), fn.get_trigger().get_dict_repr(),
+            retry.get_dict_repr() if retry is not None else None)
+    return functions
+
+
+def resolve(value: str, settings: dict[str, str]) -> str:
+    """A binding expression such as `%ORDERS_QUEUE_NAME%`, resolved from app settings."""
+    if value.startswith("%") and value.endswith("%"):
+        return settings[value[1:-1]]
+    return value
+
+
+def _seconds(text: str) -> float:
+    hours, minutes, seconds = (float(part) for part in text.split(":"))
+    return hours * 3600 + minutes * 60 + seconds
+
+
+@dataclass
+class HostConfig:
+    consumers: int = 4
+    partitions: int = 4
+    max_batch: int = 100
+    lock_duration: float = 60.0
+    max_delivery_count: int = 10
+    duplicate_detection_window: float = 600.0
+    chunk: int = 256  # sends released per clock jump
+    outages: int = 2
+    retry_limit: int = 60  # host retries of one batch before it gives up (the app asks for -1)
+    lock_expiry_wait: float = 1.0  # real seconds a slow consumer waits for its copy to be taken
+
+
+@dataclass
+class DeliveryStats:
+    """What the harness observed about deliveries (never read from the app)."""
+
+    deliveries: Counter[str] = field(default_factory=Counter)  # by function
+    duplicates: Counter[str] = field(default_factory=Counter)  # by cause
+    outcomes: Counter[str] = field(default_factory=Counter)  # "function: outcome"
+    latencies: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    batches: int = 0
+    batch_sizes: list[int] = field(default_factory=list)
+    host_retries: int = 0
+    gave_up: int = 0
+    lock_lost_settlements: int = 0
+    settle_errors: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class DeliveryLog:
+    """Classifies each delivery: first, or a duplicate by cause."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: set[tuple[str, str, int]] = set()
+        self._inflight: Counter[tuple[str, str, int]] = Counter()
+        self._positions: set[tuple[str, int]] = set()
+        self.stats = DeliveryStats()
+
+    def start(self, function: str, origin: Origin, *, delivery_count: int = 1,
+              position: tuple[str, int] | None = None, host_retry: bool = False) -> str | None:
+        key = (function, origin.logical, origin.variant)
+        with self._lock:
+            self.stats.deliveries[function] += 1
+            replay = position is not None and position in self._positions
+            if position is not None:
+                self._positions.add(position)
+            cause = None
+            if key in self._seen:
+                if self._inflight[key] > 0:
+                    cause = "concurrent copy"
+                elif delivery_count > 1 or host_retry:
+                    cause = "redelivery"
+                elif replay:
+                    cause = "checkpoint replay"
+                elif origin.copy > 0:
+                    cause = "producer retry"
+                else:
+                    cause = "redelivery"
+                self.stats.duplicates[cause] += 1
+            self._seen.add(key)
+            self._inflight[key] += 1
+            return cause
+
+    def end(self, function: str, origin: Origin, outcome: str) -> None:
+        key = (function, origin.logical, origin.variant)
+        with self._lock:
+            self._inflight[key] -= 1
+            self.stats.outcomes[f"{function}: {outcome}"] += 1
+
+    def latency(self, kind: str, seconds: float) -> None:
+        with self._lock:
+            self.stats.latencies[kind].append(seconds)
+
+
+class SimMessageActions:
+    """`ServiceBusMessageActions` for one delivery, settling on the simulated broker."""
+
+    def __init__(self, host: SimulatedHost, delivery: Delivery) -> None:
+        self.host = host
+        self.delivery = delivery
+        self.outcome: str | None = None
+
+    def _settle(self, action: str, message: Any, reason: str | None = None,
+                description: str | None = None) -> None:
+        inv = current()
+        if inv is not None:
+            inv.before_ack()  # the host may die right before it settles
+        if str(getattr(message, "lock_token", "")) != str(self.delivery.lock_token):
+            raise ValueError("settling a message that is not the one this delivery handed over")
+        entity = self.delivery.entity
+        with self.host.namespace.lock:
+            now = self.host.clock()
+            if action == "complete":
+                entity.complete(self.delivery.lock_token, now)
+            elif action == "abandon":
+                entity.abandon(self.delivery.lock_token, now)
+            else:
+                entity.deadletter(self.delivery.lock_token, now, reason, description)
+        self.outcome = action if action != "deadletter" else f"deadletter ({reason})"
+
+    def complete(self, message: Any) -> None:
+        self._settle("complete", message)
+
+    def abandon(self, message: Any) -> None:
+        self._settle("abandon", message)
+
+    def deadletter(self, message: Any, deadletter_reason: str | None = None,
+                   deadletter_error_description: str | None = None) -> None:
+        self._settle("deadletter", message, deadletter_reason, deadletter_error_description)
+
+
+@dataclass
+class _SbWork:
+    delivery: Delivery
+
+
+@dataclass
+class _EhWork:
+    batch: Batch
+
+
+class SimulatedHost:
+    """Runs the workload through the registered functions with N competing instances."""
+
+    def __init__(self, workload: Workload, *, settings: dict[str, str], clock: SimClock,
+                 plan: FaultPlan, faults: FaultLog, outages: OutageController | None,
+                 outage_servers: list[str], config: HostConfig | None = None,
+                 progress: Callable[[int], None] | None = None) -> None:
+        self.workload = workload
+        self.settings = settings
+        self.clock = clock
+        self.plan = plan
+        self.faults = faults
+        self.outages = outages
+        self.outage_servers = outage_servers
+        self.config = config or HostConfig()
+        self.progress = progress
+        self.log = DeliveryLog()
+        self.rng = random.Random(stable_seed("host", plan.seed))
+        self.functions = registered_functions()
+        self.namespace = ServiceBusNamespace(
+            clock, lock_duration=self.config.lock_duration,
+            max_delivery_count=self.config.max_delivery_count,
+            duplicate_detection_window=self.config.duplicate_detection_window)
+        self.entity_function: dict[str, RegisteredFunction] = {}
+        self.hub: EventHub | None = None
+        self._build_entities()
+        assert self.hub is not None
+        self.ownership = PartitionOwnership(self.hub, self.config.consumers)
+        self.sends = workload.sends()
+        self.t0 = clock()
+        self._next_send = 0
+        self._inflight = 0
+        self._done = False
+        self.sent_copies: Counter[str] = Counter()  # accepted / dropped by duplicate detection
+        self._outage_points = self._plan_outages()
+        self.wall_seconds = 0.0
+
+    # -- wiring from the app's own trigger bindings -----------------------------------
+    def _build_entities(self) -> None:
+        topics: dict[str, list[tuple[str, RegisteredFunction]]] = defaultdict(list)
+        for fn in self.functions.values():
+            trigger = fn.trigger
+            if trigger["type"] == "serviceBusTrigger":
+                if "queueName" in trigger:
+                    queue = resolve(trigger["queueName"], self.settings)
+                    self.namespace.create_queue(queue)
+                    self.entity_function[queue] = fn
+                else:
+                    topic = resolve(trigger["topicName"], self.settings)
+                    topics[topic].append((resolve(trigger["subscriptionName"], self.settings), fn))
+            elif trigger["type"] == "eventHubTrigger":
+                self.hub = EventHub(self.clock, name=resolve(trigger["eventHubName"], self.settings),
+                                    partitions=self.config.partitions,
+                                    consumer_group=resolve(trigger["consumerGroup"], self.settings))
+                self.eh_function = fn
+        for topic, subscriptions in topics.items():
+            entities = self.namespace.create_topic(topic, [name for name, _ in subscriptions])
+            for entity, (_, fn) in zip(entities, subscriptions, strict=True):
+                self.entity_function[entity.path] = fn
+
+    def _plan_outages(self) -> list[int]:
+        if self.outages is None or not self.outage_servers or self.config.outages <= 0:
+            return []
+        n = self.config.outages
+        return [int(len(self.sends) * (k + 1) / (n + 1)) for k in range(n)]
+
+    # -- the producer's side -----------------------------------------------------------
+    def _send(self, item: Item, copy: int) -> None:
+        origin = Origin(item.logical, copy, item.variant)
+        if item.kind == "payment":
+            assert self.hub is not None
+            self.hub.send(item.body_bytes, properties=dict(item.properties) or None,
+                          partition_key=item.partition_key, content_type=item.content_type,
+                          origin=origin)
+            self.sent_copies["event hub: accepted"] += 1
+            return
+        sent = SentMessage(item.body_bytes, message_id=item.message_id,
+                           correlation_id=f"corr-{item.key}", content_type=item.content_type,
+                           application_properties=dict(item.properties) or None)
+        accepted = self.namespace.send(item.entity, sent, origin)
+        self.sent_copies["service bus: accepted" if accepted
+                         else "service bus: dropped by duplicate detection"] += 1
+
+    def _pump(self) -> None:
+        """Release every send that is due (call with the namespace lock held)."""
+        now = self.clock()
+        released = 0
+        while self._next_send < len(self.sends) and self.t0 + self.sends[self._next_send][0] <= now:
+            _, copy, item = self.sends[self._next_send]
+            self._next_send += 1
+            released += 1
+            self._send(item, copy)
+            if self._outage_points and self._next_send >= self._outage_points[0]:
+                self._outage_points.pop(0)
+                server = self.outage_servers[len(self._outage_points) % len(self.outage_servers)]
+                assert self.outages is not None
+                self.outages.start(server)
+        if released and self.progress is not None:
+            self.progress(released)
+        if released:
+            self.namespace.changed.notify_all()
+
+    def _advance(self) -> bool:
+        """Move virtual time when nothing can progress otherwise (namespace lock held)."""
+        backlog = self.namespace.available_count() + self.ownership.pending()
+        if self._next_send < len(self.sends) and backlog < self.config.chunk // 2:
+            target = self.sends[min(self._next_send + self.config.chunk - 1, len(self.sends) - 1)][0]
+            self.clock.advance_to(self.t0 + target)
+            self._pump()
+            return True
+        if self._next_send >= len(self.sends) and self._inflight == 0 and backlog == 0:
+            expiry = self.namespace.next_lock_expiry()
+            if expiry is not None:
+                self.clock.advance_to(expiry + 0.001)
+                self.namespace.expire_locks()
+                return True
+        return False
+
+    def _finished(self) -> bool:
+        return (self._next_send >= len(self.sends) and self._inflight == 0
+                and self.namespace.active_count() == 0 and self.ownership.pending() == 0)
+
+    # -- instances -----------------------------------------------------------------------
+    def run(self) -> DeliveryStats:
+        started = time.perf_counter()
+        threads = [threading.Thread(target=self._instance, args=(i,), name=f"instance-{i}",
+                                    daemon=True) for i in range(self.config.consumers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if self.outages is not None:
+            self.outages.wait()
+        self.wall_seconds = time.perf_counter() - started
+        return self.log.stats
+
+    def _instance(self, instance: int) -> None:
+        turn = instance
+        try:
+            while True:
+                work = self._next_work(instance, turn)
+                turn += 1
+                if work is None:
+                    return
+                try:
+                    if isinstance(work, _SbWork):
+                        self._deliver(instance, work.delivery)
+                    else:
+                        self._process_batch(instance, work.batch)
+                finally:
+                    with self.namespace.lock:
+                        self._inflight -= 1
+                        self.namespace.changed.notify_all()
+        except BaseException as error:  # a harness bug: stop everyone, report it
+            self.log.stats.errors.append(f"instance {instance}: {error!r}")
+            with self.namespace.lock:
+                self._done = True
+                self.namespace.changed.notify_all()
+            raise
+
+    def _next_work(self, instance: int, turn: int) -> _SbWork | _EhWork | None:
+        entities = self.namespace.entities
+        with self.namespace.changed:
+            while not self._done:
+                self._pump()
+                for kind in (("sb", "eh") if turn % 2 == 0 else ("eh", "sb")):
+                    if kind == "sb":
+                        now = self.clock()
+                        for k in range(len(entities)):
+                            delivery = entities[(turn + k) % len(entities)].receive(now)
+                            if delivery is not None:
+                                self._inflight += 1
+                                self.namespace.changed.notify_all()
+                                return _SbWork(delivery)
+                    else:
+                        batch = self.ownership.take(instance, self.config.max_batch, start=turn)
+                        if batch is not None:
+                            self._inflight += 1
+                            return _EhWork(batch)
+                if self._advance():
+                    continue
+                if self._finished():
+                    self._done = True
+                    self.namespace.changed.notify_all()
+                    break
+                self.namespace.changed.wait(timeout=0.05)
+        return None
+
+    # -- Service Bus -------------------------------------------------------------------------
+    def _deliver(self, instance: int, delivery: Delivery) -> None:
+        fn = self.entity_function[delivery.entity.path]
+        origin = delivery.message.origin
+        key = (f"sb|{delivery.entity.path}|{origin.logical}|{origin.variant}|{origin.copy}|"
+               f"{delivery.delivery_count}")
+        fault = self.plan.draw(key, self.plan.service_bus(STYLE.get(fn.name, "atomic")), calls=2)
+        message = service_bus_message(
+            delivery.message.sent, delivery_count=delivery.delivery_count,
+            sequence_number=delivery.message.sequence_number, lock_token=delivery.lock_token,
+            enqueued_time=datetime.fromtimestamp(delivery.message.enqueued_at, UTC))
+        actions = SimMessageActions(self, delivery)
+        inv = Invocation(fn.name, fault, self.faults,
+                         lock_expiry=lambda: self._lose_lock(delivery))
+        self.log.start(fn.name, origin, delivery_count=delivery.delivery_count)
+        started = time.perf_counter()
+        outcome = "unsettled"
+        try:
+            with invocation(inv):
+                fn.user_function(message=message, message_actions=actions)
+            outcome = actions.outcome or "unsettled"
+            if actions.outcome is None:  # returned without settling: the lock runs out
+                self.log.stats.settle_errors += 1
+        except SimulatedCrash:
+            outcome = "crash"  # no settlement: the lock expires and the broker redelivers
+        except MessageLockLostError:
+            outcome = "lock lost"
+            self.log.stats.lock_lost_settlements += 1
+        except Exception as error:
+            outcome = f"raised {type(error).__name__}"
+            self._abandon_after_exception(delivery)
+        finally:
+            self.log.latency("service bus message", time.perf_counter() - started)
+            self.log.end(fn.name, origin, outcome)
+
+    def _abandon_after_exception(self, delivery: Delivery) -> None:
+        """The host abandons a message the function left unsettled by raising."""
+        with self.namespace.lock, contextlib.suppress(MessageLockLostError):
+            delivery.entity.abandon(delivery.lock_token, self.clock())
+
+    def _lose_lock(self, delivery: Delivery) -> None:
+        """The lock expires mid-processing; wait until another consumer holds the copy."""
+        message = delivery.message
+        with self.namespace.changed:
+            if not delivery.entity.take_lock_back(delivery.lock_token):
+                return
+            self.namespace.changed.wait_for(
+                lambda: message.delivery_count > delivery.delivery_count or message.state != "active",
+                timeout=self.config.lock_expiry_wait)
+        time.sleep(self.rng.uniform(0.0, 0.02))
+
+    # -- Event Hubs ---------------------------------------------------------------------------
+    def _retry_interval(self, attempt: int) -> float:
+        policy = self.eh_function.retry or {}
+        low = _seconds(policy.get("minimum_interval", "00:00:05"))
+        high = _seconds(policy.get("maximum_interval", "00:05:00"))
+        return min(high, low * 2 ** (attempt - 1))
+
+    def _max_retries(self) -> int:
+        policy = self.eh_function.retry or {}
+        count = int(policy.get("max_retry_count", 0))
+        return self.config.retry_limit if count < 0 else min(count, self.config.retry_limit)
+
+    def _process_batch(self, instance: int, batch: Batch) -> None:
+        assert self.hub is not None
+        fn = self.eh_function
+        first = batch.events[0]
+        key = f"eh|{batch.partition_id}|{first.sequence_number}|{len(batch.events)}|{batch.epoch}"
+        fault = self.plan.draw(key, self.plan.event_hubs(), calls=2 + 2 * len(batch.events))
+        if fault is not None and fault.kind is FaultKind.REBALANCE and self.config.consumers > 1:
+            others = [i for i in range(self.config.consumers) if i != instance]
+            self.ownership.move(batch.partition_id, self.rng.choice(others))
+            self.faults.fired(FaultKind.REBALANCE)
+            with self.namespace.changed:
+                self.namespace.changed.notify_all()
+        self.log.stats.batches += 1
+        self.log.stats.batch_sizes.append(len(batch.events))
+        sent = [e.sent for e in batch.events]
+        crashed = False
+        attempt = 0
+        while True:
+            attempt += 1
+            for event in batch.events:
+                self.log.start(fn.name, event.origin, host_retry=attempt > 1,
+                               position=(event.partition_id, event.sequence_number))
+            inv = Invocation(fn.name, fault if attempt == 1 else None, self.faults)
+            started = time.perf_counter()
+            outcome = "ok"
+            try:
+                with invocation(inv):
+                    fn.user_function(events=event_hub_batch(
+                        sent, partition_id=batch.partition_id, event_hub=self.hub.name,
+                        consumer_group=self.hub.consumer_group))
+                    inv.before_ack()  # the host may die before it checkpoints
+            except SimulatedCrash:
+                crashed, outcome = True, "crash"
+            except Exception as error:
+                outcome = f"raised {type(error).__name__}"
+            finally:
+                elapsed = time.perf_counter() - started
+                self.log.latency("event hubs batch", elapsed)
+                for event in batch.events:
+                    self.log.latency("event hubs event", elapsed / len(batch.events))
+                    self.log.end(fn.name, event.origin, outcome)
+            if crashed or outcome == "ok":
+                break
+            if attempt > self._max_retries():
+                self.log.stats.gave_up += 1  # the host checkpoints anyway: events may be lost
+                break
+            self.log.stats.host_retries += 1
+            self.clock.advance(self._retry_interval(attempt))
+            time.sleep(0.02)
+        if crashed:
+            self.ownership.finish(batch, checkpoint=False)
+            self.ownership.crash(instance, self.rng.choice)
+        else:
+            self.ownership.finish(batch, checkpoint=True)
+        with self.namespace.changed:
+            self.namespace.changed.notify_all()

@@ -1,0 +1,129 @@
+"""The demo's report: what was sent, delivered, absorbed, applied, refused, and how fast."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from simulator.host import CAUSES
+from simulator.scenario import ScenarioResult
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def _n(value: int | float) -> str:
+    return f"{value:,}" if isinstance(value, int) else f"{value:,.1f}"
+
+
+def _counter_lines(counter: dict[str, int] | Counter[str], indent: str = "    ") -> list[str]:
+    if not counter:
+        return [f"{indent}(none)"]
+    width = max(len(k) for k in counter)
+    return [f"{indent}{k:<{width}}  {_n(v)}" for k, v in sorted(counter.items(), key=lambda kv: -kv[1])]
+
+
+def summary(result: ScenarioResult) -> dict[str, Any]:
+    """The report's numbers, as JSON-friendly values."""
+    stats, check, workload = result.stats, result.check, result.workload
+    duplicates = sum(stats.duplicates.values())
+    doubles = sum(check.double_effects.values())
+    logical_messages = len(workload.service_bus_items)
+    logical_events = len(workload.event_items)
+    latency = stats.latencies
+    return {
+        "backend": result.config.backend, "seed": result.config.seed, "runId": result.config.run_id,
+        "messagesSent": logical_messages, "eventsSent": logical_events,
+        "copiesSent": result.sent,
+        "deliveries": dict(stats.deliveries), "deliveriesTotal": sum(stats.deliveries.values()),
+        "duplicatesByCause": {cause: stats.duplicates.get(cause, 0) for cause in CAUSES},
+        "duplicatesAbsorbed": max(0, duplicates - doubles),
+        "effects": dict(check.effects),
+        "doubleEffects": doubles, "lost": sum(check.lost.values()),
+        "partialEffects": sum(check.partial.values()),
+        "balanceMismatches": len(check.balance_mismatches),
+        "deadLettered": dict(check.dead_lettered), "parked": dict(check.parked),
+        "conflicts": dict(check.conflicts), "resentWithSameKey": check.resent_same_key,
+        "faultsInjected": result.faults, "outages": result.outages,
+        "throughputLogicalPerSecond": (logical_messages + logical_events) / max(result.run_seconds, 1e-9),
+        "throughputDeliveriesPerSecond": sum(stats.deliveries.values()) / max(result.run_seconds, 1e-9),
+        "latencyMs": {kind: {"p50": percentile(v, 50) * 1000, "p99": percentile(v, 99) * 1000}
+                      for kind, v in latency.items()},
+        "wallSeconds": result.wall_seconds, "runSeconds": result.run_seconds,
+        "virtualSeconds": result.virtual_seconds,
+        "ok": result.ok,
+        "invariants": [{"name": i.name, "ok": i.ok, "detail": i.detail} for i in check.invariants],
+    }
+
+
+def format_report(result: ScenarioResult) -> str:
+    s = summary(result)
+    config, stats, check, workload = result.config, result.stats, result.check, result.workload
+    kinds = Counter(item.kind for item in workload.items)
+    lines = [f"== {config.backend} backend  (seed {config.seed}, run {config.run_id}, "
+             f"{config.consumers} consumers, duplicate rate {config.duplicate_rate:g}, "
+             f"fault rate {config.fault_rate:g}"
+             + (", DEDUP OFF" if config.dedup_off else "")
+             + (f", NON-ATOMIC {config.non_atomic}" if config.non_atomic else "") + ") =="]
+    lines.append(f"Sent: {_n(s['messagesSent'])} Service Bus messages (orders {_n(kinds['order'])}, "
+                 f"order status {_n(kinds['order_status'])}, notifications "
+                 f"{_n(kinds['notification'])} x 2 subscriptions) and {_n(s['eventsSent'])} "
+                 "payment events")
+    copies = sum(len(item.copies) for item in workload.items)
+    lines.append(f"  producer-retry copies: {_n(copies)} "
+                 f"(dropped by Service Bus duplicate detection: "
+                 f"{_n(result.sent.get('service bus: dropped by duplicate detection', 0))})")
+    lines.append(f"Deliveries: {_n(s['deliveriesTotal'])}  "
+                 + ", ".join(f"{k} {_n(v)}" for k, v in sorted(stats.deliveries.items()))
+                 + f"  ({_n(stats.batches)} Event Hubs batches, host retries {_n(stats.host_retries)})")
+    total_dup = sum(stats.duplicates.values())
+    logical = s["messagesSent"] + kinds["notification"] + s["eventsSent"]
+    lines.append(f"Duplicate deliveries absorbed: {_n(s['duplicatesAbsorbed'])} of {_n(total_dup)} "
+                 f"({100 * total_dup / max(logical, 1):.1f}% of logical deliveries)")
+    for cause in CAUSES:
+        lines.append(f"    {cause:<18} {_n(stats.duplicates.get(cause, 0))}")
+    lines.append("Effects applied (read from the stores / the notification API):")
+    lines += _counter_lines(check.effects)
+    if check.resent_same_key:
+        lines.append(f"    re-sent with the same Idempotency-Key (absorbed by the API): "
+                     f"{_n(check.resent_same_key)}")
+    lines.append(f"DOUBLE EFFECTS: {_n(s['doubleEffects'])}   LOST: {_n(s['lost'])}   "
+                 f"partial effects: {_n(s['partialEffects'])}   balance mismatches: "
+                 f"{_n(s['balanceMismatches'])}")
+    lines.append("Dead-lettered by reason (broker dead-letter queues):")
+    lines += _counter_lines(check.dead_lettered)
+    lines.append("Parked by reason (parking table):")
+    lines += _counter_lines(check.parked)
+    if check.conflicts:
+        lines.append("Key conflicts (same id, other content): "
+                     + ", ".join(f"{k} {_n(v)}" for k, v in check.conflicts.items()))
+    lines.append(f"Faults injected ({_n(sum(result.faults.values()))}):")
+    lines += _counter_lines(result.faults)
+    lat = s["latencyMs"]
+
+    def pair(kind: str) -> str:
+        value = lat.get(kind)
+        return f"{value['p50']:.1f} / {value['p99']:.1f} ms" if value else "n/a"
+
+    sizes = stats.batch_sizes
+    lines.append(f"Throughput: {s['throughputLogicalPerSecond']:.0f} logical messages/s, "
+                 f"{s['throughputDeliveriesPerSecond']:.0f} deliveries/s "
+                 f"(run {result.run_seconds:.1f} s wall, {result.virtual_seconds / 60:.0f} min "
+                 f"virtual; checks {result.check_seconds:.1f} s)")
+    lines.append(f"Latency p50 / p99: Service Bus message {pair('service bus message')}; "
+                 f"Event Hubs batch {pair('event hubs batch')} (mean size "
+                 f"{sum(sizes) / max(len(sizes), 1):.1f}); per event {pair('event hubs event')}")
+    if stats.errors:
+        lines.append("HARNESS ERRORS: " + "; ".join(stats.errors))
+    lines.append("Invariants (checked from the stores):")
+    for inv in check.invariants:
+        lines.append(f"  [{'PASS' if inv.ok else 'FAIL'}] {inv.name}"
+                     + (f" -- {inv.detail}" if inv.detail else ""))
+    for what, examples in check.examples.items():
+        lines.append(f"  e.g. {what}: " + "; ".join(examples))
+    return "\n".join(lines)

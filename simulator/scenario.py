@@ -1,0 +1,217 @@
+"""One chaos scenario end to end: services on the real stores, the workload, the checks.
+
+    result = run_scenario(ScenarioConfig(backend="cosmos", seed=7), endpoints)
+    print(format_report(result)); sys.exit(0 if result.ok else 1)
+
+The app's services are built by `functions.services.build_services` with a
+fake notification API and the simulation's clock, then every store they hold
+is wrapped for fault injection (and, for the counter-proofs, replaced by a
+dedup-off or non-atomic variant), and installed with `configure`. After the
+run, maintenance reconciles with grace 0 and the checker reads the stores.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from domain.maintenance import Maintenance
+from functions.services import build_services, configure
+from shared import IdempotencyStore
+from shared.settings import Settings
+from shared.stores import CosmosIdempotencyStore, TableIdempotencyStore
+from simulator.check import Checker, CheckResult, DeadLetter, Evidence, parked_store, stores_of
+from simulator.clock import SimClock
+from simulator.faults import (
+    DedupOffStore,
+    FakeNotificationApi,
+    FaultLog,
+    FaultPlan,
+    FaultySender,
+    FaultyStore,
+    NonAtomicStore,
+    OutageController,
+    stable_seed,
+    wrap_service_stores,
+)
+from simulator.host import DeliveryStats, HostConfig, SimulatedHost
+from simulator.workload import Names, Workload, generate
+
+# SDK options for the harness: a paused server must time out, not hang.
+CLIENT_OPTIONS = {"connection_timeout": 2, "read_timeout": 3, "retry_total": 2,
+                  "retry_backoff_factor": 0.2}
+
+
+@dataclass
+class ScenarioConfig:
+    backend: str = "table"
+    seed: int = 1
+    messages: int = 20_000
+    events: int = 20_000
+    duplicate_rate: float = 0.25
+    fault_rate: float = 0.05
+    consumers: int = 4
+    partitions: int = 4
+    max_batch: int = 100
+    outages: int | None = None  # default: 2 when faults are on
+    outage_seconds: float = 2.5
+    dedup_off: bool = False
+    non_atomic: str | None = None  # effect-first | marker-first
+    api_honours_key: bool = True
+    lock_duration: int = 60
+    max_delivery_count: int = 10
+    lease_seconds: int = 300
+    duplicate_detection_window: int = 600
+    duration: float = 3600.0  # virtual seconds over which the producer sends
+    tag: str = ""  # distinguishes runs sharing one stack and seed
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.backend[0]}{stable_seed('run', self.seed, self.backend) % 16**6:06x}{self.tag}"
+
+
+@dataclass
+class Endpoints:
+    """Where the stores are; `processes` are pids of servers the harness started (it may pause them)."""
+
+    table_connection_string: str
+    cosmos_endpoint: str
+    cosmos_key: str
+    cosmos_verify: bool = False
+    processes: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class ScenarioResult:
+    config: ScenarioConfig
+    workload: Workload
+    stats: DeliveryStats
+    check: CheckResult
+    faults: dict[str, int]
+    sent: dict[str, int]
+    wall_seconds: float
+    run_seconds: float
+    check_seconds: float
+    virtual_seconds: float
+    checkpoint_lag: int
+    outages: list[tuple[str, str, float]]
+    maintenance_parked: int
+
+    @property
+    def ok(self) -> bool:
+        return self.check.ok and not self.stats.errors
+
+
+def app_settings(config: ScenarioConfig, endpoints: Endpoints) -> dict[str, str]:
+    run = config.run_id
+    return {
+        "DEDUP_BACKEND": config.backend,
+        "TABLE_CONNECTION_STRING": endpoints.table_connection_string,
+        "COSMOS_ENDPOINT": endpoints.cosmos_endpoint,
+        "COSMOS_KEY": endpoints.cosmos_key,
+        "COSMOS_VERIFY_TLS": "true" if endpoints.cosmos_verify else "false",
+        "COSMOS_DATABASE": f"sim-{run}",
+        "NOTIFICATION_API_URL": "http://notifications.sim.invalid/send",
+        "NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY": "true" if config.api_honours_key else "false",
+        "ORDERS_QUEUE_NAME": "orders",
+        "ORDER_STATUS_QUEUE_NAME": "order-status",
+        "NOTIFICATIONS_TOPIC_NAME": "notifications",
+        "NOTIFY_SUBSCRIPTION_NAME": "notify",
+        "AUDIT_SUBSCRIPTION_NAME": "audit",
+        "PAYMENTS_HUB_NAME": f"payments-{run}",
+        "PAYMENTS_CONSUMER_GROUP": "payments-processor",
+        "SERVICEBUS_LOCK_DURATION_SECONDS": str(config.lock_duration),
+        "SERVICEBUS_MAX_DELIVERY_COUNT": str(config.max_delivery_count),
+        "DEDUP_LEASE_SECONDS": str(config.lease_seconds),
+    }
+
+
+def _server_of(store: IdempotencyStore) -> str:
+    return "cosmos" if isinstance(store, CosmosIdempotencyStore) else "azurite"
+
+
+def _label(store: IdempotencyStore, name: str) -> str:
+    if isinstance(store, TableIdempotencyStore):
+        return f"table {store.client.table_name}"
+    if isinstance(store, CosmosIdempotencyStore):
+        return f"cosmos {store.container.id}"
+    return name
+
+
+def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
+                 progress: Callable[[int, int], Callable[[int], None]] | None = None
+                 ) -> ScenarioResult:
+    """Run one scenario; `progress(total, ...)` may return a callback fed with released sends."""
+    started = time.perf_counter()
+    settings_env = app_settings(config, endpoints)
+    workload = generate(seed=config.seed, messages=config.messages, events=config.events,
+                        duplicate_rate=config.duplicate_rate, run_id=config.run_id,
+                        duplicate_detection_window=config.duplicate_detection_window,
+                        duration=config.duration, names=Names(hub=settings_env["PAYMENTS_HUB_NAME"]))
+    clock = SimClock()
+    api = FakeNotificationApi(honours_key=config.api_honours_key)
+    faults = FaultLog()
+    plan = FaultPlan(config.seed, fault_rate=config.fault_rate,
+                     duplicate_rate=config.duplicate_rate, non_atomic=config.non_atomic is not None)
+    outages = OutageController(faults, processes=endpoints.processes,
+                               duration=config.outage_seconds)
+    settings = Settings.from_env(settings_env)
+    services = build_services(settings, sender=FaultySender(api), clock=clock, sleep=clock.sleep,
+                              **CLIENT_OPTIONS)
+    real_stores = dict(services.stores)
+    names = {id(store): name for name, store in services.stores.items()}
+
+    def wrap(store: IdempotencyStore, name: str) -> IdempotencyStore:
+        inner = store
+        if config.dedup_off:
+            inner = DedupOffStore(inner)
+        if config.non_atomic:
+            inner = NonAtomicStore(inner, config.non_atomic)
+        return FaultyStore(inner, label=_label(store, name), server=_server_of(store),
+                           outages=outages)
+
+    wrap_service_stores(services, wrap, names)
+    servers = ["cosmos", "azurite"] if config.backend == "cosmos" else ["azurite"]
+    outage_count = config.outages if config.outages is not None else (2 if config.fault_rate > 0 else 0)
+    host_config = HostConfig(consumers=config.consumers, partitions=config.partitions,
+                             max_batch=config.max_batch, lock_duration=config.lock_duration,
+                             max_delivery_count=config.max_delivery_count,
+                             duplicate_detection_window=config.duplicate_detection_window,
+                             outages=outage_count)
+    total_sends = len(workload.sends())
+    callback = progress(total_sends, config) if progress is not None else None
+    configure(services)
+    try:
+        host = SimulatedHost(workload, settings=settings_env, clock=clock, plan=plan, faults=faults,
+                             outages=outages, outage_servers=servers, config=host_config,
+                             progress=callback)
+        stats = host.run()
+        # Reconciliation: past every lease, maintenance with grace 0 closes what is left.
+        clock.advance(config.lease_seconds + config.lock_duration + 1)
+        record_stores = {name: real_stores[name] for name in ("dedup", "ledger", "notifications",
+                                                              "orders")}
+        maintenance = Maintenance(record_stores, services.parking, grace_seconds=0, clock=clock)
+        maintenance_parked = maintenance.run().parked
+        check_started = time.perf_counter()
+        evidence = Evidence(
+            dead_letters=[DeadLetter(host.entity_function[entity.path].name, m.origin.logical,
+                                     m.origin.variant, m.dead_letter_reason or "",
+                                     m.dead_letter_description or "")
+                          for entity in host.namespace.entities for m in entity.dead_letters],
+            api_calls=list(api.calls), api_honours_key=config.api_honours_key)
+        stores = stores_of(real_stores, parked_store(settings))
+        check = Checker(workload.items, stores, run_id=config.run_id,
+                        hub=settings_env["PAYMENTS_HUB_NAME"], evidence=evidence).run()
+        check_seconds = time.perf_counter() - check_started
+        assert host.hub is not None
+        lag = sum(max(0, host.hub.length(p) - host.hub.resume_position(p))
+                  for p in host.hub.partition_ids)
+        return ScenarioResult(
+            config=config, workload=workload, stats=stats, check=check, faults=faults.counts(),
+            sent=dict(host.sent_copies), wall_seconds=time.perf_counter() - started,
+            run_seconds=host.wall_seconds, check_seconds=check_seconds,
+            virtual_seconds=clock() - host.t0, checkpoint_lag=lag, outages=outages.history,
+            maintenance_parked=maintenance_parked)
+    finally:
+        configure(None)
