@@ -106,3 +106,21 @@ def test_gap_ttl_is_not_enforced_so_the_client_checks_expiry(cosmos_database, st
 
     time.sleep(1.5)
     assert container.read_item("short", pk)["id"] == "short"
+
+
+def test_patched_server_keeps_connections_alive(stack):
+    """The original answers `Connection: close`: one TLS handshake per request."""
+    if not stack.cosmos_is_local_server:
+        pytest.skip("describes the local test server only")
+    import http.client
+    import ssl
+    from urllib.parse import urlparse
+
+    url = urlparse(stack.cosmos_endpoint)
+    connection = http.client.HTTPSConnection(url.hostname, url.port,
+                                             context=ssl._create_unverified_context())  # noqa: S323
+    connection.request("GET", "/")
+    response = connection.getresponse()
+    response.read()
+    assert response.getheader("connection") == "keep-alive"
+    connection.close()

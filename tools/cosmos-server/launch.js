@@ -18,6 +18,8 @@
  *     throws a TypeError (HTTP 500); the wrapper answers 404 as Cosmos DB does.
  *
  * Gap 3 (items never expire by `ttl`) is left alone: the client checks expiry.
+ * The server is also started with keep-alive on (it answers `Connection: close`
+ * by default, which costs a TLS handshake per request).
  *
  * Usage: node tools/cosmos-server/launch.js [--port 8081] [--host 127.0.0.1]
  */
@@ -122,7 +124,8 @@ function main() {
   // Loaded only after the handlers are replaced, so its routes see the wrappers.
   const { createHttpsServer } = require("@vercel/cosmosdb-server");
   const { port, host } = parseArgs(process.argv.slice(2));
-  const server = createHttpsServer().listen(port, host, () => {
+  // Keep-alive: the default answers "Connection: close", a TLS handshake per request.
+  const server = createHttpsServer({ keepAlive: true }).listen(port, host, () => {
     console.log(`Ready to accept HTTPS connections at ${host}:${server.address().port}`);
   });
   const stop = () => server.close(() => process.exit(0));
