@@ -118,7 +118,7 @@ def test_patched_server_keeps_connections_alive(stack):
 
     url = urlparse(stack.cosmos_endpoint)
     connection = http.client.HTTPSConnection(url.hostname, url.port,
-                                             context=ssl._create_unverified_context())  # noqa: S323
+                                             context=ssl._create_unverified_context())
     connection.request("GET", "/")
     response = connection.getresponse()
     response.read()
