@@ -102,3 +102,27 @@ def test_idempotency_key_values_are_header_safe():
     unsafe = idempotency_key_value("two words\r\n")
     assert all(0x21 <= ord(c) <= 0x7E for c in unsafe)
     assert len(idempotency_key_value("x" * 1000)) <= 255
+
+
+def test_the_real_distro_configures_export_in_a_fresh_process():
+    """azure-monitor-opentelemetry (a runtime dependency) sets up the SDK providers.
+
+    Run in a subprocess: it installs process-global providers. The ingestion
+    endpoint is a closed loopback port; nothing is exported during the test.
+    """
+    import subprocess
+    import sys
+
+    script = (
+        "from opentelemetry import metrics, trace\n"
+        "from shared.observability import configure_observability\n"
+        "ok = configure_observability(connection_string='InstrumentationKey="
+        "00000000-0000-0000-0000-000000000000;IngestionEndpoint=http://127.0.0.1:9/',"
+        " disable_offline_storage=True)\n"
+        "print(ok, type(trace.get_tracer_provider()).__module__,"
+        " type(metrics.get_meter_provider()).__module__)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=120, check=True)
+    assert result.stdout.split()[:3] == ["True", "opentelemetry.sdk.trace",
+                                         "opentelemetry.sdk.metrics._internal"]
