@@ -22,6 +22,13 @@ from shared.stores.base import IdempotencyStore, WriteOp
 _RACES = frozenset({404, 409, 412})
 
 
+class _Unread:
+    """Marks "the caller has not read the mark"; None means "read: there is none"."""
+
+
+UNREAD = _Unread()
+
+
 @dataclass(frozen=True)
 class Mark:
     sequence_number: int
@@ -44,13 +51,17 @@ class PartitionWatermark:
         return Mark(int(document.body["sequenceNumber"]), document.etag)
 
     def advance(self, partition_id: str, sequence_number: int, *,
-                known: Mark | None = None) -> int:
-        """Move the mark up to `sequence_number` (never down); return the stored mark."""
+                known: Mark | _Unread | None = UNREAD) -> int:
+        """Move the mark up to `sequence_number` (never down); return the stored mark.
+
+        `known` is the mark the caller read for this batch (None: none yet), which
+        saves a read; a lost race re-reads.
+        """
         document_id = store_safe_id(partition_id)
         body = {"sequenceNumber": int(sequence_number), "partitionId": partition_id}
-        current = known
+        current = None if isinstance(known, _Unread) else known
         for attempt in range(self._max_attempts):
-            if attempt > 0 or current is None:
+            if attempt > 0 or isinstance(known, _Unread):
                 current = self.read(partition_id)
             if current is not None and current.sequence_number >= sequence_number:
                 return current.sequence_number
