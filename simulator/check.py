@@ -60,6 +60,9 @@ class Evidence:
     dead_letters: list[DeadLetter] | None = None
     api_calls: list[ApiCall] | None = None
     api_honours_key: bool = True
+    # Service Bus messages (logical, variant) of which the broker accepted no copy: its
+    # duplicate detection dropped them (same MessageId inside the window), so no consumer saw them.
+    broker_dropped: set[tuple[str, int]] = field(default_factory=set)
 
 
 @dataclass
@@ -214,6 +217,9 @@ class Checker:
 
     def _not_effected(self, kind: str, consumer: str, item: Item, parked: list[dict[str, Any]],
                       what: str) -> None:
+        if (item.logical, item.variant) in self.evidence.broker_dropped:
+            self.result.not_effected_but_handled[f"{kind}: dropped by broker duplicate detection"] += 1
+            return
         reason = self._handled(consumer, item, parked)
         if reason is not None:
             self.result.not_effected_but_handled[f"{kind}: {reason}"] += 1
@@ -227,6 +233,10 @@ class Checker:
 
     def _conflict(self, consumer: str, item: Item, parked: list[dict[str, Any]]) -> None:
         """A variant that was not applied: it must have been refused with a reason."""
+        if (item.logical, item.variant) in self.evidence.broker_dropped:
+            # Same MessageId inside the window: Service Bus dropped it silently at send time.
+            self.result.conflicts["dropped by broker duplicate detection (never delivered)"] += 1
+            return
         reason = self._handled(consumer, item, parked)
         if reason is None and self.evidence.dead_letters is None and item.kind != "payment":
             self.result.unverified["conflict"] += 1
@@ -263,6 +273,9 @@ class Checker:
                 self.result.double_effects["order"] += len(stored) - 1
                 self.result.example("double effect", f"order {key}: {len(stored)} order documents")
             if not stored:
+                if lines[key]:  # lines written without their order document
+                    self.result.partial["order lines without their order"] += 1
+                    self.result.example("partial", f"order {key}: {lines[key]} lines, no order")
                 for variant in valid:
                     self._not_effected("order", "orders", variant, [], f"order {key}")
                 continue

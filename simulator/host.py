@@ -141,6 +141,7 @@ class DeliveryLog:
         self._inflight: Counter[tuple[str, str, int]] = Counter()
         self._positions: set[tuple[str, int]] = set()
         self.stats = DeliveryStats()
+        self.trace: list[tuple[str, str, int, int, str, str]] = []  # per delivery, for debugging
 
     def start(self, function: str, origin: Origin, *, delivery_count: int = 1,
               position: tuple[str, int] | None = None, host_retry: bool = False) -> str | None:
@@ -167,11 +168,12 @@ class DeliveryLog:
             self._inflight[key] += 1
             return cause
 
-    def end(self, function: str, origin: Origin, outcome: str) -> None:
+    def end(self, function: str, origin: Origin, outcome: str, detail: str = "") -> None:
         key = (function, origin.logical, origin.variant)
         with self._lock:
             self._inflight[key] -= 1
             self.stats.outcomes[f"{function}: {outcome}"] += 1
+            self.trace.append((function, origin.logical, origin.variant, origin.copy, outcome, detail))
 
     def latency(self, kind: str, seconds: float) -> None:
         with self._lock:
@@ -259,6 +261,7 @@ class SimulatedHost:
         self._inflight = 0
         self._done = False
         self.sent_copies: Counter[str] = Counter()  # accepted / dropped by duplicate detection
+        self.accepted: set[tuple[str, int]] = set()  # Service Bus (logical, variant) with a copy in
         self._outage_points = self._plan_outages()
         self.wall_seconds = 0.0
 
@@ -307,6 +310,8 @@ class SimulatedHost:
         accepted = self.namespace.send(item.entity, sent, origin)
         self.sent_copies["service bus: accepted" if accepted
                          else "service bus: dropped by duplicate detection"] += 1
+        if accepted:
+            self.accepted.add((item.logical, item.variant))
 
     def _pump(self) -> None:
         """Release every send that is due (call with the namespace lock held)."""
@@ -446,7 +451,8 @@ class SimulatedHost:
             self._abandon_after_exception(delivery)
         finally:
             self.log.latency("service bus message", time.perf_counter() - started)
-            self.log.end(fn.name, origin, outcome)
+            self.log.end(fn.name, origin, outcome,
+                         f"delivery {delivery.delivery_count}, fault {fault.kind if fault else None}")
 
     def _abandon_after_exception(self, delivery: Delivery) -> None:
         """The host abandons a message the function left unsettled by raising."""

@@ -199,7 +199,9 @@ def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
                                      m.origin.variant, m.dead_letter_reason or "",
                                      m.dead_letter_description or "")
                           for entity in host.namespace.entities for m in entity.dead_letters],
-            api_calls=list(api.calls), api_honours_key=config.api_honours_key)
+            api_calls=list(api.calls), api_honours_key=config.api_honours_key,
+            broker_dropped={(item.logical, item.variant) for item in workload.service_bus_items
+                            if (item.logical, item.variant) not in host.accepted})
         stores = stores_of(real_stores, parked_store(settings))
         check = Checker(workload.items, stores, run_id=config.run_id,
                         hub=settings_env["PAYMENTS_HUB_NAME"], evidence=evidence).run()

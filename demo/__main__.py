@@ -1,0 +1,166 @@
+"""`python -m demo`: start Azurite and the Cosmos server, run the chaos workload, print the report.
+
+Each store backend runs in its own worker process (both at once by default),
+so the two Python interpreters share the machine's cores; the parent draws
+one progress bar per backend and exits non-zero if any invariant broke.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import queue
+import sys
+import tempfile
+import time
+from typing import Any
+
+BACKENDS = ("table", "cosmos")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="./dev demo",
+        description="At-least-once delivery with duplicates and faults, through the real "
+                    "functions, against Azurite and the Cosmos server; checks exactly-once "
+                    "effects from the stores.")
+    parser.add_argument("--messages", type=int, default=20_000,
+                        help="Service Bus messages in all, split evenly across the backends "
+                             "(default 20000)")
+    parser.add_argument("--events", type=int, default=20_000,
+                        help="Event Hubs events in all, split evenly across the backends "
+                             "(default 20000)")
+    parser.add_argument("--per-backend", action="store_true",
+                        help="send --messages and --events to each backend instead of splitting")
+    parser.add_argument("--seed", type=int, default=2024, help="seed of the workload and faults")
+    parser.add_argument("--duplicate-rate", type=float, default=0.25,
+                        help="duplicate deliveries to provoke, as a share of messages (default 0.25)")
+    parser.add_argument("--fault-rate", type=float, default=0.05,
+                        help="share of deliveries that hit a fault (default 0.05); 0 turns faults "
+                             "and outages off")
+    parser.add_argument("--consumers", type=int, default=4,
+                        help="competing consumer instances (default 4)")
+    parser.add_argument("--backend", choices=(*BACKENDS, "both"), default="both")
+    parser.add_argument("--partitions", type=int, default=4, help="event hub partitions (default 4)")
+    parser.add_argument("--outages", type=int, default=None,
+                        help="store outages (server paused) per backend (default 2 with faults on)")
+    parser.add_argument("--serial", action="store_true",
+                        help="run the backends one after the other in this process")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--json", help="write the reports' numbers to this JSON file")
+    proofs = parser.add_argument_group("counter-proofs (harness flags; the app is unchanged)")
+    proofs.add_argument("--dedup-off", action="store_true",
+                        help="stores answer every claim as new: the checks must report double effects")
+    proofs.add_argument("--non-atomic", choices=("effect-first", "marker-first"),
+                        help="marker and effect written in separate steps, with crashes in between")
+    proofs.add_argument("--api-ignores-idempotency-key", action="store_true",
+                        help="the fake notification API does not deduplicate by Idempotency-Key")
+    args = parser.parse_args(argv)
+    if args.messages < 0 or args.events < 0 or args.consumers < 1:
+        parser.error("--messages/--events must be >= 0 and --consumers >= 1")
+    return args
+
+
+class _Bars:
+    def __init__(self, backends: list[str], enabled: bool) -> None:
+        self.enabled = enabled
+        self.bars: dict[str, Any] = {}
+        self.backends = backends
+
+    def total(self, backend: str, total: int) -> None:
+        if not self.enabled:
+            return
+        from tqdm import tqdm
+
+        self.bars[backend] = tqdm(total=total, desc=f"{backend:>6}", unit="send",
+                                  position=self.backends.index(backend), leave=True,
+                                  dynamic_ncols=True, file=sys.stderr)
+
+    def update(self, backend: str, n: int) -> None:
+        if backend in self.bars:
+            self.bars[backend].update(n)
+
+    def close(self) -> None:
+        for bar in self.bars.values():
+            bar.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from demo.worker import run_backend, scenario_config
+    from simulator.stack import endpoints as stack_endpoints
+    from simulator.stack import local_stack
+
+    backends = list(BACKENDS) if args.backend == "both" else [args.backend]
+    share = 1 if args.per_backend else len(backends)
+    total_messages, total_events = args.messages, args.events
+    args.messages, args.events = -(-total_messages // share), -(-total_events // share)
+    log_dir = tempfile.mkdtemp(prefix="idempotency-demo-")
+    print(f"Demo: {total_messages * len(backends) // share:,} Service Bus messages and "
+          f"{total_events * len(backends) // share:,} Event Hubs events in all "
+          f"({args.messages:,} + {args.events:,} on each of: {', '.join(backends)}), duplicate rate "
+          f"{args.duplicate_rate:g}, fault rate {args.fault_rate:g}, {args.consumers} competing "
+          f"consumers, seed {args.seed}.")
+    print("Starting Azurite and the Cosmos DB-compatible server on loopback ...", flush=True)
+    started = time.perf_counter()
+    results: dict[str, tuple[str, dict[str, Any], bool]] = {}
+    with local_stack() as stack:
+        endpoints = stack_endpoints(stack)
+        bars = _Bars(backends, enabled=not args.no_progress)
+        context = multiprocessing.get_context("spawn")
+        updates: Any = queue.Queue() if args.serial else context.Queue()
+        workers = []
+        if args.serial:
+            for backend in backends:
+                run_backend(scenario_config(args, backend), endpoints, updates,
+                            os.path.join(log_dir, f"{backend}.log"))
+        else:
+            for backend in backends:
+                worker = context.Process(
+                    target=run_backend, name=f"demo-{backend}",
+                    args=(scenario_config(args, backend), endpoints, updates,
+                          os.path.join(log_dir, f"{backend}.log")))
+                worker.start()
+                workers.append(worker)
+        try:
+            while len(results) < len(backends):
+                try:
+                    kind, backend, *rest = updates.get(timeout=1.0)
+                except queue.Empty:
+                    if workers and not any(w.is_alive() for w in workers) and updates.empty():
+                        for backend in backends:
+                            results.setdefault(backend, ("worker died without a report", {}, False))
+                    continue
+                if kind == "total":
+                    bars.total(backend, rest[0])
+                elif kind == "progress":
+                    bars.update(backend, rest[0])
+                else:
+                    results[backend] = (rest[0], rest[1], bool(rest[2]))
+        finally:
+            bars.close()
+            for worker in workers:
+                worker.join(timeout=30)
+    elapsed = time.perf_counter() - started
+    print()
+    for backend in backends:
+        text, _, _ = results[backend]
+        print(text)
+        print()
+    ok = all(results[b][2] for b in backends)
+    mode = " in parallel" if not args.serial and len(backends) > 1 else ""
+    print(f"Total wall time {elapsed:.0f} s ({', '.join(backends)}{mode}, including server start "
+          f"and checks). App logs: {log_dir}")
+    print("RESULT: " + ("all invariants hold" if ok else "INVARIANT BROKEN (see FAIL above)"))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump({"ok": ok, "wallSeconds": elapsed, "args": vars(args),
+                       "backends": {b: results[b][1] for b in backends}}, handle, indent=2,
+                      default=str)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
