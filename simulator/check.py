@@ -97,6 +97,7 @@ class CheckResult:
     conflicts: Counter[str] = field(default_factory=Counter)  # handled / not handled
     not_effected_but_handled: Counter[str] = field(default_factory=Counter)  # "kind: reason"
     resent_same_key: int = 0
+    accounts_checked: int = 0
     in_progress: int = 0
     unverified: Counter[str] = field(default_factory=Counter)
     examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
@@ -119,6 +120,7 @@ class CheckResult:
             "deadLettered": dict(self.dead_lettered), "parked": dict(self.parked),
             "conflicts": dict(self.conflicts), "resentWithSameKey": self.resent_same_key,
             "inProgress": self.in_progress, "unverified": dict(self.unverified),
+            "accountsChecked": self.accounts_checked,
             "examples": dict(self.examples),
             "invariants": [{"name": i.name, "ok": i.ok, "detail": i.detail} for i in self.invariants],
         }
@@ -160,6 +162,15 @@ def scan(store: IdempotencyStore, partition_prefix: str | None = None) -> list[d
             rows.append({**item, "_id": item["id"], "_partition": item.get(field_name)})
         return rows
     raise TypeError(f"cannot scan a {type(inner).__name__}")
+
+
+def _identity(store: IdempotencyStore) -> str:
+    inner = innermost(store)
+    if isinstance(inner, TableIdempotencyStore):
+        return f"table:{inner.client.url}:{inner.client.table_name}"
+    if isinstance(inner, CosmosIdempotencyStore):
+        return f"cosmos:{inner.container.container_link}"
+    return f"{type(inner).__name__}:{id(inner)}"
 
 
 def _is_record(row: dict[str, Any]) -> bool:
@@ -224,12 +235,14 @@ class Checker:
         if reason is not None:
             self.result.not_effected_but_handled[f"{kind}: {reason}"] += 1
             return
-        if self.evidence.dead_letters is None and kind != "payment":
-            self.result.unverified[kind] += 1  # real broker: look in its dead-letter queue
+        if self.evidence.dead_letters is None and kind != "payment" and item.expect != "effect":
+            # Meant to be dead-lettered, but the dead-letter queues were not read.
+            self.result.unverified[kind] += 1
             self.result.example("unverified", what)
             return
         self.result.lost[kind] += 1
-        self.result.example("lost", what)
+        self.result.example("lost", what + ("" if self.evidence.dead_letters is not None
+                                            else " (dead-letter queues not read)"))
 
     def _conflict(self, consumer: str, item: Item, parked: list[dict[str, Any]]) -> None:
         """A variant that was not applied: it must have been refused with a reason."""
@@ -239,7 +252,7 @@ class Checker:
             return
         reason = self._handled(consumer, item, parked)
         if reason is None and self.evidence.dead_letters is None and item.kind != "payment":
-            self.result.unverified["conflict"] += 1
+            self.result.unverified["conflict"] += 1  # the dead-letter queues were not read
             return
         if reason is None:
             self.result.conflicts["not dead-lettered or parked"] += 1
@@ -371,7 +384,7 @@ class Checker:
                 self.result.balance_mismatches.append(
                     {"account": account, "balanceCents": balances.get(account, 0),
                      "sumOfAppliedEventsCents": expected.get(account, 0)})
-        self.result.effects["account balances checked"] = len(set(expected) | set(balances))
+        self.result.accounts_checked = len(set(expected) | set(balances))
 
     # -- notifications -------------------------------------------------------------------------
     def check_notifications(self) -> None:
@@ -419,7 +432,12 @@ class Checker:
 
     # -- records ----------------------------------------------------------------------------------
     def check_in_progress(self) -> None:
+        scanned: set[str] = set()
         for name, store in self.stores.records.items():
+            identity = _identity(store)
+            if identity in scanned:  # e.g. dedup and notifications share one table
+                continue
+            scanned.add(identity)
             for row in scan(store):
                 if (_is_record(row) and row.get("idemState") == "in_progress"
                         and self.run_id in str(row.get("idemKey"))):
@@ -443,8 +461,8 @@ class Checker:
                       f"{doubles} double effects {dict(result.double_effects)}" if doubles else ""),
             Invariant("each account balance == sum of its applied events",
                       not result.balance_mismatches,
-                      f"{len(result.balance_mismatches)} accounts differ"
-                      if result.balance_mismatches else ""),
+                      f"{len(result.balance_mismatches)} of {result.accounts_checked} accounts differ"
+                      if result.balance_mismatches else f"{result.accounts_checked} accounts"),
             Invariant("effects complete (no partial effects)", partial == 0,
                       f"{partial} {dict(result.partial)}" if partial else ""),
             Invariant("nothing lost (effected, dead-lettered or parked with a reason)", lost == 0,
@@ -504,6 +522,47 @@ def stores_of(stores: dict[str, IdempotencyStore], parked: IdempotencyStore) -> 
                   records=records)
 
 
+SERVICE_BUS_CONSUMERS = (("orders", None, "orders"), ("order-status", None, "order_status"),
+                         ("notifications", "notify", "notify"), ("notifications", "audit", "audit"))
+
+
+def read_dead_letters(client: Any, items: list[Item], *,
+                      entities: Iterable[tuple[str, str | None, str]] = SERVICE_BUS_CONSUMERS,
+                      max_messages: int = 100_000) -> list[DeadLetter]:
+    """Peek every dead-letter queue (nothing is removed) and match its messages to the ledger.
+
+    `entities` are (queue or topic, subscription or None, consumer function name).
+    """
+    from azure.servicebus import ServiceBusSubQueue
+
+    by_body: dict[tuple[str | None, bytes], Item] = {
+        (item.message_id, item.body_bytes): item for item in items if item.kind != "payment"}
+    letters = []
+    for entity, subscription, consumer in entities:
+        if subscription is None:
+            receiver = client.get_queue_receiver(entity, sub_queue=ServiceBusSubQueue.DEAD_LETTER)
+        else:
+            receiver = client.get_subscription_receiver(entity, subscription,
+                                                        sub_queue=ServiceBusSubQueue.DEAD_LETTER)
+        with receiver:
+            sequence, seen = 0, 0
+            while seen < max_messages:
+                batch = receiver.peek_messages(max_message_count=250, sequence_number=sequence)
+                if not batch:
+                    break
+                for message in batch:
+                    seen += 1
+                    sequence = max(sequence, int(message.sequence_number) + 1)
+                    body = b"".join(bytes(part) for part in message.body)
+                    message_id = None if message.message_id is None else str(message.message_id)
+                    item = by_body.get((message_id, body))
+                    if item is not None:
+                        letters.append(DeadLetter(consumer, item.logical, item.variant,
+                                                  str(message.dead_letter_reason or ""),
+                                                  str(message.dead_letter_error_description or "")))
+    return letters
+
+
 def format_result(result: CheckResult) -> str:
     lines = ["Invariants (read from the stores):"]
     for inv in result.invariants:
@@ -512,8 +571,8 @@ def format_result(result: CheckResult) -> str:
     lines.append(f"  logical messages: {dict(result.logical)}")
     lines.append(f"  effects found:    {dict(result.effects)}")
     if result.unverified:
-        lines.append(f"  not effected, reason not visible here (check the dead-letter queues): "
-                     f"{dict(result.unverified)}")
+        lines.append("  meant to be dead-lettered, not verified (pass --servicebus-connection to "
+                     f"read the dead-letter queues): {dict(result.unverified)}")
     for what, examples in result.examples.items():
         lines.append(f"  e.g. {what}: " + "; ".join(examples))
     return "\n".join(lines)
@@ -529,12 +588,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the result as JSON to this file")
     parser.add_argument("--in-progress", action="store_true",
                         help="fail on records still in progress (run after maintenance reconciled)")
+    parser.add_argument("--servicebus-connection",
+                        default=os.environ.get("SERVICEBUS_CONNECTION_STRING"),
+                        help="read (peek) the dead-letter queues with this connection string")
+    parser.add_argument("--servicebus-namespace",
+                        help="read the dead-letter queues of this namespace (DefaultAzureCredential)")
     args = parser.parse_args(argv)
     with open(args.sent, encoding="utf-8") as handle:
         meta, items = load_ledger(json.load(handle))
     stores, hub = stores_from_settings()
-    result = Checker(items, stores, run_id=meta["runId"], hub=meta.get("hub", hub)).run(
-        check_in_progress=args.in_progress)
+    evidence = Evidence()
+    if args.servicebus_connection or args.servicebus_namespace:
+        from azure.servicebus import ServiceBusClient
+
+        if args.servicebus_connection:
+            client = ServiceBusClient.from_connection_string(args.servicebus_connection)
+        else:
+            from azure.identity import DefaultAzureCredential
+
+            client = ServiceBusClient(args.servicebus_namespace, DefaultAzureCredential())
+        names = meta.get("entities", {})
+        entities = ((names.get("ordersQueue", "orders"), None, "orders"),
+                    (names.get("statusQueue", "order-status"), None, "order_status"),
+                    (names.get("topic", "notifications"), "notify", "notify"),
+                    (names.get("topic", "notifications"), "audit", "audit"))
+        with client:
+            evidence.dead_letters = read_dead_letters(client, items, entities=entities)
+    result = Checker(items, stores, run_id=meta["runId"], hub=meta.get("hub", hub),
+                     evidence=evidence).run(check_in_progress=args.in_progress)
     print(format_result(result))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:

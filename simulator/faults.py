@@ -111,12 +111,13 @@ class FaultPlan:
         self.duplicate_rate = max(0.0, duplicate_rate)
         self.non_atomic = non_atomic
 
-    def _table(self, faults: Sequence[FaultKind], duplicates: Sequence[tuple[FaultKind, float]]
-               ) -> list[tuple[FaultKind, float]]:
+    def _table(self, faults: Sequence[FaultKind], duplicates: Sequence[tuple[FaultKind, float]],
+               *, fault_rate: float | None = None) -> list[tuple[FaultKind, float]]:
+        rate = self.fault_rate if fault_rate is None else fault_rate
         table = [(kind, self.duplicate_rate * share) for kind, share in duplicates]
         if self.non_atomic:  # the counter-proof's point: crash between the two writes
-            table.append((FaultKind.CRASH_BETWEEN_STEPS, self.fault_rate))
-        table += [(kind, self.fault_rate / len(faults)) for kind in faults]
+            table.append((FaultKind.CRASH_BETWEEN_STEPS, rate))
+        table += [(kind, rate / len(faults)) for kind in faults]
         return table
 
     def service_bus(self, style: str) -> list[tuple[FaultKind, float]]:
@@ -127,16 +128,17 @@ class FaultPlan:
             faults += [FaultKind.CRASH_AFTER_EFFECT, FaultKind.SENDER_ERROR,
                        FaultKind.SENDER_TIMEOUT]
         # Redelivery (a lost ack) and concurrent copies (a lost lock) are duplicate sources.
-        return self._table(faults, [(FaultKind.CRASH_BEFORE_ACK, 0.2),
-                                    (FaultKind.LOCK_EXPIRY, 0.2)])
+        return self._table(faults, [(FaultKind.CRASH_BEFORE_ACK, 0.15),
+                                    (FaultKind.LOCK_EXPIRY, 0.15)])
 
     def event_hubs(self) -> list[tuple[FaultKind, float]]:
-        """Weights for one Event Hubs batch."""
+        """Weights for one Event Hubs batch (many store calls: three times the per-call rate)."""
         faults = [FaultKind.CRASH_BEFORE_CLAIM, FaultKind.CRASH_MID_BATCH, FaultKind.TRANSIENT,
                   FaultKind.TIMEOUT]
         # Checkpoint replays: a crash before the checkpoint, or a rebalance mid-batch.
-        return self._table(faults, [(FaultKind.CRASH_BEFORE_ACK, 0.1),
-                                    (FaultKind.REBALANCE, 0.1)])
+        return self._table(faults, [(FaultKind.CRASH_BEFORE_ACK, 0.15),
+                                    (FaultKind.REBALANCE, 0.15)],
+                           fault_rate=min(0.3, self.fault_rate * 3))
 
     def draw(self, key: str, table: list[tuple[FaultKind, float]], *, calls: int = 2
              ) -> Fault | None:

@@ -93,7 +93,7 @@ class Entity:
         self.deliveries = 0
         self.lock_losses = 0
 
-    # -- state (call with the namespace lock held) --------------------------------
+    # -- state ---------------------------------------------------------------------------
     @property
     def available_count(self) -> int:
         return len(self._available)
@@ -110,8 +110,9 @@ class Entity:
         return min((m.locked_until for m in self._locked.values()), default=None)
 
     def enqueue(self, message: BrokerMessage) -> None:
-        heapq.heappush(self._available, (message.sequence_number, message))
-        self.enqueued += 1
+        with self.namespace.lock:
+            heapq.heappush(self._available, (message.sequence_number, message))
+            self.enqueued += 1
 
     def _dead_letter(self, message: BrokerMessage, reason: str, description: str,
                      settled_by: str) -> None:
@@ -136,23 +137,25 @@ class Entity:
         self.namespace.changed.notify_all()
 
     def expire_locks(self, now: float) -> None:
-        for message in [m for m in self._locked.values() if m.locked_until <= now]:
-            self.lock_losses += 1
-            self._release(message)
+        with self.namespace.lock:
+            for message in [m for m in self._locked.values() if m.locked_until <= now]:
+                self.lock_losses += 1
+                self._release(message)
 
     def receive(self, now: float) -> Delivery | None:
         """Lock and return the next available message, or None."""
-        self.expire_locks(now)
-        if not self._available:
-            return None
-        _, message = heapq.heappop(self._available)
-        message.delivery_count += 1
-        message.lock_token = uuid.uuid4()
-        message.locked_until = now + self.lock_duration
-        self._locked[message.lock_token] = message
-        self.deliveries += 1
-        self.namespace.on_receive(message)
-        return Delivery(self, message, message.lock_token, message.delivery_count, now)
+        with self.namespace.lock:
+            self.expire_locks(now)
+            if not self._available:
+                return None
+            _, message = heapq.heappop(self._available)
+            message.delivery_count += 1
+            message.lock_token = uuid.uuid4()
+            message.locked_until = now + self.lock_duration
+            self._locked[message.lock_token] = message
+            self.deliveries += 1
+            self.namespace.changed.notify_all()
+            return Delivery(self, message, message.lock_token, message.delivery_count, now)
 
     def _held(self, token: uuid.UUID, now: float) -> BrokerMessage:
         message = self._locked.get(token)
@@ -165,36 +168,40 @@ class Entity:
         return message
 
     def complete(self, token: uuid.UUID, now: float) -> BrokerMessage:
-        message = self._held(token, now)
-        del self._locked[token]
-        message.lock_token = None
-        message.state = "completed"
-        message.settled_by = "complete"
-        self.completed += 1
-        self.namespace.changed.notify_all()
-        return message
+        with self.namespace.lock:
+            message = self._held(token, now)
+            del self._locked[token]
+            message.lock_token = None
+            message.state = "completed"
+            message.settled_by = "complete"
+            self.completed += 1
+            self.namespace.changed.notify_all()
+            return message
 
     def abandon(self, token: uuid.UUID, now: float) -> BrokerMessage:
-        message = self._held(token, now)
-        self._release(message)
-        return message
+        with self.namespace.lock:
+            message = self._held(token, now)
+            self._release(message)
+            return message
 
     def deadletter(self, token: uuid.UUID, now: float, reason: str | None,
                    description: str | None) -> BrokerMessage:
-        message = self._held(token, now)
-        del self._locked[token]
-        self._dead_letter(message, reason or "", description or "", "deadletter")
-        self.namespace.changed.notify_all()
-        return message
+        with self.namespace.lock:
+            message = self._held(token, now)
+            del self._locked[token]
+            self._dead_letter(message, reason or "", description or "", "deadletter")
+            self.namespace.changed.notify_all()
+            return message
 
     def take_lock_back(self, token: uuid.UUID) -> bool:
         """The lock expires now (renewal failed or processing outlived it); True if it was held."""
-        message = self._locked.get(token)
-        if message is None:
-            return False
-        self.lock_losses += 1
-        self._release(message)
-        return True
+        with self.namespace.lock:
+            message = self._locked.get(token)
+            if message is None:
+                return False
+            self.lock_losses += 1
+            self._release(message)
+            return True
 
 
 @dataclass
@@ -223,7 +230,6 @@ class ServiceBusNamespace:
         self._sequence = 0
         self.sent = 0
         self.dropped_duplicates = 0
-        self._receive_listeners: list[Callable[[BrokerMessage], None]] = []
 
     def _entity(self, path: str) -> Entity:
         entity = Entity(path, self, lock_duration=self.lock_duration,
@@ -250,13 +256,6 @@ class ServiceBusNamespace:
     @property
     def entities(self) -> list[Entity]:
         return list(self._entities.values())
-
-    def add_receive_listener(self, listener: Callable[[BrokerMessage], None]) -> None:
-        self._receive_listeners.append(listener)
-
-    def on_receive(self, message: BrokerMessage) -> None:
-        for listener in self._receive_listeners:
-            listener(message)
 
     def send(self, address: str, sent: SentMessage, origin: Origin) -> bool:
         """Send to a queue or topic; False when duplicate detection dropped it."""

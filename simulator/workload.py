@@ -144,7 +144,7 @@ class _Generator:
 
     def copies(self) -> list[float]:
         """Producer-retry copies of one message: most late (past the broker's window)."""
-        if self.rng.random() >= self.duplicate_rate * 0.6:
+        if self.rng.random() >= self.duplicate_rate * 0.45:
             return []
         count = 2 if self.rng.random() < 0.1 else 1
         delays = []

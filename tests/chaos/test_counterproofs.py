@@ -1,0 +1,45 @@
+"""Proof that the harness can fail: the same checks catch a consumer without dedup and a
+consumer that writes its marker in a separate step (harness flags; the app is unchanged)."""
+
+from __future__ import annotations
+
+import json
+
+from demo.__main__ import main as demo_main
+from simulator.faults import FaultKind
+from simulator.report import format_report
+from simulator.scenario import ScenarioConfig, run_scenario
+
+
+def test_dedup_off_reports_double_effects_and_the_demo_exits_non_zero(seed, tmp_path, capsys):
+    report = tmp_path / "report.json"
+    code = demo_main(["--backend", "table", "--messages", "300", "--events", "300", "--seed",
+                      str(seed), "--dedup-off", "--api-ignores-idempotency-key", "--serial",
+                      "--no-progress", "--json", str(report)])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    summary = json.loads(report.read_text())["backends"]["table"]
+    assert summary["doubleEffects"] > 0 and summary["balanceMismatches"] > 0
+    assert "[FAIL] exactly one effect per message" in out and "INVARIANT BROKEN" in out
+
+
+def test_non_atomic_effect_first_is_caught_by_crashes_between_the_steps(chaos_endpoints, seed):
+    config = ScenarioConfig(backend="cosmos", seed=seed, messages=400, events=400,
+                            fault_rate=0.1, non_atomic="effect-first", tag="na1")
+    result = run_scenario(config, chaos_endpoints)
+    report = format_report(result)
+    assert result.faults.get(FaultKind.CRASH_BETWEEN_STEPS.value, 0) > 0, report
+    assert not result.ok, report
+    check = result.check
+    assert check.balance_mismatches or sum(check.double_effects.values()) or \
+        sum(check.partial.values()), report
+
+
+def test_non_atomic_marker_first_is_caught_as_lost_effects(chaos_endpoints, seed):
+    config = ScenarioConfig(backend="table", seed=seed, messages=300, events=300,
+                            fault_rate=0.1, non_atomic="marker-first", tag="na2")
+    result = run_scenario(config, chaos_endpoints)
+    report = format_report(result)
+    assert not result.ok, report
+    check = result.check
+    assert check.balance_mismatches or sum(check.partial.values()) or sum(check.lost.values()), report

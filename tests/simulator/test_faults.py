@@ -1,0 +1,183 @@
+"""Fault injection around the real stores: crashes, timeouts, the counter-proof variants."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared import DedupKey, Idempotency, OutcomeStatus, StoreUnavailableError, WriteOp, request_hash
+from simulator.faults import (
+    DedupOffStore,
+    FakeNotificationApi,
+    Fault,
+    FaultKind,
+    FaultLog,
+    FaultPlan,
+    FaultySender,
+    FaultyStore,
+    Invocation,
+    NonAtomicStore,
+    OutageController,
+    SimulatedCrash,
+    invocation,
+    wrap_service_stores,
+)
+
+
+def faulty(store, fault=None, log=None):
+    log = log or FaultLog()
+    return FaultyStore(store, label="test", server="test"), Invocation("fn", fault, log), log
+
+
+def key(n="k"):
+    return DedupKey("consumer", n)
+
+
+def test_crash_before_the_claim_writes_nothing(store):
+    wrapped, inv, log = faulty(store, Fault(FaultKind.CRASH_BEFORE_CLAIM))
+    with invocation(inv), pytest.raises(SimulatedCrash):
+        Idempotency(wrapped).run(key(), request_hash("x"), lambda: 1)
+    outcome = Idempotency(store).run(key(), request_hash("x"), lambda: 2)
+    assert outcome.status is OutcomeStatus.PROCESSED and outcome.result == 2
+    assert log.counts() == {FaultKind.CRASH_BEFORE_CLAIM.value: 1}
+
+
+def test_crash_after_the_claim_leaves_it_in_progress_and_no_cleanup_reaches_the_store(store, clock):
+    wrapped, inv, _ = faulty(store, Fault(FaultKind.CRASH_AFTER_CLAIM))
+    calls = []
+    with invocation(inv), pytest.raises(SimulatedCrash):
+        Idempotency(wrapped).run(key(), request_hash("x"), lambda: calls.append(1))
+    assert calls == [] and inv.dead
+    # The dead process released nothing: a redelivery finds the key in progress.
+    assert Idempotency(store).run(key(), request_hash("x"), lambda: 1).status is OutcomeStatus.IN_PROGRESS
+
+
+def test_timeout_after_the_write_applied_reports_unavailable_but_the_write_is_there(store):
+    wrapped, inv, _ = faulty(store, Fault(FaultKind.TIMEOUT, at=1))
+    marker = Idempotency(wrapped)
+    with invocation(inv), pytest.raises(StoreUnavailableError):
+        marker.run_atomic(key(), request_hash("x"), lambda tx: tx.create("doc", {"v": 1}) or 1,
+                          partition="p1")
+    again = Idempotency(store).run_atomic(key(), request_hash("x"), lambda tx: 1, partition="p1")
+    assert again.status is OutcomeStatus.DUPLICATE
+
+
+def test_transient_error_fails_before_the_server_sees_the_request(store):
+    wrapped, inv, _ = faulty(store, Fault(FaultKind.TRANSIENT, at=1))
+    with invocation(inv), pytest.raises(StoreUnavailableError) as error:
+        Idempotency(wrapped).run(key(), request_hash("x"), lambda: 1)
+    assert error.value.status_code in (429, 503)
+    assert Idempotency(store).run(key(), request_hash("x"), lambda: 1).status is OutcomeStatus.PROCESSED
+
+
+def test_no_invocation_means_no_faults(store):
+    wrapped, _, log = faulty(store, Fault(FaultKind.CRASH_BEFORE_CLAIM))
+    assert Idempotency(wrapped).run(key(), request_hash("x"), lambda: 1).status is OutcomeStatus.PROCESSED
+    assert log.total() == 0
+
+
+def test_dedup_off_answers_every_claim_as_new(store):
+    off = DedupOffStore(store)
+    statuses = [Idempotency(off).run(key(), request_hash("x"), lambda: 1).status for _ in range(3)]
+    assert statuses == [OutcomeStatus.PROCESSED] * 3
+    atomic = [Idempotency(off).run_atomic(key("a"), request_hash("x"),
+                                          lambda tx: tx.create("line", {"v": 1}) or 1,
+                                          partition="p2").status for _ in range(2)]
+    assert atomic == [OutcomeStatus.PROCESSED] * 2
+
+
+def test_non_atomic_effect_first_crash_between_steps_leaves_an_effect_without_its_marker(store):
+    broken = FaultyStore(NonAtomicStore(store, "effect-first"), label="t", server="t")
+    inv = Invocation("fn", Fault(FaultKind.CRASH_BETWEEN_STEPS), FaultLog())
+    with invocation(inv), pytest.raises(SimulatedCrash):
+        Idempotency(broken).run_atomic(key("n"), request_hash("x"),
+                                       lambda tx: tx.create("effect", {"v": 1}) or 1, partition="p3")
+    assert store.read_document("p3", "effect") is not None  # the effect happened
+    # ... and the key was not recorded, so a redelivery applies it again.
+    redelivery = Idempotency(broken).run_atomic(
+        key("n"), request_hash("x"), lambda tx: tx.upsert("effect2", {"v": 2}) or 2, partition="p3")
+    assert redelivery.status is OutcomeStatus.PROCESSED
+
+
+def test_non_atomic_marker_first_crash_loses_the_effect(store):
+    broken = FaultyStore(NonAtomicStore(store, "marker-first"), label="t", server="t")
+    inv = Invocation("fn", Fault(FaultKind.CRASH_BETWEEN_STEPS), FaultLog())
+    with invocation(inv), pytest.raises(SimulatedCrash):
+        Idempotency(broken).run_atomic(key("m"), request_hash("x"),
+                                       lambda tx: tx.create("effect", {"v": 1}) or 1, partition="p4")
+    assert store.read_document("p4", "effect") is None
+    assert Idempotency(store).run_atomic(key("m"), request_hash("x"), lambda tx: 1,
+                                         partition="p4").status is OutcomeStatus.DUPLICATE
+
+
+def test_proxy_outage_fails_calls_for_its_stretch(store):
+    log = FaultLog()
+    outages = OutageController(log, duration=60)
+    wrapped = FaultyStore(store, label="t", server="azurite", outages=outages)
+    outages.start("azurite")
+    inv = Invocation("fn", None, log)
+    with invocation(inv), pytest.raises(StoreUnavailableError):
+        wrapped.write_documents("p5", [WriteOp("upsert", "d", {"v": 1})])
+    assert outages.history == [("azurite", "proxy", 60)]
+
+
+def test_fault_plan_is_deterministic_per_seed_and_respects_rates():
+    plan = FaultPlan(7, fault_rate=0.2, duplicate_rate=0.25)
+    table = plan.service_bus("two_phase")
+    draws = [plan.draw(f"k{n}", table) for n in range(2000)]
+    assert draws == [FaultPlan(7, fault_rate=0.2, duplicate_rate=0.25).draw(f"k{n}", table)
+                     for n in range(2000)]
+    rate = sum(d is not None for d in draws) / len(draws)
+    assert 0.23 < rate < 0.33  # 0.2 faults + 0.25 * 0.3 duplicate sources
+    assert {d.kind for d in draws if d} >= {FaultKind.SENDER_TIMEOUT, FaultKind.LOCK_EXPIRY}
+    quiet = FaultPlan(7, fault_rate=0, duplicate_rate=0)
+    assert all(quiet.draw(f"k{n}", quiet.event_hubs()) is None for n in range(500))
+
+
+def test_sender_faults_and_the_api_log():
+    api = FakeNotificationApi(honours_key=True)
+    sender = FaultySender(api)
+    headers = {"Idempotency-Key": "notify|n-1"}
+    body = b'{"channel": "notify", "notificationId": "n-1"}'
+    with invocation(Invocation("notify", Fault(FaultKind.SENDER_ERROR), FaultLog())):
+        assert sender("u", body, headers).status == 503
+    assert api.calls == []
+    with invocation(Invocation("notify", Fault(FaultKind.SENDER_TIMEOUT), FaultLog())), \
+            pytest.raises(Exception, match="timed out"):
+        sender("u", body, headers)
+    assert sender("u", body, headers).status == 200  # replayed: the API knows the key
+    assert [c.new_effect for c in api.calls] == [True, False]
+
+
+def test_wrap_service_stores_reaches_every_store_the_app_holds(stack):
+    from functions.services import build_services
+    from shared.settings import Settings
+    from shared.stores.base import IdempotencyStore
+    from simulator.scenario import Endpoints, ScenarioConfig, app_settings
+
+    endpoints = Endpoints(stack.table_connection_string, stack.cosmos_endpoint, stack.cosmos_key,
+                          stack.cosmos_verify)
+    settings = Settings.from_env(app_settings(ScenarioConfig(backend="table", tag="wrap"), endpoints))
+    services = build_services(settings, sender=FakeNotificationApi())
+    names = {id(s): n for n, s in services.stores.items()}
+    wrapped = wrap_service_stores(services, lambda s, n: FaultyStore(s, label=n, server="azurite"),
+                                  names)
+    assert set(wrapped) >= {"orders", "ledger", "dedup", "notifications", "order-status"}
+
+    def unwrapped(obj, seen=None):
+        seen = seen if seen is not None else set()
+        if id(obj) in seen:
+            return []
+        seen.add(id(obj))
+        found = []
+        items = obj.items() if isinstance(obj, dict) else (
+            vars(obj).items() if type(obj).__module__.split(".")[0] in ("domain", "shared", "functions")
+            and hasattr(obj, "__dict__") else [])
+        for _, value in items:
+            if isinstance(value, IdempotencyStore):
+                if not isinstance(value, FaultyStore):
+                    found.append(value)
+            else:
+                found += unwrapped(value, seen)
+        return found
+
+    assert unwrapped(services) == []
