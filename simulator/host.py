@@ -130,6 +130,8 @@ class DeliveryStats:
     lock_lost_settlements: int = 0
     settle_errors: int = 0
     errors: list[str] = field(default_factory=list)
+    # (function, logical, variant, copy, outcome, detail) per delivery, in order of completion
+    trace: list[tuple[str, str, int, int, str, str]] = field(default_factory=list)
 
 
 class DeliveryLog:
@@ -141,7 +143,7 @@ class DeliveryLog:
         self._inflight: Counter[tuple[str, str, int]] = Counter()
         self._positions: set[tuple[str, int]] = set()
         self.stats = DeliveryStats()
-        self.trace: list[tuple[str, str, int, int, str, str]] = []  # per delivery, for debugging
+        self.trace = self.stats.trace
 
     def start(self, function: str, origin: Origin, *, delivery_count: int = 1,
               position: tuple[str, int] | None = None, host_retry: bool = False) -> str | None:
@@ -259,6 +261,7 @@ class SimulatedHost:
         self.t0 = clock()
         self._next_send = 0
         self._inflight = 0
+        self._live_locks: dict[Any, float] = {}  # lock token -> locked until, of live deliveries
         self._done = False
         self.sent_copies: Counter[str] = Counter()  # accepted / dropped by duplicate detection
         self.accepted: set[tuple[str, int]] = set()  # Service Bus (logical, variant) with a copy in
@@ -336,8 +339,15 @@ class SimulatedHost:
         """Move virtual time when nothing can progress otherwise (namespace lock held)."""
         backlog = self.namespace.available_count() + self.ownership.pending()
         if self._next_send < len(self.sends) and backlog < self.config.chunk // 2:
-            target = self.sends[min(self._next_send + self.config.chunk - 1, len(self.sends) - 1)][0]
-            self.clock.advance_to(self.t0 + target)
+            index = min(self._next_send + self.config.chunk - 1, len(self.sends) - 1)
+            target = self.t0 + self.sends[index][0]
+            # Processing takes no virtual time: never jump past a lock a live consumer holds.
+            held = min(self._live_locks.values(), default=None)
+            if held is not None:
+                target = min(target, held - 0.001)
+            if target <= self.clock():
+                return False
+            self.clock.advance_to(target)
             self._pump()
             return True
         if self._next_send >= len(self.sends) and self._inflight == 0 and backlog == 0:
@@ -402,6 +412,7 @@ class SimulatedHost:
                             delivery = entities[(turn + k) % len(entities)].receive(now)
                             if delivery is not None:
                                 self._inflight += 1
+                                self._live_locks[delivery.lock_token] = delivery.message.locked_until
                                 self.namespace.changed.notify_all()
                                 return _SbWork(delivery)
                     else:
@@ -450,6 +461,8 @@ class SimulatedHost:
             outcome = f"raised {type(error).__name__}"
             self._abandon_after_exception(delivery)
         finally:
+            with self.namespace.lock:
+                self._live_locks.pop(delivery.lock_token, None)
             self.log.latency("service bus message", time.perf_counter() - started)
             self.log.end(fn.name, origin, outcome,
                          f"delivery {delivery.delivery_count}, fault {fault.kind if fault else None}")
@@ -463,6 +476,7 @@ class SimulatedHost:
         """The lock expires mid-processing; wait until another consumer holds the copy."""
         message = delivery.message
         with self.namespace.changed:
+            self._live_locks.pop(delivery.lock_token, None)
             if not delivery.entity.take_lock_back(delivery.lock_token):
                 return
             self.namespace.changed.wait_for(

@@ -140,20 +140,26 @@ def _label(store: IdempotencyStore, name: str) -> str:
 
 
 def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
-                 progress: Callable[[int, int], Callable[[int], None]] | None = None
-                 ) -> ScenarioResult:
-    """Run one scenario; `progress(total, ...)` may return a callback fed with released sends."""
+                 progress: Callable[[int, ScenarioConfig], Callable[[int], None]] | None = None,
+                 plan: FaultPlan | None = None, workload: Workload | None = None) -> ScenarioResult:
+    """Run one scenario; `progress(total, config)` may return a callback fed with released sends.
+
+    `plan` replaces the seeded fault plan (tests script single faults); `workload` the
+    generated workload.
+    """
     started = time.perf_counter()
     settings_env = app_settings(config, endpoints)
-    workload = generate(seed=config.seed, messages=config.messages, events=config.events,
-                        duplicate_rate=config.duplicate_rate, run_id=config.run_id,
-                        duplicate_detection_window=config.duplicate_detection_window,
-                        duration=config.duration, names=Names(hub=settings_env["PAYMENTS_HUB_NAME"]))
+    workload = workload or generate(
+        seed=config.seed, messages=config.messages, events=config.events,
+        duplicate_rate=config.duplicate_rate, run_id=config.run_id,
+        duplicate_detection_window=config.duplicate_detection_window, duration=config.duration,
+        names=Names(hub=settings_env["PAYMENTS_HUB_NAME"]))
     clock = SimClock()
     api = FakeNotificationApi(honours_key=config.api_honours_key)
     faults = FaultLog()
-    plan = FaultPlan(config.seed, fault_rate=config.fault_rate,
-                     duplicate_rate=config.duplicate_rate, non_atomic=config.non_atomic is not None)
+    plan = plan or FaultPlan(config.seed, fault_rate=config.fault_rate,
+                             duplicate_rate=config.duplicate_rate,
+                             non_atomic=config.non_atomic is not None)
     outages = OutageController(faults, processes=endpoints.processes,
                                duration=config.outage_seconds)
     settings = Settings.from_env(settings_env)

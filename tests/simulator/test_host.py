@@ -1,0 +1,112 @@
+"""The simulated host around the real functions, one scripted fault at a time."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.faults import Fault, FaultKind, FaultPlan
+from simulator.host import registered_functions, resolve
+from simulator.scenario import Endpoints, ScenarioConfig, run_scenario
+from simulator.workload import generate
+
+
+class ScriptedPlan(FaultPlan):
+    """No random faults: `script` maps an invocation-key prefix to the fault it gets."""
+
+    def __init__(self, script: dict[str, Fault]) -> None:
+        super().__init__(0, fault_rate=0, duplicate_rate=0)
+        self.script = script
+
+    def draw(self, key, table, *, calls=2):
+        for prefix, fault in self.script.items():
+            if key.startswith(prefix):
+                return fault
+        return None
+
+
+def endpoints_of(stack) -> Endpoints:
+    return Endpoints(stack.table_connection_string, stack.cosmos_endpoint, stack.cosmos_key,
+                     stack.cosmos_verify)
+
+
+def small(kind: str, tag: str, *, messages: int = 12, events: int = 0):
+    config = ScenarioConfig(backend="table", seed=5, messages=messages, events=events,
+                            duplicate_rate=0, fault_rate=0, outages=0, tag=tag)
+    workload = generate(seed=5, messages=messages, events=events, duplicate_rate=0,
+                        run_id=config.run_id)
+    item = next(i for i in workload.items if i.kind == kind and i.expect == "effect")
+    return config, workload, item
+
+
+def test_functions_are_indexed_without_consuming_the_apps_one_time_indexing():
+    functions = registered_functions()
+    assert {"orders", "order_status", "notify", "audit", "payments"} <= set(functions)
+    assert functions["payments"].retry["max_retry_count"] == "-1"
+    assert resolve(functions["orders"].trigger["queueName"], {"ORDERS_QUEUE_NAME": "q"}) == "q"
+    from function_app import app  # still indexable by the worker (and other tests)
+
+    assert app.get_functions.__self__ is app
+
+
+def test_crash_after_the_commit_is_redelivered_after_the_lock_expires_and_absorbed(stack):
+    config, workload, order = small("order", "h1")
+    plan = ScriptedPlan({f"sb|orders|{order.logical}|0|0|1": Fault(FaultKind.CRASH_AFTER_CLAIM)})
+    result = run_scenario(config, endpoints_of(stack), plan=plan, workload=workload)
+    assert result.ok, result.check.invariants
+    assert result.stats.outcomes["orders: crash"] == 1
+    assert result.stats.duplicates["redelivery"] == 1  # delivery 2, after the 60 s lock
+    assert result.virtual_seconds >= config.lock_duration
+
+
+def test_lock_lost_mid_processing_gives_a_concurrent_copy_and_one_effect(stack):
+    config, workload, order = small("order", "h2")
+    plan = ScriptedPlan({f"sb|orders|{order.logical}|0|0|1": Fault(FaultKind.LOCK_EXPIRY)})
+    result = run_scenario(config, endpoints_of(stack), plan=plan, workload=workload)
+    assert result.ok, result.check.invariants
+    assert result.faults == {FaultKind.LOCK_EXPIRY.value: 1}
+    assert result.stats.duplicates["concurrent copy"] == 1
+    assert result.stats.lock_lost_settlements == 1  # the slow consumer could not complete
+
+
+def test_notification_that_died_mid_call_is_never_lost(stack):
+    config, workload, note = small("notification", "h3")
+    plan = ScriptedPlan({f"sb|notifications/subscriptions/notify|{note.logical}|0|0|1":
+                         Fault(FaultKind.CRASH_AFTER_CLAIM)})
+    result = run_scenario(config, endpoints_of(stack), plan=plan, workload=workload)
+    assert result.ok, result.check.invariants
+    # The claim stays in progress for its lease (300 s); each redelivery finds it busy and
+    # abandons, which Service Bus redelivers at once: the message reaches max delivery count
+    # long before the lease ends. It is dead-lettered with a reason, then reconciled (parked).
+    assert result.check.dead_lettered["notify: MaxDeliveryCountExceeded"] == 1
+    assert result.check.parked["notify: StaleInProgress"] == 1
+    deliveries = [t for t in result.stats.trace if t[0] == "notify" and t[1] == note.logical]
+    assert len(deliveries) == config.max_delivery_count
+
+
+def test_event_hubs_crash_before_checkpoint_replays_and_the_mark_absorbs_it(stack):
+    config, workload, _ = small("payment", "h4", messages=0, events=30)
+    plan = ScriptedPlan({"eh|": Fault(FaultKind.CRASH_BEFORE_ACK)})
+
+    class FirstBatchOnly(ScriptedPlan):
+        fired = False
+
+        def draw(self, key, table, *, calls=2):
+            if key.startswith("eh|") and not FirstBatchOnly.fired:
+                FirstBatchOnly.fired = True
+                return Fault(FaultKind.CRASH_BEFORE_ACK)
+            return None
+
+    plan = FirstBatchOnly({})
+    result = run_scenario(config, endpoints_of(stack), plan=plan, workload=workload)
+    assert result.ok, result.check.invariants
+    assert result.stats.duplicates["checkpoint replay"] > 0
+    assert result.check.effects["payment"] == sum(1 for i in workload.items if i.expect == "effect")
+
+
+@pytest.mark.parametrize("kind", [FaultKind.SENDER_TIMEOUT, FaultKind.CRASH_AFTER_EFFECT])
+def test_notification_api_sees_the_same_idempotency_key_on_a_resend(stack, kind):
+    config, workload, note = small("notification", f"h5{kind.name[:3].lower()}")
+    plan = ScriptedPlan({f"sb|notifications/subscriptions/audit|{note.logical}|0|0|1": Fault(kind)})
+    result = run_scenario(config, endpoints_of(stack), plan=plan, workload=workload)
+    assert result.ok, result.check.invariants
+    assert result.check.effects["notification (audit)"] >= 1
