@@ -8,6 +8,7 @@ one progress bar per backend and exits non-zero if any invariant broke.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -90,8 +91,7 @@ class _Bars:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from demo.worker import run_backend, scenario_config
-    from simulator.stack import endpoints as stack_endpoints
-    from simulator.stack import local_stack
+    from simulator.stack import stack_for
 
     backends = list(BACKENDS) if args.backend == "both" else [args.backend]
     share = 1 if args.per_backend else len(backends)
@@ -103,24 +103,25 @@ def main(argv: list[str] | None = None) -> int:
           f"({args.messages:,} + {args.events:,} on each of: {', '.join(backends)}), duplicate rate "
           f"{args.duplicate_rate:g}, fault rate {args.fault_rate:g}, {args.consumers} competing "
           f"consumers, seed {args.seed}.")
-    print("Starting Azurite and the Cosmos DB-compatible server on loopback ...", flush=True)
+    print("Starting Azurite and the Cosmos DB-compatible server on loopback (one set per "
+          "backend) ...", flush=True)
     started = time.perf_counter()
     results: dict[str, tuple[str, dict[str, Any], bool]] = {}
-    with local_stack() as stack:
-        endpoints = stack_endpoints(stack)
+    with contextlib.ExitStack() as servers:
+        endpoints = {backend: servers.enter_context(stack_for(backend)) for backend in backends}
         bars = _Bars(backends, enabled=not args.no_progress)
         context = multiprocessing.get_context("spawn")
         updates: Any = queue.Queue() if args.serial else context.Queue()
         workers = []
         if args.serial:
             for backend in backends:
-                run_backend(scenario_config(args, backend), endpoints, updates,
+                run_backend(scenario_config(args, backend), endpoints[backend], updates,
                             os.path.join(log_dir, f"{backend}.log"))
         else:
             for backend in backends:
                 worker = context.Process(
                     target=run_backend, name=f"demo-{backend}",
-                    args=(scenario_config(args, backend), endpoints, updates,
+                    args=(scenario_config(args, backend), endpoints[backend], updates,
                           os.path.join(log_dir, f"{backend}.log")))
                 worker.start()
                 workers.append(worker)

@@ -1,17 +1,24 @@
-"""The local stack for the demo and the chaos tests, with HTTP keep-alive on the Cosmos server.
+"""Local servers for the demo and the chaos tests: one set per scenario, started by the harness.
 
-`local_stack.LocalStack` starts the Cosmos-compatible server through the
-project's launcher (`tools/cosmos-server/launch.js`), whose server closes
-every connection after one response; each request then pays a new TCP + TLS
-handshake, and the Python SDK rebuilds its certificate store for it (about
-45 ms a request here, against about 4 ms with keep-alive). The harness starts
-the same launcher module (its handler patches included) with keep-alive on.
+Why not `local_stack.LocalStack` as it is:
+
+* **Isolation.** The app's table names are fixed (`dedup`, `parked`, ...) and
+  its maintenance reconciles whole stores, so two scenarios running at once on
+  one Azurite would close each other's in-progress records. Each backend's
+  scenario gets its own servers (the table backend only needs Azurite). The
+  harness started them, so it may also pause them for outages.
+* **Keep-alive.** The project's launcher (`tools/cosmos-server/launch.js`)
+  starts a server that closes every connection after one response; each
+  request then pays a new TCP + TLS handshake, and the Python SDK rebuilds
+  its certificate store for it (about 45 ms a request here, against about
+  4 ms with keep-alive). The harness loads the same launcher module, with its
+  handler patches, and turns keep-alive on.
 """
 
 from __future__ import annotations
 
-from local_stack import COSMOS_LOCAL_KEY, LocalStack
-from local_stack.servers import ServerProcess
+from local_stack import AZURITE_ACCOUNT, AZURITE_KEY, COSMOS_LOCAL_KEY, free_port
+from local_stack.servers import ServerProcess, azurite_tables
 from simulator.scenario import Endpoints
 
 _KEEP_ALIVE = (
@@ -21,20 +28,53 @@ _KEEP_ALIVE = (
 )
 
 
-def local_stack(*, keep_alive: bool = True) -> LocalStack:
-    """A LocalStack (not started) whose Cosmos server keeps connections alive."""
-    stack = LocalStack()
-    if keep_alive:
-        script = _KEEP_ALIVE.replace("{port}", str(stack.cosmos_port))
-        stack.cosmos = ServerProcess("cosmos-server", ["node", "-e", script], stack.cosmos_port)
-    return stack
+def cosmos_keep_alive(port: int) -> ServerProcess:
+    """The project's Cosmos server launcher with HTTP keep-alive on."""
+    return ServerProcess("cosmos-server", ["node", "-e", _KEEP_ALIVE.replace("{port}", str(port))],
+                         port)
 
 
-def endpoints(stack: LocalStack) -> Endpoints:
-    """Endpoints of a started stack, with its processes (the harness may pause them)."""
-    processes = {name: server.proc.pid for name, server in (("azurite", stack.azurite),
-                                                             ("cosmos", stack.cosmos))
-                 if server.proc is not None}
-    return Endpoints(table_connection_string=stack.table_connection_string,
-                     cosmos_endpoint=stack.cosmos_endpoint, cosmos_key=COSMOS_LOCAL_KEY,
-                     cosmos_verify=False, processes=processes)
+class SimStack:
+    """Azurite (always) and the Cosmos server (with `cosmos=True`), on free loopback ports.
+
+        with SimStack(cosmos=True) as endpoints:
+            run_scenario(config, endpoints)
+    """
+
+    def __init__(self, *, cosmos: bool = True) -> None:
+        self.azurite = azurite_tables(free_port())
+        self.cosmos = cosmos_keep_alive(free_port()) if cosmos else None
+
+    @property
+    def endpoints(self) -> Endpoints:
+        table = (f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
+                 f"AccountKey={AZURITE_KEY};"
+                 f"TableEndpoint=http://127.0.0.1:{self.azurite.port}/{AZURITE_ACCOUNT};")
+        processes = {"azurite": self.azurite.proc.pid} if self.azurite.proc else {}
+        cosmos_endpoint = ""
+        if self.cosmos is not None:
+            cosmos_endpoint = f"https://127.0.0.1:{self.cosmos.port}/"
+            if self.cosmos.proc is not None:
+                processes["cosmos"] = self.cosmos.proc.pid
+        return Endpoints(table_connection_string=table, cosmos_endpoint=cosmos_endpoint,
+                         cosmos_key=COSMOS_LOCAL_KEY, cosmos_verify=False, processes=processes)
+
+    def __enter__(self) -> Endpoints:
+        self.azurite.start()
+        if self.cosmos is not None:
+            try:
+                self.cosmos.start()
+            except BaseException:
+                self.azurite.stop()
+                raise
+        return self.endpoints
+
+    def __exit__(self, *exc: object) -> None:
+        if self.cosmos is not None:
+            self.cosmos.stop()
+        self.azurite.stop()
+
+
+def stack_for(backend: str) -> SimStack:
+    """The servers a backend's scenario needs: Azurite, plus the Cosmos server for cosmos."""
+    return SimStack(cosmos=backend == "cosmos")

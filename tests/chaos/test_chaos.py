@@ -25,7 +25,7 @@ BACKENDS = ("table", "cosmos")
 
 
 @pytest.fixture(scope="module")
-def chaos(chaos_endpoints, seed, tmp_path_factory):
+def chaos(chaos_stacks, seed, tmp_path_factory):
     context = multiprocessing.get_context("spawn")
     updates = context.Queue()
     logs = tmp_path_factory.mktemp("chaos-logs")
@@ -34,7 +34,7 @@ def chaos(chaos_endpoints, seed, tmp_path_factory):
         config = ScenarioConfig(backend=backend, seed=seed, messages=MESSAGES, events=EVENTS,
                                 duplicate_rate=0.25, fault_rate=0.08, consumers=4, max_batch=20,
                                 tag="ci")
-        worker = context.Process(target=run_backend, args=(config, chaos_endpoints, updates,
+        worker = context.Process(target=run_backend, args=(config, chaos_stacks[backend], updates,
                                                            str(logs / f"{backend}.log")))
         worker.start()
         workers.append(worker)

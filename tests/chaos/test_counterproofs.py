@@ -23,10 +23,10 @@ def test_dedup_off_reports_double_effects_and_the_demo_exits_non_zero(seed, tmp_
     assert "[FAIL] exactly one effect per message" in out and "INVARIANT BROKEN" in out
 
 
-def test_non_atomic_effect_first_is_caught_by_crashes_between_the_steps(chaos_endpoints, seed):
+def test_non_atomic_effect_first_is_caught_by_crashes_between_the_steps(chaos_stacks, seed):
     config = ScenarioConfig(backend="cosmos", seed=seed, messages=400, events=400,
                             fault_rate=0.1, non_atomic="effect-first", tag="na1")
-    result = run_scenario(config, chaos_endpoints)
+    result = run_scenario(config, chaos_stacks["cosmos"])
     report = format_report(result)
     assert result.faults.get(FaultKind.CRASH_BETWEEN_STEPS.value, 0) > 0, report
     assert not result.ok, report
@@ -35,10 +35,10 @@ def test_non_atomic_effect_first_is_caught_by_crashes_between_the_steps(chaos_en
         sum(check.partial.values()), report
 
 
-def test_non_atomic_marker_first_is_caught_as_lost_effects(chaos_endpoints, seed):
+def test_non_atomic_marker_first_is_caught_as_lost_effects(chaos_stacks, seed):
     config = ScenarioConfig(backend="table", seed=seed, messages=300, events=300,
                             fault_rate=0.1, non_atomic="marker-first", tag="na2")
-    result = run_scenario(config, chaos_endpoints)
+    result = run_scenario(config, chaos_stacks["table"])
     report = format_report(result)
     assert not result.ok, report
     check = result.check

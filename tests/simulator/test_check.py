@@ -15,6 +15,12 @@ from simulator.workload import generate
 _runs: dict[str, object] = {}
 
 
+@pytest.fixture
+def stack(sim_endpoints):
+    """The harness's own servers (see conftest), in place of the session stack."""
+    return sim_endpoints
+
+
 def endpoints_of(stack) -> Endpoints:
     return Endpoints(table_connection_string=stack.table_connection_string,
                      cosmos_endpoint=stack.cosmos_endpoint, cosmos_key=stack.cosmos_key,

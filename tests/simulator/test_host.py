@@ -24,6 +24,12 @@ class ScriptedPlan(FaultPlan):
         return None
 
 
+@pytest.fixture
+def stack(sim_endpoints):
+    """The harness's own servers (see conftest), in place of the session stack."""
+    return sim_endpoints
+
+
 def endpoints_of(stack) -> Endpoints:
     return Endpoints(stack.table_connection_string, stack.cosmos_endpoint, stack.cosmos_key,
                      stack.cosmos_verify)
