@@ -165,7 +165,6 @@ def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
     settings = Settings.from_env(settings_env)
     services = build_services(settings, sender=FaultySender(api), clock=clock, sleep=clock.sleep,
                               **CLIENT_OPTIONS)
-    real_stores = dict(services.stores)
     names = {id(store): name for name, store in services.stores.items()}
 
     def wrap(store: IdempotencyStore, name: str) -> IdempotencyStore:
@@ -195,9 +194,13 @@ def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
         stats = host.run()
         # Reconciliation: past every lease, maintenance with grace 0 closes what is left.
         clock.advance(config.lease_seconds + config.lock_duration + 1)
+        # Reconciliation and checks read whole containers: the SDKs' default timeouts, not the
+        # short ones that make a paused server fail fast during the run.
+        readers = build_services(settings, sender=api, clock=clock, sleep=clock.sleep)
+        real_stores = dict(readers.stores)
         record_stores = {name: real_stores[name] for name in ("dedup", "ledger", "notifications",
                                                               "orders")}
-        maintenance = Maintenance(record_stores, services.parking, grace_seconds=0, clock=clock)
+        maintenance = Maintenance(record_stores, readers.parking, grace_seconds=0, clock=clock)
         maintenance_parked = maintenance.run().parked
         check_started = time.perf_counter()
         evidence = Evidence(
