@@ -22,6 +22,7 @@ from domain.messages import InboundMessage, InvalidMessageError, parse_json_obje
 from shared import (
     ConcurrencyRetriesExhaustedError,
     DedupKey,
+    EffectUncertainError,
     Idempotency,
     InvalidKeyError,
     OutcomeStatus,
@@ -46,6 +47,10 @@ class NotificationRetryError(Exception):
     """The API failed in a way worth retrying (5xx, 409 in progress, 429, network)."""
 
 
+class NotificationNotSentError(NotificationRetryError):
+    """The request never reached the API (connection refused): retrying is always safe."""
+
+
 @dataclass(frozen=True)
 class HttpResponse:
     status: int
@@ -64,8 +69,12 @@ def urllib_sender(url: str, data: bytes, headers: dict[str, str], timeout: float
             return HttpResponse(response.status, response.read(4096).decode("utf-8", "replace"))
     except urllib.error.HTTPError as error:
         return HttpResponse(error.code, error.read(4096).decode("utf-8", "replace"))
-    except (urllib.error.URLError, TimeoutError, OSError) as error:
+    except urllib.error.URLError as error:
+        if isinstance(error.reason, ConnectionRefusedError):
+            raise NotificationNotSentError(f"notification API refused: {error}") from error
         raise NotificationRetryError(f"notification API unreachable: {error}") from error
+    except (TimeoutError, OSError) as error:  # may have been received: the outcome is unknown
+        raise NotificationRetryError(f"no answer from the notification API: {error}") from error
 
 
 class NotificationService:
@@ -86,13 +95,27 @@ class NotificationService:
         headers = downstream_headers(key, message.correlation_id,
                                      properties=message.application_properties,
                                      headers={"Content-Type": "application/json"})
-        response = self.sender(self.api_url, payload, headers)
-        if response.status in (409, 429) or response.status >= 500:
+        try:
+            response = self.sender(self.api_url, payload, headers)
+        except NotificationNotSentError:
+            raise
+        except NotificationRetryError as error:
+            self._retry_or_uncertain(str(error))
+        if response.status in (409, 429):  # not processed: in progress there, or throttled
             raise NotificationRetryError(f"notification API answered {response.status}")
+        if response.status >= 500:
+            self._retry_or_uncertain(f"notification API answered {response.status}")
         if response.status >= 400:
             raise NotificationRejectedError(f"notification API answered {response.status}: "
                                             f"{response.body[:200]}")
         return {"status": response.status}
+
+    def _retry_or_uncertain(self, detail: str) -> None:
+        """A failure after the request may have been received: a re-send is safe only
+        when the API honours Idempotency-Key; otherwise keep the claim and park."""
+        if self.api_honours_key:
+            raise NotificationRetryError(detail)
+        raise EffectUncertainError(detail)
 
     def handle(self, message: InboundMessage) -> Decision:
         context = {"message_id": message.message_id, "correlation_id": message.correlation_id,
@@ -111,13 +134,20 @@ class NotificationService:
                 takeover_stale=self.api_honours_key, **context)
         except NotificationRejectedError as error:
             return Decision.deadletter("NotificationRejected", str(error))
+        except EffectUncertainError as error:
+            return self.park_unresolved(error.record, message.body, context, "OutcomeUnknown",
+                                        f"{error}; the API does not honour Idempotency-Key, so a "
+                                        "re-send could notify twice")
         except (NotificationRetryError, StoreUnavailableError,
                 ConcurrencyRetriesExhaustedError) as error:
             return Decision.abandon("Transient", str(error))
         except StoreRequestError as error:
             return Decision.deadletter("StoreRejected", str(error))
         if outcome.status is OutcomeStatus.STALE:
-            return self.park_stale(outcome.record, message.body, context)
+            return self.park_unresolved(
+                outcome.record, message.body, context, "StaleInProgress",
+                "previous attempt died mid-call; the API does not honour Idempotency-Key, so "
+                "re-sending could notify twice")
         if outcome.status is OutcomeStatus.CONFLICT:
             return Decision.deadletter(
                 "IdempotencyKeyConflict",
@@ -127,14 +157,14 @@ class NotificationService:
             return Decision.complete(outcome.status.value)
         return Decision.abandon("InProgress", f"{key.encoded} is being sent by another consumer")
 
-    def park_stale(self, record: Any, payload: bytes | str, context: dict[str, Any]) -> Decision:
-        """An earlier attempt may or may not have reached the API: a person decides."""
-        self.parking.park(consumer=self.consumer, entry_id=record.key.key, reason="StaleInProgress",
-                          payload=payload, error="previous attempt died mid-call; the API does "
-                          "not honour Idempotency-Key, so re-sending could notify twice",
-                          attempts=record.attempts, **context)
+    def park_unresolved(self, record: Any, payload: bytes | str, context: dict[str, Any],
+                        reason: str, detail: str) -> Decision:
+        """An attempt may or may not have reached the API: park it for a person, close the
+        record (so no redelivery re-sends), complete the message."""
+        self.parking.park(consumer=self.consumer, entry_id=record.key.key, reason=reason,
+                          payload=payload, error=detail, attempts=record.attempts, **context)
         closed = record.evolve(state=RecordState.COMPLETED, lease_expires_at=None,
-                               result={"parked": "StaleInProgress"},
+                               result={"parked": reason},
                                updated_at=self.idempotency.config.clock())
         try:
             self.idempotency.store.replace_record(closed)

@@ -9,6 +9,7 @@
 from shared.config import IdempotencyConfig, RedeliveryWindow, validate_retention
 from shared.exceptions import (
     ConcurrencyRetriesExhaustedError,
+    EffectUncertainError,
     IdempotencyError,
     InvalidKeyError,
     ResultTooLargeError,
@@ -32,6 +33,7 @@ __all__ = [
     "CosmosIdempotencyStore",
     "DedupKey",
     "Document",
+    "EffectUncertainError",
     "Idempotency",
     "IdempotencyConfig",
     "IdempotencyError",

@@ -64,6 +64,19 @@ class OperationFailedError(IdempotencyError):
         self.status_code = status_code
 
 
+class EffectUncertainError(IdempotencyError):
+    """The handler cannot tell whether its effect happened (e.g. a timeout after sending).
+
+    Raised by a two-phase handler, it keeps the claim in progress instead of
+    releasing it, so no redelivery repeats the effect blindly; the caller
+    reconciles or parks it. `record` is the claim still held.
+    """
+
+    def __init__(self, message: str, *, record: object | None = None) -> None:
+        super().__init__(message)
+        self.record = record
+
+
 class ConcurrencyRetriesExhaustedError(IdempotencyError):
     """An optimistic write kept losing races; redeliver the message later."""
 

@@ -18,6 +18,7 @@ from shared.cache import CompletedKeyCache
 from shared.config import IdempotencyConfig
 from shared.exceptions import (
     ConcurrencyRetriesExhaustedError,
+    EffectUncertainError,
     OperationFailedError,
     RecordChangedError,
     RecordExistsError,
@@ -193,6 +194,9 @@ class Idempotency:
         handler_started = time.perf_counter()
         try:
             result = handler()
+        except EffectUncertainError as error:
+            error.record = held  # kept in progress: to be reconciled, never retried blindly
+            raise
         except BaseException:
             self.release(held)
             raise

@@ -114,3 +114,42 @@ def test_reused_message_id_with_other_content_is_dead_lettered(services, api, ba
 
 def test_lease_is_the_configured_one(services, backend):
     assert services.notify.idempotency.config.lease == timedelta(seconds=300)
+
+
+@pytest.mark.parametrize("failure", ["timeout", "http-500"])
+def test_uncertain_failure_is_parked_not_resent_when_the_api_ignores_keys(
+        services_for, api, backend, failure):
+    """A timeout or 5xx after the request may have been received: re-sending could notify
+    twice, so the claim is kept, parked for a person and closed."""
+    services = services_for(backend, NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY="false")
+    from domain.notifications import HttpResponse, NotificationRetryError
+
+    def flaky(url, data, headers):
+        api(url, data, headers)  # the API received it...
+        if failure == "timeout":
+            raise NotificationRetryError("timed out")  # ...but the answer never came
+        return HttpResponse(500, "oops")
+
+    services.notify.sender = flaky
+    message_id, body = mid(), {"text": "once"}
+    assert send("notify", message_id, body) == ("complete", None, None)
+    parked = services.parking.get("notify", message_id)
+    assert parked["reason"] == "OutcomeUnknown"
+    services.notify.sender = api
+    assert send("notify", message_id, body, delivery_count=2)[0] == "complete"
+    assert api.keys() == [f"notify|{message_id}"]  # no second send
+
+
+def test_connection_refused_is_safe_to_retry_even_without_key_support(services_for, api, backend):
+    services = services_for(backend, NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY="false")
+    from domain.notifications import NotificationNotSentError
+
+    def refused(url, data, headers):
+        raise NotificationNotSentError("connection refused")
+
+    services.notify.sender = refused
+    message_id = mid()
+    assert send("notify", message_id, {"text": "x"})[0] == "abandon"
+    services.notify.sender = api
+    assert send("notify", message_id, {"text": "x"}, delivery_count=2)[0] == "complete"
+    assert api.keys() == [f"notify|{message_id}"]
