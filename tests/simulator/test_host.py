@@ -118,10 +118,8 @@ def test_notification_api_sees_the_same_idempotency_key_on_a_resend(stack, kind)
     assert result.check.effects["notification (audit)"] >= 1
 
 
-@pytest.mark.xfail(reason="domain/notifications.py: with NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY="
-                          "false, a timeout after the API accepted releases the claim (the "
-                          "handler raised), so the redelivery sends again", strict=False)
 def test_api_without_idempotency_keys_gets_no_second_send_after_a_timeout(stack):
+    """A timeout after the API accepted: the claim is kept and parked, never re-sent."""
     config, workload, note = small("notification", "h6")
     config.api_honours_key = False
     plan = ScriptedPlan({f"sb|notifications/subscriptions/notify|{note.logical}|0|0|1":
