@@ -1,37 +1,19 @@
 """Local servers for the demo and the chaos tests: one set per scenario, started by the harness.
 
-Why not `local_stack.LocalStack` as it is:
-
-* **Isolation.** The app's table names are fixed (`dedup`, `parked`, ...) and
-  its maintenance reconciles whole stores, so two scenarios running at once on
-  one Azurite would close each other's in-progress records. Each backend's
-  scenario gets its own servers (the table backend only needs Azurite). The
-  harness started them, so it may also pause them for outages.
-* **Keep-alive.** The project's launcher (`tools/cosmos-server/launch.js`)
-  starts a server that closes every connection after one response; each
-  request then pays a new TCP + TLS handshake, and the Python SDK rebuilds
-  its certificate store for it (about 45 ms a request here, against about
-  4 ms with keep-alive). The harness loads the same launcher module, with its
-  handler patches, and turns keep-alive on.
+Why not one `local_stack.LocalStack` shared by everything: the app's table
+names are fixed (`dedup`, `parked`, ...) and its maintenance reconciles whole
+stores, so two scenarios running at once on one Azurite would close each
+other's in-progress records. Each backend's scenario gets its own servers (the
+table backend only needs Azurite), started through `local_stack.servers` (the
+Cosmos server through the project's launcher, keep-alive on). The harness
+started them, so it may also pause them for outages.
 """
 
 from __future__ import annotations
 
 from local_stack import AZURITE_ACCOUNT, AZURITE_KEY, COSMOS_LOCAL_KEY, free_port
-from local_stack.servers import ServerProcess, azurite_tables
+from local_stack.servers import azurite_tables, cosmos_server
 from simulator.scenario import Endpoints
-
-_KEEP_ALIVE = (
-    "const launcher = require('./tools/cosmos-server/launch.js'); launcher.install();"
-    "const { createHttpsServer } = require('@vercel/cosmosdb-server');"
-    "createHttpsServer({ keepAlive: true }).listen({port}, '127.0.0.1');"
-)
-
-
-def cosmos_keep_alive(port: int) -> ServerProcess:
-    """The project's Cosmos server launcher with HTTP keep-alive on."""
-    return ServerProcess("cosmos-server", ["node", "-e", _KEEP_ALIVE.replace("{port}", str(port))],
-                         port)
 
 
 class SimStack:
@@ -43,7 +25,7 @@ class SimStack:
 
     def __init__(self, *, cosmos: bool = True) -> None:
         self.azurite = azurite_tables(free_port())
-        self.cosmos = cosmos_keep_alive(free_port()) if cosmos else None
+        self.cosmos = cosmos_server(free_port()) if cosmos else None
 
     @property
     def endpoints(self) -> Endpoints:
