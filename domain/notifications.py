@@ -155,7 +155,7 @@ class NotificationService:
                 f"message hash {outcome.request_hash}", outcome.status.value)
         if outcome.should_ack:
             return Decision.complete(outcome.status.value)
-        return Decision.abandon("InProgress", f"{key.encoded} is being sent by another consumer")
+        return Decision.wait("InProgress", f"{key.encoded} is being sent by another consumer")
 
     def park_unresolved(self, record: Any, payload: bytes | str, context: dict[str, Any],
                         reason: str, detail: str) -> Decision:

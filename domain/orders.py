@@ -130,7 +130,7 @@ class OrderService:
                 outcome.status.value)
         if outcome.should_ack:
             return Decision.complete(outcome.status.value)
-        return Decision.abandon("InProgress", f"{key.encoded} is being processed elsewhere")
+        return Decision.wait("InProgress", f"{key.encoded} is being processed elsewhere")
 
     def _reject(self, reason: str, detail: str, context: dict[str, Any]) -> Decision:
         self.idempotency.telemetry.parked(consumer=CONSUMER, reason=reason, error=detail,

@@ -29,7 +29,8 @@ class MessageActions(Protocol):
 
 class Action(enum.StrEnum):
     COMPLETE = "complete"
-    ABANDON = "abandon"  # redeliver: transient failure or another consumer is busy
+    ABANDON = "abandon"  # redeliver now: a transient failure
+    WAIT = "wait"  # leave unsettled: redelivered when the lock expires (another consumer is busy)
     DEADLETTER = "deadletter"  # never retry blindly: a reason says why
 
 
@@ -51,6 +52,12 @@ class Decision:
         return cls(Action.ABANDON, reason, description)
 
     @classmethod
+    def wait(cls, reason: str, description: str = "") -> Decision:
+        """Abandoning would redeliver at once and burn the delivery count within
+        milliseconds; an unsettled message comes back after the lock duration."""
+        return cls(Action.WAIT, reason, description)
+
+    @classmethod
     def deadletter(cls, reason: str, description: str, outcome: str | None = None) -> Decision:
         return cls(Action.DEADLETTER, reason, description, outcome)
 
@@ -61,6 +68,8 @@ def settle(decision: Decision, message: Any, actions: MessageActions) -> None:
         actions.complete(message)
     elif decision.action is Action.ABANDON:
         actions.abandon(message)
+    elif decision.action is Action.WAIT:
+        return  # the lock runs out; the broker redelivers after the lock duration
     else:
         actions.deadletter(message, deadletter_reason=decision.reason,
                            deadletter_error_description=(decision.description or "")

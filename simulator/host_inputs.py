@@ -115,5 +115,7 @@ class RecordingActions:
 
     @property
     def last(self) -> tuple[str, str | None, str | None]:
+        if not self.settled:
+            return ("unsettled", None, None)  # the lock runs out; redelivered later
         action, _, reason, description = self.settled[-1]
         return action, reason, description

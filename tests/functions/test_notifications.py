@@ -87,11 +87,13 @@ def test_stale_record_is_parked_for_a_person_when_the_api_does_not_honour_keys(
     assert api.calls == []
 
 
-def test_live_in_progress_elsewhere_abandons(services, api, backend):
+def test_live_in_progress_elsewhere_leaves_the_message_for_the_lock_to_expire(services, api, backend):
     message_id, body = mid(), {"text": "busy"}
     services.notify.idempotency.claim(DedupKey.from_message_id("notify", message_id),
                                       request_hash(body))
-    assert send("notify", message_id, body)[0] == "abandon"
+    # Not abandoned (that would redeliver at once and burn the delivery count): left
+    # unsettled, it comes back after the lock duration.
+    assert send("notify", message_id, body)[0] == "unsettled"
     assert api.calls == []
 
 

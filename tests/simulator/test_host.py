@@ -80,13 +80,13 @@ def test_notification_that_died_mid_call_is_never_lost(stack):
                          Fault(FaultKind.CRASH_AFTER_CLAIM)})
     result = run_scenario(config, endpoints_of(stack), plan=plan, workload=workload)
     assert result.ok, result.check.invariants
-    # The claim stays in progress for its lease (300 s); each redelivery finds it busy and
-    # abandons, which Service Bus redelivers at once: the message reaches max delivery count
-    # long before the lease ends. It is dead-lettered with a reason, then reconciled (parked).
-    assert result.check.dead_lettered["notify: MaxDeliveryCountExceeded"] == 1
-    assert result.check.parked["notify: StaleInProgress"] == 1
+    # The claim stays in progress for its lease (300 s). Each redelivery finds it busy and
+    # leaves the message unsettled (abandoning would redeliver at once and burn the delivery
+    # count); it comes back after the 60 s lock, and once the lease ran out the stale claim
+    # is taken over and the notification sent, once, with the same Idempotency-Key.
+    assert result.check.dead_lettered["notify: MaxDeliveryCountExceeded"] == 0
     deliveries = [t for t in result.stats.trace if t[0] == "notify" and t[1] == note.logical]
-    assert len(deliveries) == config.max_delivery_count
+    assert 2 <= len(deliveries) < config.max_delivery_count
 
 
 def test_event_hubs_crash_before_checkpoint_replays_and_the_mark_absorbs_it(stack):
