@@ -10,7 +10,6 @@ variable is treated as a reference.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from functools import cache
@@ -265,10 +264,6 @@ def role_assignments(relative: str) -> list[dict[str, Any]]:
 
 
 # --- Tools outside this venv -------------------------------------------------------------------
-def ci() -> bool:
-    return bool(os.environ.get("CI"))
-
-
 def infra_venv_bin(tool: str) -> Path:
     return REPO / ".venv-infra" / "bin" / tool
 

@@ -2,7 +2,7 @@
 
 checkov lives in its own venv (.venv-infra, from requirements-infra.txt) because it
 pins many dependencies. CHECKOV_BIN overrides the path. Missing checkov fails the
-test when CI is set and skips it otherwise.
+test (the test command always installs it).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.infra.bicep_model import INFRA, REPO, ci, infra_venv_bin
+from tests.infra.bicep_model import INFRA, REPO, infra_venv_bin
 
 
 def _checkov() -> Path:
@@ -22,9 +22,7 @@ def _checkov() -> Path:
     if not path.exists():
         message = (f"checkov not found at {path}: python3 -m venv .venv-infra && "
                    ".venv-infra/bin/pip install -r requirements-infra.txt")
-        if ci():
-            pytest.fail(message)
-        pytest.skip(message)
+        pytest.fail(message)  # `./dev test` installs it; a missing tool must not pass quietly
     return path
 
 

@@ -1,6 +1,7 @@
 """The Cosmos server launcher (tools/cosmos-server/launch.js), a test-stack compatibility layer.
 
-Each gap is shown on the unpatched server first, so the patch is known to matter.
+Each gap is shown on the unpatched server first, so the patch is known to matter. Both
+servers are started here, whatever the session's stack points at.
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from azure.cosmos.exceptions import (
 )
 
 from local_stack import COSMOS_LOCAL_KEY, ServerProcess, free_port
-from local_stack.servers import NODE_BIN
+from local_stack.servers import NODE_BIN, cosmos_server
+
+
+def _database(server: ServerProcess):
+    server.start()
+    client = CosmosClient(f"https://127.0.0.1:{server.port}/", COSMOS_LOCAL_KEY,
+                          connection_verify=False)
+    return client.create_database_if_not_exists("d")
 
 
 @pytest.fixture(scope="module")
@@ -24,19 +32,24 @@ def unpatched_container():
     port = free_port()
     server = ServerProcess("cosmosdb-server", [str(NODE_BIN / "cosmosdb-server"), "-p", str(port)],
                            port)
-    server.start()
     try:
-        client = CosmosClient(f"https://127.0.0.1:{port}/", COSMOS_LOCAL_KEY,
-                              connection_verify=False)
-        db = client.create_database_if_not_exists("d")
-        yield db.create_container_if_not_exists("c", PartitionKey("/pk"))
+        yield _database(server).create_container_if_not_exists("c", PartitionKey("/pk"))
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def launcher():
+    server = cosmos_server(free_port())
+    try:
+        yield server, _database(server)
     finally:
         server.stop()
 
 
 @pytest.fixture
-def patched_container(cosmos_database):
-    return cosmos_database.create_container(f"l{uuid.uuid4().hex[:10]}", PartitionKey("/pk"))
+def patched_container(launcher):
+    return launcher[1].create_container(f"l{uuid.uuid4().hex[:10]}", PartitionKey("/pk"))
 
 
 def _stale_replace_batch(container, pk: str):
@@ -93,12 +106,10 @@ def test_patched_duplicate_batch_fails_at_index_0_with_409_and_changes_nothing(p
     assert patched_container.read_item("order", pk)["v"] == 1
 
 
-def test_gap_ttl_is_not_enforced_so_the_client_checks_expiry(cosmos_database, stack):
+def test_gap_ttl_is_not_enforced_so_the_client_checks_expiry(launcher):
     """Gap 3: items with ttl never expire here. The dedup code checks idemExpiresAt on
     every read (tests/store/test_conformance.py::test_expired_record_is_taken_over...)."""
-    if not stack.cosmos_is_local_server:
-        pytest.skip("describes the local test server only")
-    container = cosmos_database.create_container(f"l{uuid.uuid4().hex[:10]}", PartitionKey("/pk"),
+    container = launcher[1].create_container(f"l{uuid.uuid4().hex[:10]}", PartitionKey("/pk"),
                                                  default_ttl=-1)
     pk = uuid.uuid4().hex
     container.create_item({"id": "short", "pk": pk, "ttl": 1})
@@ -108,16 +119,12 @@ def test_gap_ttl_is_not_enforced_so_the_client_checks_expiry(cosmos_database, st
     assert container.read_item("short", pk)["id"] == "short"
 
 
-def test_patched_server_keeps_connections_alive(stack):
+def test_patched_server_keeps_connections_alive(launcher):
     """The original answers `Connection: close`: one TLS handshake per request."""
-    if not stack.cosmos_is_local_server:
-        pytest.skip("describes the local test server only")
     import http.client
     import ssl
-    from urllib.parse import urlparse
 
-    url = urlparse(stack.cosmos_endpoint)
-    connection = http.client.HTTPSConnection(url.hostname, url.port,
+    connection = http.client.HTTPSConnection("127.0.0.1", launcher[0].port,
                                              context=ssl._create_unverified_context())
     connection.request("GET", "/")
     response = connection.getresponse()
