@@ -38,11 +38,6 @@ class StackInfo:
     cosmos_verify: bool
     stack: LocalStack | None  # None when both point at external servers
 
-    @property
-    def cosmos_is_local_server(self) -> bool:
-        """True for the Cosmos-compatible test server (its known gaps apply)."""
-        return "IDEMPOTENCY_TEST_COSMOS_ENDPOINT" not in os.environ
-
 
 @pytest.fixture(scope="session")
 def stack() -> Iterator[StackInfo]:
