@@ -7,8 +7,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from shared import IdempotencyStore
+from shared.exceptions import RecordChangedError
 from shared.parking import ParkingLot
-from shared.records import RecordState
 
 logger = logging.getLogger(__name__)
 
@@ -40,16 +40,13 @@ class Maintenance:
         for name, store in self.stores.items():
             report.purged[name] = store.purge_expired(now)
             for record in store.iter_records(in_progress_before=now - self.grace_seconds):
-                self.parking.park(consumer=record.key.consumer, entry_id=record.key.key,
-                                  reason="StaleInProgress", payload=record.key.key,
-                                  error="in progress past its lease and the redelivery window",
-                                  attempts=record.attempts, store=name)
-                closed = record.evolve(state=RecordState.COMPLETED, lease_expires_at=None,
-                                       result={"parked": "StaleInProgress"}, updated_at=now)
                 try:
-                    store.replace_record(closed)
+                    self.parking.park_record(
+                        store, record, reason="StaleInProgress", payload=record.key.key,
+                        error="in progress past its lease and the redelivery window", now=now,
+                        dedup_store=name)
                     report.parked += 1
-                except Exception as error:
+                except RecordChangedError as error:  # taken over meanwhile: fine
                     logger.info("stale record changed meanwhile: %s", error)
         logger.info("maintenance done", extra={"event": "MaintenanceRun", "purged": report.purged,
                                                "parked_stale": report.parked})

@@ -24,6 +24,7 @@ from shared import (
     DedupKey,
     EffectUncertainError,
     Idempotency,
+    IdempotencyError,
     InvalidKeyError,
     OutcomeStatus,
     StoreRequestError,
@@ -32,7 +33,6 @@ from shared import (
 )
 from shared.observability import downstream_headers
 from shared.parking import ParkingLot
-from shared.records import RecordState
 from shared.settlement import Decision
 
 MAX_NOTIFICATION_BYTES = 64 * 1024
@@ -161,14 +161,11 @@ class NotificationService:
                         reason: str, detail: str) -> Decision:
         """An attempt may or may not have reached the API: park it for a person, close the
         record (so no redelivery re-sends), complete the message."""
-        self.parking.park(consumer=self.consumer, entry_id=record.key.key, reason=reason,
-                          payload=payload, error=detail, attempts=record.attempts, **context)
-        closed = record.evolve(state=RecordState.COMPLETED, lease_expires_at=None,
-                               result={"parked": reason},
-                               updated_at=self.idempotency.config.clock())
         try:
-            self.idempotency.store.replace_record(closed)
-        except Exception as error:
+            self.parking.park_record(self.idempotency.store, record, reason=reason,
+                                     payload=payload, error=detail,
+                                     now=self.idempotency.config.clock(), **context)
+        except IdempotencyError as error:  # changed meanwhile or store down: re-parked next time
             logger.warning("could not close parked record: %s", error)
             return Decision.abandon("Transient", str(error))
         return Decision.complete("parked")

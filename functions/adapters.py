@@ -8,12 +8,9 @@ from typing import Any
 import azure.functions as func
 
 from domain.messages import InboundEvent, InboundMessage
+from shared.cloudevents import as_text
 from shared.observability import message_span
 from shared.settlement import Decision, MessageActions, settle
-
-
-def _text(value: Any) -> Any:
-    return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else value
 
 
 def message_body(message: Any) -> bytes:
@@ -32,12 +29,12 @@ def message_view(message: Any) -> InboundMessage:
     """From azure.servicebus.ServiceBusReceivedMessage (SDK-type binding)."""
     message_id = message.message_id
     return InboundMessage(
-        message_id=None if message_id is None else str(_text(message_id)),
+        message_id=None if message_id is None else str(as_text(message_id)),
         body=message_body(message),
-        correlation_id=None if message.correlation_id is None else str(_text(message.correlation_id)),
+        correlation_id=None if message.correlation_id is None else str(as_text(message.correlation_id)),
         delivery_count=int(message.delivery_count or 1),
-        content_type=_text(message.content_type),
-        application_properties={str(_text(k)): _text(v)
+        content_type=as_text(message.content_type),
+        application_properties={str(as_text(k)): as_text(v)
                                 for k, v in (message.application_properties or {}).items()},
     )
 
@@ -46,7 +43,7 @@ def _content_type(properties: dict[str, Any], system: dict[str, Any]) -> str | N
     for source in (system, properties):
         for name in ("ContentType", "content-type", "content_type", "contentType"):
             if source.get(name):
-                return str(_text(source[name]))
+                return str(as_text(source[name]))
     return None
 
 
@@ -64,7 +61,7 @@ def event_views(events: list[func.EventHubEvent]) -> list[InboundEvent]:
         system_array = metadata.get("SystemPropertiesArray") or []
         raw_properties = properties_array[index] if index < len(properties_array) else {}
         system = system_array[index] if index < len(system_array) else {}
-        properties = {str(_text(k)): _text(v) for k, v in (raw_properties or {}).items()}
+        properties = {str(as_text(k)): as_text(v) for k, v in (raw_properties or {}).items()}
         views.append(InboundEvent(
             sequence_number=int(event.sequence_number),
             body=event.get_body() or b"",

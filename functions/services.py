@@ -6,6 +6,7 @@ Tests and the delivery simulator call `configure()` with their own settings
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -92,8 +93,7 @@ def build_services(settings: Settings, *, sender: Sender = urllib_sender,
     else:
         stores = {name: table(table_name) for name, table_name in TABLE_FOR.items()}
     notifications_store = table("dedup")  # the two-phase consumers always use Table Storage
-    config = settings.idempotency_config()
-    config = type(config)(ttl=config.ttl, lease=config.lease, window=config.window, clock=clock)
+    config = dataclasses.replace(settings.idempotency_config(), clock=clock)
     parking = ParkingLot(table("parked"), telemetry=telemetry, clock=clock)
 
     def idem(store: IdempotencyStore) -> Idempotency:

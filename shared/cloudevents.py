@@ -37,17 +37,18 @@ class CloudEvent:
     extensions: dict[str, Any] = field(default_factory=dict)
 
 
-def _text(value: Any) -> Any:
+def as_text(value: Any) -> Any:
+    """AMQP properties may arrive as bytes; text is what the code compares."""
     return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else value
 
 
 def _binary_attributes(properties: dict[Any, Any]) -> dict[str, Any]:
     attributes: dict[str, Any] = {}
     for raw_name, value in (properties or {}).items():
-        name = str(_text(raw_name))
+        name = str(as_text(raw_name))
         for prefix in _PREFIXES:
             if name.startswith(prefix):
-                attributes[name[len(prefix):].lower()] = _text(value)
+                attributes[name[len(prefix):].lower()] = as_text(value)
                 break
     return attributes
 

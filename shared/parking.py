@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from shared.keys import store_safe_id
+from shared.records import IdempotencyRecord, RecordState
 from shared.stores.base import IdempotencyStore, WriteOp
 from shared.telemetry import Telemetry
 
@@ -52,6 +53,21 @@ class ParkingLot:
             self._telemetry.parked(consumer=consumer, reason=reason, entry_id=entry_id,
                                    error=error[:500], **context)
         return document_id
+
+    def park_record(self, store: IdempotencyStore, record: IdempotencyRecord, *, reason: str,
+                    payload: bytes | str, error: str, now: float,
+                    **context: Any) -> IdempotencyRecord:
+        """Park an in-progress record nobody can resolve automatically, then close it.
+
+        Closed = completed with result {"parked": reason}, so no redelivery repeats
+        its effect; a person decides from the parked entry. Raises the store's
+        error when the record changed meanwhile or the store is down.
+        """
+        self.park(consumer=record.key.consumer, entry_id=record.key.key, reason=reason,
+                  payload=payload, error=error, attempts=record.attempts, **context)
+        closed = record.evolve(state=RecordState.COMPLETED, lease_expires_at=None,
+                               result={"parked": reason}, updated_at=now)
+        return store.replace_record(closed)
 
     def get(self, consumer: str, entry_id: str) -> dict[str, Any] | None:
         document = self._store.read_document(store_safe_id(consumer), store_safe_id(entry_id))
