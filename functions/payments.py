@@ -9,6 +9,7 @@ checkpoint, and the high-water mark and per-event keys absorb what was done.
 from __future__ import annotations
 
 import logging
+import typing
 
 import azure.functions as func
 
@@ -25,7 +26,7 @@ logger = logging.getLogger(__name__)
 @bp.event_hub_message_trigger(arg_name="events", event_hub_name="%PAYMENTS_HUB_NAME%",
                               connection="EventHubConnection",
                               consumer_group="%PAYMENTS_CONSUMER_GROUP%", cardinality="many")
-def payments(events: list[func.EventHubEvent]) -> None:
+def payments(events: typing.List[func.EventHubEvent]) -> None:  # noqa: UP006 - the worker refuses list[...]
     if not events:
         return
     report = services().payments.process_batch(event_views(events), partition_id(events))

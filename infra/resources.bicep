@@ -326,7 +326,7 @@ module functionApp 'app/function-app.bicep' = {
     identityId: identity.outputs.id
     deploymentContainerUrl: storage.outputs.deploymentContainerUrl
     appSettings: appSettings
-    pythonVersion: '3.11'
+    pythonVersion: '3.13'
     maximumInstanceCount: functionMaximumInstanceCount
     instanceMemoryMB: functionInstanceMemoryMB
   }

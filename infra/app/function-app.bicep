@@ -1,4 +1,4 @@
-// Function App on the Flex Consumption plan (FC1), Python 3.11, running as the user-assigned
+// Function App on the Flex Consumption plan (FC1), Python 3.13, running as the user-assigned
 // managed identity. The deployment package lives in a blob container reached by that identity.
 // App settings arrive as one object from resources.bicep (the settings contract).
 
@@ -25,11 +25,10 @@ param appSettings object
 
 @description('Python version of the Flex Consumption runtime.')
 @allowed([
-  '3.10'
-  '3.11'
   '3.12'
+  '3.13'
 ])
-param pythonVersion string = '3.11'
+param pythonVersion string = '3.13'
 
 @description('Upper bound of instances the plan scales out to.')
 @minValue(40)

@@ -41,7 +41,7 @@ MAX_BATCH_OPERATIONS = 100
 _SYSTEM = ("_rid", "_self", "_etag", "_attachments", "_ts", "ttl")
 
 
-def _call(action: Callable[[], T]) -> T:
+def _call[T](action: Callable[[], T]) -> T:
     """Run one store request, translating outage-like errors to StoreUnavailableError."""
     try:
         return action()

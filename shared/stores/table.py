@@ -40,7 +40,7 @@ MAX_TRANSACTION_OPERATIONS = 100
 _SYSTEM = ("PartitionKey", "RowKey", "Timestamp", "etag")
 
 
-def _call(action: Callable[[], T]) -> T:
+def _call[T](action: Callable[[], T]) -> T:
     """Run one store request, translating outage-like errors to StoreUnavailableError."""
     try:
         return action()

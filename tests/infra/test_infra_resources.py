@@ -168,7 +168,7 @@ def test_application_insights_uses_entra_id_ingestion():
         "ClientId=${identity.outputs.clientId};Authorization=AAD")
 
 
-def test_function_app_is_flex_consumption_python_311_with_user_assigned_identity():
+def test_function_app_is_flex_consumption_python_313_with_user_assigned_identity():
     app_file = "app/function-app.bicep"
     (plan,) = of_type(app_file, "Microsoft.Web/serverfarms").values()
     assert body(plan)["sku"] == {"name": "FC1", "tier": "FlexConsumption"}
@@ -181,7 +181,7 @@ def test_function_app_is_flex_consumption_python_311_with_user_assigned_identity
     assert props["httpsOnly"] is True
     config = props["functionAppConfig"]
     assert config["runtime"]["name"] == "python"
-    assert module_params("resources.bicep", "functionApp")["pythonVersion"] == "3.11"
+    assert module_params("resources.bicep", "functionApp")["pythonVersion"] == "3.13"
     storage = config["deployment"]["storage"]
     assert storage["type"] == "blobContainer"
     assert storage["authentication"]["type"] == "UserAssignedIdentity"
