@@ -1,100 +1,69 @@
-"""Build exactly what the Python worker hands a function, through the real converters.
+"""What the Python worker hands a function, built through the real converters alone.
 
-Service Bus (SDK-type binding): model binding data whose content is the lock
-token + AMQP-encoded message, decoded by the servicebus extension's converter
-into `azure.servicebus.ServiceBusReceivedMessage`. Event Hubs (cardinality
-many): `collection_bytes` plus host-shaped trigger metadata, decoded by
-`azure.functions.eventhub.EventHubTriggerConverter`.
+For tests that call a user function directly (`tests/functions/`): the same
+host data as `local_stack.host_data` (which the worker driver sends), decoded
+by the converters the worker would use. Service Bus (SDK-type binding): the
+model binding data content (lock token + AMQP message) decoded by the
+servicebus extension's converter into `azure.servicebus.ServiceBusReceivedMessage`.
+Event Hubs (cardinality many): the bodies as `collection_string` plus the
+batch's trigger metadata, decoded by `azure.functions.eventhub.EventHubTriggerConverter`.
+The delivery simulator does not use this module: it invokes the functions
+through the real worker (`local_stack.worker`).
 """
 
 from __future__ import annotations
 
-import json
 import uuid
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
 
 import azure.functions as func
-import uamqp
 from azure.functions import meta
 from azure.functions.eventhub import EventHubTriggerConverter
 from azurefunctions.extensions.base import Datum as ExtensionDatum
 from azurefunctions.extensions.bindings.servicebus import ServiceBusConverter
-from uamqp.message import MessageHeader, MessageProperties
 
-LOCK_TOKEN_MARKER = b"x-opt-lock-token"
+from local_stack.host_data import (
+    LOCK_TOKEN_MARKER,
+    MODEL_BINDING_CONTENT_TYPE,
+    MODEL_BINDING_VERSION,
+    SERVICE_BUS_SOURCE,
+    SentEvent,
+    SentMessage,
+    event_batch_metadata,
+    json_text,
+    service_bus_content,
+)
 
-
-@dataclass(frozen=True)
-class SentMessage:
-    """What a producer put on a queue or topic."""
-
-    body: bytes
-    message_id: str | None = None
-    correlation_id: str | None = None
-    content_type: str | None = "application/json"
-    application_properties: dict[str, Any] | None = None
+__all__ = ["LOCK_TOKEN_MARKER", "RecordingActions", "SentEvent", "SentMessage", "event_hub_batch",
+           "service_bus_message"]
 
 
 def service_bus_message(sent: SentMessage, *, delivery_count: int = 1, sequence_number: int = 1,
                         lock_token: uuid.UUID | None = None,
                         enqueued_time: datetime | None = None) -> Any:
     """An `azure.servicebus.ServiceBusReceivedMessage` as the worker builds it."""
-    header = MessageHeader()
-    header.delivery_count = delivery_count
-    message = uamqp.Message(
-        body=sent.body,
-        properties=MessageProperties(message_id=sent.message_id, correlation_id=sent.correlation_id,
-                                     content_type=sent.content_type),
-        application_properties=sent.application_properties or None,
-        header=header,
-    )
-    enqueued = enqueued_time or datetime.now(UTC)
-    message.annotations = {b"x-opt-enqueued-time": int(enqueued.timestamp() * 1000),
-                           b"x-opt-sequence-number": sequence_number}
-    token = lock_token or uuid.uuid4()
-    content = token.bytes_le + LOCK_TOKEN_MARKER + message.encode_message()
-    binding = SimpleNamespace(version="1.0", source="AzureServiceBusReceivedMessage",
-                              content_type="application/octet-stream", content=content)
+    content = service_bus_content(sent, lock_token=lock_token or uuid.uuid4(),
+                                  delivery_count=delivery_count, sequence_number=sequence_number,
+                                  enqueued_time=enqueued_time)
+    binding = SimpleNamespace(version=MODEL_BINDING_VERSION, source=SERVICE_BUS_SOURCE,
+                              content_type=MODEL_BINDING_CONTENT_TYPE, content=content)
     return ServiceBusConverter.decode(ExtensionDatum(binding, "model_binding_data"),
                                       trigger_metadata={}, pytype=None)
-
-
-@dataclass(frozen=True)
-class SentEvent:
-    """What a producer put on an event hub partition."""
-
-    body: bytes
-    sequence_number: int
-    properties: dict[str, Any] | None = None
-    partition_key: str | None = None
-    offset: int | None = None
-    enqueued_time: datetime | None = None
-    content_type: str | None = None
 
 
 def event_hub_batch(events: list[SentEvent], *, partition_id: str, event_hub: str = "payments",
                     consumer_group: str = "payments-processor") -> list[func.EventHubEvent]:
     """A cardinality-many batch with the trigger metadata the host sends."""
-    system = [{
-        "SequenceNumber": e.sequence_number,
-        "Offset": e.offset if e.offset is not None else e.sequence_number * 100,
-        "PartitionKey": e.partition_key,
-        "EnqueuedTimeUtc": (e.enqueued_time or datetime.now(UTC)).isoformat(),
-        **({"content-type": e.content_type} if e.content_type else {}),
-    } for e in events]
-    metadata = {
-        "SystemPropertiesArray": meta.Datum(json.dumps(system), "json"),
-        "PropertiesArray": meta.Datum(json.dumps([e.properties or {} for e in events]), "json"),
-        "PartitionContext": meta.Datum(json.dumps({
-            "EventHubName": event_hub, "ConsumerGroup": consumer_group,
-            "FullyQualifiedNamespace": "sim.servicebus.windows.net", "PartitionId": partition_id,
-        }), "json"),
-    }
-    data = meta.Datum(SimpleNamespace(bytes=[e.body for e in events]), "collection_bytes")
-    return EventHubTriggerConverter.decode(data, trigger_metadata=metadata)
+    metadata = event_batch_metadata(events, partition_id=partition_id, event_hub=event_hub,
+                                    consumer_group=consumer_group,
+                                    namespace="sim.servicebus.windows.net")
+    data = meta.Datum(SimpleNamespace(string=[e.body.decode("utf-8") for e in events]),
+                      "collection_string")
+    return EventHubTriggerConverter.decode(
+        data, trigger_metadata={key: meta.Datum(json_text(value), "json")
+                                for key, value in metadata.items()})
 
 
 class RecordingActions:
