@@ -14,8 +14,8 @@ import os
 import azure.functions as func
 
 from functions import http_payments, maintenance, notifications, order_status, orders, payments
+from functions.settings import Settings
 from shared.observability import configure_observability
-from shared.settings import Settings
 
 if os.environ.get("FUNCTIONS_WORKER_RUNTIME"):  # set by the host, absent in tests
     Settings.from_env()

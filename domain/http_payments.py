@@ -76,7 +76,7 @@ class HttpPaymentService:
             return problem(400, error.reason, error.detail)
 
         def process() -> dict[str, Any]:
-            ledger = self.payments.apply(payment, idempotency_key=raw_key)
+            ledger = self.payments.apply(payment, {"idempotency_key": raw_key})
             if ledger.status is OutcomeStatus.CONFLICT:
                 raise InvalidMessageError("LedgerConflict", "ledger key reused with other content")
             return {"status": 201, "body": {"accountId": payment.account_id,

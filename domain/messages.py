@@ -50,7 +50,7 @@ def parse_json_object(body: bytes, *, max_bytes: int) -> dict[str, Any]:
     try:
         value = json.loads(body)
     except (ValueError, UnicodeDecodeError) as error:
-        raise InvalidMessageError("MalformedJson", str(error)) from None
+        raise InvalidMessageError("MalformedJson", str(error)) from error
     if not isinstance(value, dict):
         raise InvalidMessageError("MalformedJson", "body must be a JSON object")
     return value

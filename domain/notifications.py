@@ -20,20 +20,17 @@ from typing import Any
 
 from domain.messages import InboundMessage, InvalidMessageError, parse_json_object
 from shared import (
-    ConcurrencyRetriesExhaustedError,
     DedupKey,
     EffectUncertainError,
     Idempotency,
     IdempotencyError,
     InvalidKeyError,
     OutcomeStatus,
-    StoreRequestError,
-    StoreUnavailableError,
     request_hash,
 )
 from shared.observability import downstream_headers
 from shared.parking import ParkingLot
-from shared.settlement import Decision
+from shared.settlement import Decision, decision_for, decision_for_error
 
 MAX_NOTIFICATION_BYTES = 64 * 1024
 logger = logging.getLogger(__name__)
@@ -131,31 +128,26 @@ class NotificationService:
         try:
             outcome = self.idempotency.run(
                 key, digest, lambda: self._send(key, notification, message),
-                takeover_stale=self.api_honours_key, **context)
+                takeover_stale=self.api_honours_key, context=context)
         except NotificationRejectedError as error:
             return Decision.deadletter("NotificationRejected", str(error))
         except EffectUncertainError as error:
             return self.park_unresolved(error.record, message.body, context, "OutcomeUnknown",
                                         f"{error}; the API does not honour Idempotency-Key, so a "
                                         "re-send could notify twice")
-        except (NotificationRetryError, StoreUnavailableError,
-                ConcurrencyRetriesExhaustedError) as error:
+        except NotificationRetryError as error:
             return Decision.abandon("Transient", str(error))
-        except StoreRequestError as error:
-            return Decision.deadletter("StoreRejected", str(error))
+        except IdempotencyError as error:
+            decision = decision_for_error(error)
+            if decision is None:
+                raise
+            return decision
         if outcome.status is OutcomeStatus.STALE:
             return self.park_unresolved(
                 outcome.record, message.body, context, "StaleInProgress",
                 "previous attempt died mid-call; the API does not honour Idempotency-Key, so "
                 "re-sending could notify twice")
-        if outcome.status is OutcomeStatus.CONFLICT:
-            return Decision.deadletter(
-                "IdempotencyKeyConflict",
-                f"key {key.key!r} ({key.encoded}) stored hash {outcome.stored_hash}, "
-                f"message hash {outcome.request_hash}", outcome.status.value)
-        if outcome.should_ack:
-            return Decision.complete(outcome.status.value)
-        return Decision.wait("InProgress", f"{key.encoded} is being sent by another consumer")
+        return decision_for(outcome)
 
     def park_unresolved(self, record: Any, payload: bytes | str, context: dict[str, Any],
                         reason: str, detail: str) -> Decision:
@@ -164,7 +156,7 @@ class NotificationService:
         try:
             self.parking.park_record(self.idempotency.store, record, reason=reason,
                                      payload=payload, error=detail,
-                                     now=self.idempotency.config.clock(), **context)
+                                     now=self.idempotency.config.clock(), context=context)
         except IdempotencyError as error:  # changed meanwhile or store down: re-parked next time
             logger.warning("could not close parked record: %s", error)
             return Decision.abandon("Transient", str(error))

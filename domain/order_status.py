@@ -13,9 +13,8 @@ import logging
 from typing import Any
 
 from domain.messages import InboundMessage, InvalidMessageError, parse_json_object
-from shared import IdempotencyStore, StoreRequestError, StoreUnavailableError, WriteOp, store_safe_id
-from shared.exceptions import OperationFailedError
-from shared.settlement import Decision
+from shared import Document, DocumentStore, IdempotencyError, store_safe_id, update_document
+from shared.settlement import Decision, decision_for_error
 
 MAX_STATUS_BYTES = 64 * 1024
 STATUSES = ("accepted", "paid", "packed", "shipped", "delivered", "cancelled")
@@ -36,35 +35,33 @@ def parse_status(message: InboundMessage) -> dict[str, Any]:
 
 
 class OrderStatusService:
-    """Applies full-state status events by version; no dedup store involved."""
+    """Applies full-state status events by version; no dedup record involved."""
 
-    def __init__(self, store: IdempotencyStore, *, max_attempts: int = 5) -> None:
+    def __init__(self, store: DocumentStore, *, max_attempts: int = 5) -> None:
         self.store = store
         self.max_attempts = max_attempts
 
     def apply(self, state: dict[str, Any]) -> str:
         """Return 'applied', 'unchanged' (same version again) or 'stale' (older version)."""
         document_id = store_safe_id(state["orderId"])
-        for _ in range(self.max_attempts):
-            current = self.store.read_document(document_id, document_id)
-            if current is not None:
-                stored_version = int(current.body.get("version", 0))
-                if stored_version == state["version"]:
-                    return "unchanged"
-                if stored_version > state["version"]:
-                    logger.warning("stale status event rejected", extra={
-                        "event": "StaleStatusRejected", "order_id": state["orderId"],
-                        "incoming_version": state["version"], "stored_version": stored_version})
-                    return "stale"
-            op = (WriteOp("create", document_id, state) if current is None
-                  else WriteOp("replace", document_id, state, etag=current.etag))
-            try:
-                self.store.write_documents(document_id, [op])
-                return "applied"
-            except OperationFailedError as error:
-                if error.status_code not in (404, 409, 412):
-                    raise
-        raise StoreUnavailableError(f"order {state['orderId']}: too many concurrent updates")
+        verdict = ["applied"]
+
+        def change(current: Document | None) -> dict[str, Any] | None:
+            stored_version = int(current.body.get("version", 0)) if current is not None else 0
+            if current is None or stored_version < state["version"]:
+                verdict[0] = "applied"
+                return state
+            if stored_version == state["version"]:
+                verdict[0] = "unchanged"
+            else:
+                verdict[0] = "stale"
+                logger.warning("stale status event rejected", extra={
+                    "event": "StaleStatusRejected", "order_id": state["orderId"],
+                    "incoming_version": state["version"], "stored_version": stored_version})
+            return None
+
+        update_document(self.store, document_id, document_id, change, attempts=self.max_attempts)
+        return verdict[0]
 
     def handle(self, message: InboundMessage) -> Decision:
         try:
@@ -73,8 +70,9 @@ class OrderStatusService:
             return Decision.deadletter(error.reason, error.detail)
         try:
             result = self.apply(state)
-        except StoreUnavailableError as error:
-            return Decision.abandon("StoreUnavailable", str(error))
-        except StoreRequestError as error:
-            return Decision.deadletter("StoreRejected", str(error))
+        except IdempotencyError as error:
+            decision = decision_for_error(error)
+            if decision is None:
+                raise
+            return decision
         return Decision.complete(result)

@@ -15,18 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from domain.messages import InboundMessage, InvalidMessageError, parse_json_object
-from shared import (
-    ConcurrencyRetriesExhaustedError,
-    DedupKey,
-    Idempotency,
-    InvalidKeyError,
-    OutcomeStatus,
-    StoreRequestError,
-    StoreUnavailableError,
-    request_hash,
-    store_safe_id,
-)
-from shared.settlement import Decision
+from shared import DedupKey, Idempotency, IdempotencyError, InvalidKeyError, request_hash, store_safe_id
+from shared.settlement import Action, Decision, decision_for, decision_for_error
 
 CONSUMER = "orders"
 MAX_ORDER_BYTES = 256 * 1024  # a Standard-tier Service Bus message
@@ -116,23 +106,19 @@ class OrderService:
         try:
             outcome = self.idempotency.run_atomic(
                 key, digest, build, partition=document_id, marker_id=document_id,
-                marker_body=order_document, expires=False, **context)
-        except (StoreUnavailableError, ConcurrencyRetriesExhaustedError) as error:
-            logger.warning("orders: transient failure, abandoning: %s", error, extra=context)
-            return Decision.abandon("StoreUnavailable", str(error))
-        except StoreRequestError as error:
-            return self._reject("StoreRejected", str(error), context)
-        if outcome.status is OutcomeStatus.CONFLICT:
-            return Decision.deadletter(
-                "IdempotencyKeyConflict",
-                f"key {key.key!r} ({key.encoded}) was processed with request hash "
-                f"{outcome.stored_hash}; this message has {outcome.request_hash}",
-                outcome.status.value)
-        if outcome.should_ack:
-            return Decision.complete(outcome.status.value)
-        return Decision.wait("InProgress", f"{key.encoded} is being processed elsewhere")
+                marker_body=order_document, expires=False, context=context)
+        except IdempotencyError as error:
+            decision = decision_for_error(error)
+            if decision is None:
+                raise
+            logger.warning("orders: %s: %s", "transient failure, abandoning"
+                           if decision.action is Action.ABANDON else "store rejected the request",
+                           error, extra=context)
+            return decision
+        return decision_for(outcome)
 
     def _reject(self, reason: str, detail: str, context: dict[str, Any]) -> Decision:
-        self.idempotency.telemetry.parked(consumer=CONSUMER, reason=reason, error=detail,
-                                          event="MessageDeadLettered", **context)
+        self.idempotency.telemetry.parked(consumer=CONSUMER, reason=reason,
+                                          event="MessageDeadLettered",
+                                          context={**context, "error": detail})
         return Decision.deadletter(reason, detail)

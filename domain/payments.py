@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,7 +103,7 @@ class PaymentService:
             reason = error.reason if isinstance(error, InvalidEventError) else "InvalidKey"
             if self.missing_key_policy != "sequence" or reason == "MalformedJson":
                 raise (invalid_event(error) if isinstance(error, InvalidEventError)
-                       else InvalidMessageError(reason, str(error))) from None
+                       else InvalidMessageError(reason, str(error))) from error
             # Opt-in fallback: survives replays (same partition + sequence number) but not
             # producer retries, which arrive at a new sequence number.
             cloud_event = self._fallback_event(event)
@@ -115,7 +115,7 @@ class PaymentService:
         try:
             envelope = json.loads(event.body)
         except ValueError as error:
-            raise InvalidMessageError("MalformedJson", str(error)) from None
+            raise InvalidMessageError("MalformedJson", str(error)) from error
         if not isinstance(envelope, dict):
             raise InvalidMessageError("MalformedJson", "event must be a JSON object")
         data = envelope.get("data", envelope)
@@ -127,7 +127,7 @@ class PaymentService:
         return payment_from(key, event.type, event.data)
 
     # -- effect ---------------------------------------------------------------------------
-    def apply(self, payment: Payment, **context: Any) -> Outcome:
+    def apply(self, payment: Payment, context: Mapping[str, Any] | None = None) -> Outcome:
         """Marker + balance update in one transaction (etag-guarded; rebuilt on a race)."""
         partition = store_safe_id(payment.account_id)
 
@@ -143,7 +143,7 @@ class PaymentService:
             return {"balanceCents": body["balanceCents"]}
 
         return self.ledger.run_atomic(payment.key, request_hash(payment.content), build,
-                                      partition=partition, **context)
+                                      partition=partition, context=context)
 
     # -- batch ----------------------------------------------------------------------------
     def process_batch(self, events: list[InboundEvent], partition_id: str) -> BatchReport:
@@ -174,7 +174,7 @@ class PaymentService:
         last_error: Exception | None = None
         for attempt in range(1, self.max_attempts + 1):
             try:
-                status = self.apply(payment, attempt=attempt, **context).status
+                status = self.apply(payment, {**context, "attempt": attempt}).status
             except IdempotencyError as error:  # outage, throttling, lost races
                 last_error = error
                 if attempt < self.max_attempts:
@@ -200,7 +200,8 @@ class PaymentService:
         """Durably park; if even that fails, raise so the host's retry policy re-runs the batch."""
         entry_id = f"{self.event_hub}/{partition_id}/{event.sequence_number}"
         self.parking.park(consumer=CONSUMER, entry_id=entry_id, reason=reason, payload=event.body,
-                          error=detail, partition_id=partition_id,
-                          sequence_number=event.sequence_number, offset=event.offset,
-                          properties={str(k): str(v) for k, v in event.properties.items()})
+                          error=detail, context={
+                              "partition_id": partition_id, "sequence_number": event.sequence_number,
+                              "offset": event.offset,
+                              "properties": {str(k): str(v) for k, v in event.properties.items()}})
         report.park(reason)

@@ -1,7 +1,11 @@
-"""Builds the app's services from settings, once per worker process.
+"""Wires the app: stores from settings, then the domain services on top of them.
 
-Tests and the delivery simulator call `configure()` with their own settings
-(pointing at Azurite and the Cosmos server) and a fake HTTP sender.
+`build_services` takes its stores from a factory (role name -> store), so
+tests and the delivery simulator pass their own (in-memory stores, stores
+with injected faults) through that seam; the default factory builds the real
+ones from settings. The functions reach the built services through
+`services()`, built from app settings on first use, or installed with
+`configure()` by a test or the simulator.
 """
 
 from __future__ import annotations
@@ -17,23 +21,18 @@ from azure.cosmos import CosmosClient, PartitionKey
 from azure.data.tables import TableServiceClient
 
 from domain.http_payments import HttpPaymentService
-from domain.maintenance import Maintenance
 from domain.notifications import NotificationService, Sender, urllib_sender
 from domain.order_status import OrderStatusService
 from domain.orders import OrderService
 from domain.payments import PaymentService
-from shared import (
-    CosmosIdempotencyStore,
-    Idempotency,
-    IdempotencyStore,
-    TableIdempotencyStore,
-)
+from functions.settings import COSMOS_CONTAINERS, STORE_ROLES, TABLE_FOR, TABLES, Settings
+from shared import CosmosIdempotencyStore, Idempotency, IdempotencyStore, TableIdempotencyStore
+from shared.maintenance import Maintenance
 from shared.parking import ParkingLot
-from shared.settings import COSMOS_CONTAINERS, TABLES, Settings
 from shared.telemetry import Telemetry
 from shared.watermark import PartitionWatermark
 
-TABLE_FOR = {"orders": "orders", "order-status": "orderstatus", "ledger": "ledger", "dedup": "dedup"}
+StoreFactory = Callable[[str], IdempotencyStore]
 
 
 def _credential(settings: Settings) -> Any:
@@ -42,10 +41,51 @@ def _credential(settings: Settings) -> Any:
     return DefaultAzureCredential(managed_identity_client_id=settings.azure_client_id)
 
 
+def real_stores(settings: Settings, **client_options: Any) -> StoreFactory:
+    """The stores of `STORE_ROLES` in Cosmos DB or Table Storage, as settings say.
+
+    With keys or connection strings (local runs) missing tables and containers
+    are created; in Azure, Bicep creates them and the app's identity holds
+    data-plane roles only. notify/audit records and parked entries always live
+    in Table Storage; the other roles follow DEDUP_BACKEND.
+    """
+    if settings.table_connection_string:
+        table_service = TableServiceClient.from_connection_string(
+            settings.table_connection_string, **client_options)
+        for name in TABLES:
+            table_service.create_table_if_not_exists(name)
+    else:
+        table_service = TableServiceClient(settings.table_endpoint, credential=_credential(settings),
+                                           **client_options)
+    database = None
+    if settings.backend == "cosmos":
+        cosmos = CosmosClient(settings.cosmos_endpoint, settings.cosmos_key or _credential(settings),
+                              connection_verify=settings.cosmos_verify_tls, **client_options)
+        if settings.cosmos_key:
+            created = cosmos.create_database_if_not_exists(settings.cosmos_database)
+            for name, path in COSMOS_CONTAINERS.items():
+                created.create_container_if_not_exists(
+                    name, PartitionKey(path), default_ttl=-1 if path == "/pk" else None)
+        database = cosmos.get_database_client(settings.cosmos_database)
+    built: dict[str, IdempotencyStore] = {}
+
+    def store(role: str) -> IdempotencyStore:
+        if role not in built:
+            if database is not None and role in COSMOS_CONTAINERS:
+                built[role] = CosmosIdempotencyStore.from_container(
+                    database.get_container_client(role), COSMOS_CONTAINERS[role])
+            else:
+                built[role] = TableIdempotencyStore.from_table_client(
+                    table_service.get_table_client(TABLE_FOR[role]))
+        return built[role]
+
+    return store
+
+
 @dataclass
 class Services:
     settings: Settings
-    stores: dict[str, IdempotencyStore]
+    stores: dict[str, IdempotencyStore]  # by role, as the services use them
     orders: OrderService
     payments: PaymentService
     notify: NotificationService
@@ -57,72 +97,44 @@ class Services:
     telemetry: Telemetry
 
 
-def build_services(settings: Settings, *, sender: Sender = urllib_sender,
-                   clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
-                   telemetry: Telemetry | None = None, **client_options: Any) -> Services:
-    """Wire stores and services. Keys/connection strings (local runs) also create
-    missing tables and containers; in Azure, Bicep creates them and the app's
-    identity holds data-plane roles only."""
+def build_services(settings: Settings, *, stores: StoreFactory | None = None,
+                   sender: Sender = urllib_sender, clock: Callable[[], float] = time.time,
+                   sleep: Callable[[float], None] = time.sleep,
+                   telemetry: Telemetry | None = None) -> Services:
+    """Wire the domain services on the stores `stores(role)` returns (default: real ones)."""
     telemetry = telemetry or Telemetry()
-    if settings.table_connection_string:
-        table_service = TableServiceClient.from_connection_string(
-            settings.table_connection_string, **client_options)
-        for name in TABLES:
-            table_service.create_table_if_not_exists(name)
-    else:
-        table_service = TableServiceClient(settings.table_endpoint, credential=_credential(settings),
-                                           **client_options)
-
-    def table(name: str) -> TableIdempotencyStore:
-        return TableIdempotencyStore.from_table_client(table_service.get_table_client(name))
-
-    stores: dict[str, IdempotencyStore]
-    if settings.backend == "cosmos":
-        credential = settings.cosmos_key or _credential(settings)
-        cosmos = CosmosClient(settings.cosmos_endpoint, credential,
-                              connection_verify=settings.cosmos_verify_tls, **client_options)
-        if settings.cosmos_key:
-            database = cosmos.create_database_if_not_exists(settings.cosmos_database)
-            for name, path in COSMOS_CONTAINERS.items():
-                database.create_container_if_not_exists(
-                    name, PartitionKey(path), default_ttl=-1 if path == "/pk" else None)
-        database = cosmos.get_database_client(settings.cosmos_database)
-        stores = {name: CosmosIdempotencyStore.from_container(database.get_container_client(name),
-                                                              path)
-                  for name, path in COSMOS_CONTAINERS.items()}
-    else:
-        stores = {name: table(table_name) for name, table_name in TABLE_FOR.items()}
-    notifications_store = table("dedup")  # the two-phase consumers always use Table Storage
+    factory = stores or real_stores(settings)
+    by_role = {role: factory(role) for role in STORE_ROLES}
     config = dataclasses.replace(settings.idempotency_config(), clock=clock)
-    parking = ParkingLot(table("parked"), telemetry=telemetry, clock=clock)
+    parking = ParkingLot(by_role["parked"], telemetry=telemetry, clock=clock)
 
-    def idem(store: IdempotencyStore) -> Idempotency:
-        return Idempotency(store, config=config, telemetry=telemetry)
+    def idem(role: str) -> Idempotency:
+        return Idempotency(by_role[role], config=config, telemetry=telemetry)
 
     payments = PaymentService(
-        idem(stores["ledger"]),
-        PartitionWatermark(stores["dedup"], consumer="payments", event_hub=settings.payments_hub,
+        idem("ledger"),
+        PartitionWatermark(by_role["dedup"], consumer="payments", event_hub=settings.payments_hub,
                            consumer_group=settings.payments_consumer_group),
         parking, event_hub=settings.payments_hub, missing_key_policy=settings.missing_key_policy,
         max_attempts=settings.payments_max_attempts, sleep=sleep)
-    api_url = settings.notification_api_url or ""
 
     def notifications(consumer: str) -> NotificationService:
-        return NotificationService(consumer, idem(notifications_store), parking, api_url=api_url,
+        return NotificationService(consumer, idem("notifications"), parking,
+                                   api_url=settings.notification_api_url or "",
                                    api_honours_key=settings.notification_api_honours_key,
                                    sender=sender)
 
+    record_roles = ("dedup", "ledger", "notifications")
     return Services(
         settings=settings,
-        stores={**stores, "notifications": notifications_store},
-        orders=OrderService(idem(stores["orders"])),
+        stores=by_role,
+        orders=OrderService(idem("orders")),
         payments=payments,
         notify=notifications("notify"),
         audit=notifications("audit"),
-        http_payments=HttpPaymentService(idem(stores["dedup"]), payments),
-        order_status=OrderStatusService(stores["order-status"]),
-        maintenance=Maintenance({"dedup": stores["dedup"], "ledger": stores["ledger"],
-                                 "notifications": notifications_store}, parking,
+        http_payments=HttpPaymentService(idem("dedup"), payments),
+        order_status=OrderStatusService(by_role["order-status"]),
+        maintenance=Maintenance({role: by_role[role] for role in record_roles}, parking,
                                 grace_seconds=settings.window.length.total_seconds(), clock=clock),
         parking=parking,
         telemetry=telemetry,

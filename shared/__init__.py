@@ -23,9 +23,14 @@ from shared.records import IdempotencyRecord, Outcome, OutcomeStatus, RecordStat
 from shared.stores import (
     CosmosIdempotencyStore,
     Document,
+    DocumentStore,
     IdempotencyStore,
+    InMemoryIdempotencyStore,
+    RecordStore,
     TableIdempotencyStore,
     WriteOp,
+    retry_on_race,
+    update_document,
 )
 
 __all__ = [
@@ -33,16 +38,19 @@ __all__ = [
     "CosmosIdempotencyStore",
     "DedupKey",
     "Document",
+    "DocumentStore",
     "EffectUncertainError",
     "Idempotency",
     "IdempotencyConfig",
     "IdempotencyError",
     "IdempotencyRecord",
     "IdempotencyStore",
+    "InMemoryIdempotencyStore",
     "InvalidKeyError",
     "Outcome",
     "OutcomeStatus",
     "RecordState",
+    "RecordStore",
     "RedeliveryWindow",
     "ResultTooLargeError",
     "RetentionConfigError",
@@ -52,6 +60,8 @@ __all__ = [
     "Transaction",
     "WriteOp",
     "request_hash",
+    "retry_on_race",
     "store_safe_id",
+    "update_document",
     "validate_retention",
 ]

@@ -62,7 +62,7 @@ def parse_cloudevent(body: bytes, properties: dict[Any, Any] | None = None,
         try:
             envelope = json.loads(body)
         except (ValueError, UnicodeDecodeError) as error:
-            raise InvalidEventError("MalformedJson", f"body is not JSON: {error}") from None
+            raise InvalidEventError("MalformedJson", f"body is not JSON: {error}") from error
         if not isinstance(envelope, dict):
             raise InvalidEventError("MalformedCloudEvent", "structured event must be a JSON object")
         attributes, data = envelope, envelope.get("data")
@@ -70,7 +70,7 @@ def parse_cloudevent(body: bytes, properties: dict[Any, Any] | None = None,
         try:
             data = json.loads(body) if body else None
         except (ValueError, UnicodeDecodeError) as error:
-            raise InvalidEventError("MalformedJson", f"data is not JSON: {error}") from None
+            raise InvalidEventError("MalformedJson", f"data is not JSON: {error}") from error
     missing = [name for name in REQUIRED if not attributes.get(name)]
     if missing:
         raise InvalidEventError("MissingCloudEventAttributes", f"missing {', '.join(missing)}")

@@ -11,15 +11,13 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ParamSpec
 
 from shared.cache import CompletedKeyCache
 from shared.config import IdempotencyConfig
 from shared.exceptions import (
-    ConcurrencyRetriesExhaustedError,
     EffectUncertainError,
-    OperationFailedError,
     RecordChangedError,
     RecordExistsError,
     ResultTooLargeError,
@@ -27,19 +25,18 @@ from shared.exceptions import (
 )
 from shared.keys import DedupKey, request_hash
 from shared.records import IdempotencyRecord, Outcome, OutcomeStatus, RecordState, encode_result
-from shared.stores.base import Document, IdempotencyStore, WriteOp
+from shared.stores.base import Document, DocumentStore, RecordStore, WriteOp, retry_on_race
 from shared.telemetry import Telemetry
 
 P = ParamSpec("P")
-logger = logging.getLogger("shared.idempotency")
-# Business writes that fail because a concurrent writer got there first: rebuild and retry.
-_RACE_STATUSES = frozenset({404, 409, 412})
+logger = logging.getLogger(__name__)
+Context = Mapping[str, Any]
 
 
 class Transaction:
     """The business writes of one atomic commit. Reads go straight to the store."""
 
-    def __init__(self, store: IdempotencyStore, partition: str) -> None:
+    def __init__(self, store: DocumentStore, partition: str) -> None:
         self._store = store
         self.partition = partition
         self.operations: list[WriteOp] = []
@@ -67,9 +64,9 @@ class Transaction:
 class Idempotency:
     """Runs messages through the dedup flow against one store."""
 
-    def __init__(self, store: IdempotencyStore, *, config: IdempotencyConfig | None = None,
+    def __init__(self, store: RecordStore, *, config: IdempotencyConfig | None = None,
                  telemetry: Telemetry | None = None, cache: CompletedKeyCache | None = None) -> None:
-        self.store = store
+        self.store = store  # run_atomic also needs it to be a DocumentStore
         self.config = config or IdempotencyConfig()
         self.telemetry = telemetry or Telemetry()
         self.cache = cache  # completed keys only; consulted by run/run_atomic before the store
@@ -103,13 +100,13 @@ class Idempotency:
         record = self.cache.get(key, now=self._now()) if self.cache is not None else None
         return None if record is None else self._judge(record, digest, key)
 
-    def _finish(self, outcome: Outcome, started: float, *, handler_seconds: float = 0.0,
-                source: str = "store", **context: Any) -> Outcome:
+    def _finish(self, outcome: Outcome, started: float, context: Context | None, *,
+                handler_seconds: float = 0.0, source: str = "store") -> Outcome:
         if self.cache is not None and outcome.record is not None and source == "store":
             self.cache.put(outcome.record)  # refuses anything not completed
         elapsed = time.perf_counter() - started
         self.telemetry.outcome(outcome, latency=elapsed - handler_seconds, backend=self.store.name,
-                               source=source, handler_latency=handler_seconds, **context)
+                               source=source, handler_latency=handler_seconds, context=context)
         return outcome
 
     # -- two-phase -------------------------------------------------------------------
@@ -118,18 +115,20 @@ class Idempotency:
         """Phase one: hold the key in progress, or say why not.
 
         Returns (PROCESSED or TAKEN_OVER, the held record) when this caller now
-        owns the key, else (outcome, None).
+        owns the key, else (outcome, None). The store arbitrates: a create that
+        fails on conflict, then a takeover under the etag of what it found.
         """
         fresh = self._new_record(key, digest, RecordState.IN_PROGRESS, partition=partition)
-        for _ in range(self.config.max_commit_attempts):
+
+        def attempt() -> tuple[Outcome, IdempotencyRecord | None]:
             try:
-                held = self.store.create_record(fresh)
+                held = self.store.put_record_if_absent(fresh)
                 return Outcome(OutcomeStatus.PROCESSED, key, digest, None, held), held
             except RecordExistsError:
                 pass
-            existing = self.store.get_record(fresh)
+            existing = self.store.get_record(fresh.partition_key, fresh.id)
             if existing is None:
-                continue  # released between our create and read: claim again
+                raise RecordChangedError(fresh.id)  # released between create and read: again
             now = self._now()
             expired = existing.is_expired(now)
             if not expired and existing.request_hash != digest:
@@ -145,13 +144,12 @@ class Idempotency:
                 attempts=existing.attempts + 1 if stale else 1,
                 lease_expires_at=now + self.config.lease.total_seconds(),
                 expires_at=now + self.config.ttl.total_seconds())
-            try:
-                held = self.store.replace_record(taken)
-            except RecordChangedError:
-                continue  # another consumer took it over first: look again
+            held = self.store.replace_record_if_unchanged(taken)  # lost race: look again
             status = OutcomeStatus.TAKEN_OVER if stale else OutcomeStatus.PROCESSED
             return Outcome(status, key, digest, None, held), held
-        raise ConcurrencyRetriesExhaustedError(f"could not claim {key.encoded}")
+
+        return retry_on_race(attempt, attempts=self.config.max_commit_attempts,
+                             what=f"claim of {key.encoded}")
 
     def complete(self, held: IdempotencyRecord, result: Any) -> IdempotencyRecord:
         """Phase two: mark the held record completed with the handler's result."""
@@ -163,7 +161,7 @@ class Idempotency:
         done = held.evolve(state=RecordState.COMPLETED, result=result, lease_expires_at=None,
                            updated_at=self._now())
         try:
-            done = self.store.replace_record(done)
+            done = self.store.replace_record_if_unchanged(done)
         except RecordChangedError:
             # Our lease ran out and another consumer took the key over meanwhile.
             logger.warning("lease lost before completion", extra={"dedup_key": held.key.key,
@@ -175,22 +173,26 @@ class Idempotency:
     def release(self, held: IdempotencyRecord) -> None:
         """Give the key back after a failed handler so a redelivery can retry."""
         try:
-            self.store.delete_record(held)
+            self.store.delete_record_if_unchanged(held)
         except (RecordChangedError, StoreUnavailableError) as error:
             # The lease will run out on its own; a redelivery then takes over.
             logger.warning("could not release claim: %s", error,
                            extra={"dedup_key": held.key.key, "consumer": held.key.consumer})
 
     def run(self, key: DedupKey, digest: str, handler: Callable[[], Any], *,
-            takeover_stale: bool = True, partition: str | None = None, **context: Any) -> Outcome:
-        """Claim, run `handler` once, record its result; duplicates get the first result."""
+            takeover_stale: bool = True, partition: str | None = None,
+            context: Context | None = None) -> Outcome:
+        """Claim, run `handler` once, record its result; duplicates get the first result.
+
+        `context` (message id, correlation id, delivery count...) goes to logs and metrics.
+        """
         started = time.perf_counter()
         cached = self._cached(key, digest)
         if cached is not None:
-            return self._finish(cached, started, source="cache", **context)
+            return self._finish(cached, started, context, source="cache")
         outcome, held = self.claim(key, digest, takeover_stale=takeover_stale, partition=partition)
         if held is None:
-            return self._finish(outcome, started, **context)
+            return self._finish(outcome, started, context)
         handler_started = time.perf_counter()
         try:
             result = handler()
@@ -202,14 +204,14 @@ class Idempotency:
             raise
         handler_seconds = time.perf_counter() - handler_started
         done = self.complete(held, result)
-        return self._finish(Outcome(outcome.status, key, digest, result, done), started,
-                            handler_seconds=handler_seconds, **context)
+        return self._finish(Outcome(outcome.status, key, digest, result, done), started, context,
+                            handler_seconds=handler_seconds)
 
     # -- atomic ------------------------------------------------------------------------
     def run_atomic(self, key: DedupKey, digest: str, build: Callable[[Transaction], Any], *,
                    partition: str | None = None, marker_id: str | None = None,
                    marker_body: dict[str, Any] | None = None, expires: bool = True,
-                   **context: Any) -> Outcome:
+                   context: Context | None = None) -> Outcome:
         """Commit the marker and the writes `build` adds in one transaction.
 
         `build` may read current state through the transaction; it is called
@@ -217,40 +219,41 @@ class Idempotency:
         With `marker_id`/`marker_body` the marker is the business document
         itself (an order whose id is the order id); `expires=False` keeps it.
         """
+        store = self.store
+        if not isinstance(store, DocumentStore):
+            raise TypeError(f"run_atomic needs a DocumentStore; {type(store).__name__} is not one")
         started = time.perf_counter()
         cached = self._cached(key, digest)
         if cached is not None:
-            return self._finish(cached, started, source="cache", **context)
-        takeover: IdempotencyRecord | None = None
-        for _ in range(self.config.max_commit_attempts):
+            return self._finish(cached, started, context, source="cache")
+        expired: list[IdempotencyRecord] = []  # an expired marker the next attempt replaces
+
+        def attempt() -> Outcome:
             marker = self._new_record(key, digest, RecordState.COMPLETED, partition=partition,
                                       record_id=marker_id, expires=expires)
-            if takeover is not None:
-                marker = marker.evolve(etag=takeover.etag, attempts=takeover.attempts + 1)
-            tx = Transaction(self.store, marker.partition_key)
+            if expired:
+                previous = expired.pop()
+                marker = marker.evolve(etag=previous.etag, attempts=previous.attempts + 1)
+            tx = Transaction(store, marker.partition_key)
             result = build(tx)
             encode_result(result, self.config.max_result_bytes)
             try:
-                committed = self.store.commit(marker.evolve(result=result), tx.operations,
-                                              marker_body=marker_body)
-                return self._finish(Outcome(OutcomeStatus.PROCESSED, key, digest, result,
-                                            committed), started, **context)
+                committed = store.commit(marker.evolve(result=result), tx.operations,
+                                         marker_body=marker_body)
+                return Outcome(OutcomeStatus.PROCESSED, key, digest, result, committed)
             except (RecordExistsError, RecordChangedError):
                 pass
-            except OperationFailedError as error:
-                if error.status_code in _RACE_STATUSES:
-                    takeover = None
-                    continue
-                raise
-            existing = self.store.get_record(marker.evolve(etag=None))
-            takeover = None
+            existing = store.get_record(marker.partition_key, marker.id)
             if existing is None:
-                continue
+                raise RecordChangedError(marker.id)  # deleted meanwhile: commit again
             if existing.is_expired(self._now()):
-                takeover = existing
-                continue
-            return self._finish(self._judge(existing, digest, key), started, **context)
-        raise ConcurrencyRetriesExhaustedError(f"could not commit {key.encoded}")
+                expired.append(existing)
+                raise RecordChangedError(marker.id)  # take the expired marker over
+            return self._judge(existing, digest, key)
+
+        outcome = retry_on_race(attempt, attempts=self.config.max_commit_attempts,
+                                what=f"commit of {key.encoded}")
+        return self._finish(outcome, started, context)
 
     # -- decorator ------------------------------------------------------------------
     def idempotent(self, *, key: Callable[..., DedupKey], payload: Callable[..., Any] | None = None,

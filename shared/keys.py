@@ -65,7 +65,7 @@ def _check_text(value: object, what: str) -> str:
     try:
         size = len(value.encode("utf-8"))
     except UnicodeEncodeError as error:
-        raise InvalidKeyError(f"{what} is not valid Unicode text: {error.reason}") from None
+        raise InvalidKeyError(f"{what} is not valid Unicode text: {error.reason}") from error
     if size > MAX_RAW_KEY_BYTES:
         raise InvalidKeyError(f"{what} is {size} bytes; at most {MAX_RAW_KEY_BYTES} are accepted")
     return value
@@ -130,7 +130,7 @@ def canonical_json(value: Any) -> bytes:
         text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                           allow_nan=False)
     except (TypeError, ValueError) as error:
-        raise ValueError(f"payload is not canonical JSON: {error}") from None
+        raise ValueError(f"payload is not canonical JSON: {error}") from error
     return text.encode("utf-8")
 
 

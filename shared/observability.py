@@ -41,7 +41,7 @@ TRACE_PROPERTIES = ("traceparent", "Diagnostic-Id")
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 _HEADER_SAFE = re.compile(r"^[\x21-\x7e]{1,255}$")
 
-logger = logging.getLogger("shared.observability")
+logger = logging.getLogger(__name__)
 tracer = trace.get_tracer("idempotent-consumer")
 
 _lock = threading.Lock()

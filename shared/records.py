@@ -68,7 +68,7 @@ def encode_result(result: Any, max_bytes: int) -> str:
     try:
         text = json.dumps(result, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as error:
-        raise ResultTooLargeError(f"handler result is not JSON-serializable: {error}") from None
+        raise ResultTooLargeError(f"handler result is not JSON-serializable: {error}") from error
     size = len(text.encode("utf-8"))
     if size > max_bytes:
         raise ResultTooLargeError(

@@ -13,6 +13,13 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from shared.exceptions import (
+    ConcurrencyRetriesExhaustedError,
+    StoreRequestError,
+    StoreUnavailableError,
+)
+from shared.records import Outcome, OutcomeStatus
+
 MAX_DESCRIPTION_CHARS = 4000
 
 
@@ -60,6 +67,38 @@ class Decision:
     @classmethod
     def deadletter(cls, reason: str, description: str, outcome: str | None = None) -> Decision:
         return cls(Action.DEADLETTER, reason, description, outcome)
+
+
+def decision_for(outcome: Outcome) -> Decision:
+    """How to settle a message after the dedup flow: the one mapping every consumer uses.
+
+    Done now or before = complete; the key reused for other content =
+    dead-letter with both hashes (and alert); held by a live consumer = leave
+    the message to come back after the lock. STALE is the caller's to reconcile.
+    """
+    key = outcome.key
+    if outcome.status is OutcomeStatus.CONFLICT:
+        return Decision.deadletter(
+            "IdempotencyKeyConflict",
+            f"key {key.key!r} ({key.encoded}) was processed with request hash "
+            f"{outcome.stored_hash}; this message has {outcome.request_hash}",
+            outcome.status.value)
+    if outcome.should_ack:
+        return Decision.complete(outcome.status.value)
+    return Decision.wait("InProgress", f"{key.encoded} is being processed elsewhere")
+
+
+#: Store failures that retrying can fix: never a reason to dead-letter a valid message.
+TRANSIENT_ERRORS = (StoreUnavailableError, ConcurrencyRetriesExhaustedError)
+
+
+def decision_for_error(error: Exception) -> Decision | None:
+    """The settlement for a store failure, or None when `error` is not one."""
+    if isinstance(error, TRANSIENT_ERRORS):
+        return Decision.abandon("Transient", str(error))
+    if isinstance(error, StoreRequestError):
+        return Decision.deadletter("StoreRejected", str(error))
+    return None
 
 
 def settle(decision: Decision, message: Any, actions: MessageActions) -> None:

@@ -26,6 +26,7 @@ stable event name; the Bicep alerts query these names, do not rename them.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry import metrics, trace
@@ -50,7 +51,7 @@ METRIC_STORE_LATENCY = "dedup.store.latency"
 METRIC_REPLAY_SKIPPED = "dedup.replay_skipped"
 METRIC_PARKED = "dedup.parked"
 
-logger = logging.getLogger("shared.idempotency")
+logger = logging.getLogger(__name__)
 
 # LogRecord attributes that `extra` may not overwrite (logging raises KeyError).
 _RESERVED_LOG_KEYS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
@@ -108,9 +109,13 @@ class Telemetry:
             METRIC_PARKED, unit="{message}", description="Messages parked or dead-lettered")
 
     def outcome(self, outcome: Outcome, *, latency: float, backend: str, source: str = "store",
-                handler_latency: float | None = None, message_id: str | None = None,
-                correlation_id: str | None = None, **context: Any) -> None:
-        """Record one dedup outcome. `latency` is the store time in seconds."""
+                handler_latency: float | None = None,
+                context: Mapping[str, Any] | None = None) -> None:
+        """Record one dedup outcome. `latency` is the store time in seconds; `context` is the
+        caller's (message_id, correlation_id, delivery_count, cause, ...), logged as fields."""
+        context = dict(context or {})
+        message_id = context.pop("message_id", None)
+        correlation_id = context.pop("correlation_id", None)
         status = outcome.status
         cause = None
         explicit_cause = context.pop("cause", None)
@@ -156,9 +161,11 @@ class Telemetry:
                    status.value, outcome.key.key, extra=_safe_extra(fields))
 
     def parked(self, *, consumer: str, reason: str, level: int = logging.ERROR,
-               event: str = EVENT_PARKED, message_id: str | None = None,
-               correlation_id: str | None = None, **context: Any) -> None:
+               event: str = EVENT_PARKED, context: Mapping[str, Any] | None = None) -> None:
         """A message that could not be applied was parked or dead-lettered: alert."""
+        context = dict(context or {})
+        message_id = context.pop("message_id", None)
+        correlation_id = context.pop("correlation_id", None)
         self.parked_events.add(1, {"consumer": consumer, "reason": reason})
         self.messages.add(1, {"consumer": consumer, "outcome": OUTCOME_PARKED, "reason": reason})
         fields = {**context, "event": event, "consumer": consumer, "reason": reason,

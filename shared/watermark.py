@@ -11,34 +11,22 @@ etag-conditional replace while the new value is higher.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from shared.exceptions import (
-    ConcurrencyRetriesExhaustedError,
-    OperationFailedError,
-)
 from shared.keys import store_safe_id
-from shared.stores.base import IdempotencyStore, WriteOp
-
-_RACES = frozenset({404, 409, 412})
-
-
-class _Unread:
-    """Marks "the caller has not read the mark"; None means "read: there is none"."""
-
-
-UNREAD = _Unread()
+from shared.stores.base import UNREAD, Document, DocumentStore, Unread, update_document
 
 
 @dataclass(frozen=True)
 class Mark:
     sequence_number: int
-    etag: str | None
+    document: Document  # as read, with its etag, for the next conditional write
 
 
 class PartitionWatermark:
-    """Reads and advances high-water marks kept as documents in a dedup store."""
+    """Reads and advances high-water marks kept as documents in a document store."""
 
-    def __init__(self, store: IdempotencyStore, *, consumer: str, event_hub: str,
+    def __init__(self, store: DocumentStore, *, consumer: str, event_hub: str,
                  consumer_group: str, max_attempts: int = 10) -> None:
         self._store = store
         self._partition = store_safe_id(f"hwm|{consumer}|{event_hub}|{consumer_group}")
@@ -46,31 +34,24 @@ class PartitionWatermark:
 
     def read(self, partition_id: str) -> Mark | None:
         document = self._store.read_document(self._partition, store_safe_id(partition_id))
-        if document is None:
-            return None
-        return Mark(int(document.body["sequenceNumber"]), document.etag)
+        return None if document is None else Mark(int(document.body["sequenceNumber"]), document)
 
     def advance(self, partition_id: str, sequence_number: int, *,
-                known: Mark | _Unread | None = UNREAD) -> int:
+                known: Mark | Unread | None = UNREAD) -> int:
         """Move the mark up to `sequence_number` (never down); return the stored mark.
 
         `known` is the mark the caller read for this batch (None: none yet), which
         saves a read; a lost race re-reads.
         """
-        document_id = store_safe_id(partition_id)
-        body = {"sequenceNumber": int(sequence_number), "partitionId": partition_id}
-        current = None if isinstance(known, _Unread) else known
-        for attempt in range(self._max_attempts):
-            if attempt > 0 or isinstance(known, _Unread):
-                current = self.read(partition_id)
-            if current is not None and current.sequence_number >= sequence_number:
-                return current.sequence_number
-            op = (WriteOp("create", document_id, body) if current is None
-                  else WriteOp("replace", document_id, body, etag=current.etag))
-            try:
-                self._store.write_documents(self._partition, [op])
-                return sequence_number
-            except OperationFailedError as error:
-                if error.status_code not in _RACES:
-                    raise
-        raise ConcurrencyRetriesExhaustedError(f"could not advance the mark of {partition_id}")
+        stored = [sequence_number]
+
+        def change(current: Document | None) -> dict[str, Any] | None:
+            if current is not None and int(current.body["sequenceNumber"]) >= sequence_number:
+                stored[0] = int(current.body["sequenceNumber"])
+                return None  # already as high: never move it down
+            return {"sequenceNumber": int(sequence_number), "partitionId": partition_id}
+
+        hint = known if isinstance(known, Unread) or known is None else known.document
+        update_document(self._store, self._partition, store_safe_id(partition_id), change,
+                        known=hint, attempts=self._max_attempts)
+        return stored[0]

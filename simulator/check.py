@@ -496,30 +496,19 @@ def _payment_content(item: Item) -> dict[str, Any] | None:
 def stores_from_settings(env: dict[str, str] | None = None) -> tuple[Stores, str]:
     """The app's stores, built from its settings exactly as the app builds them."""
     from functions.services import build_services
-    from shared.settings import Settings
+    from functions.settings import Settings
 
     settings = Settings.from_env(env if env is not None else dict(os.environ))
     services = build_services(settings)
-    return stores_of(services.stores, parked_store(settings)), settings.payments_hub
+    return stores_of(services.stores), settings.payments_hub
 
 
-def parked_store(settings: Any) -> TableIdempotencyStore:
-    """The parking lot's table ("parked"), reached as the app reaches it."""
-    if settings.table_connection_string:
-        return TableIdempotencyStore.from_connection_string(settings.table_connection_string,
-                                                            table_name="parked")
-    from azure.identity import DefaultAzureCredential
-
-    credential = DefaultAzureCredential(managed_identity_client_id=settings.azure_client_id)
-    return TableIdempotencyStore(settings.table_endpoint, credential, table_name="parked")
-
-
-def stores_of(stores: dict[str, IdempotencyStore], parked: IdempotencyStore) -> Stores:
-    """Roles of the app's stores (names as in `functions.services.build_services`)."""
+def stores_of(stores: dict[str, IdempotencyStore]) -> Stores:
+    """Roles of the app's stores (names as in `functions.settings.STORE_ROLES`)."""
     records = {name: stores[name] for name in ("dedup", "ledger", "notifications", "orders")}
     return Stores(orders=stores["orders"], order_status=stores["order-status"],
-                  ledger=stores["ledger"], notifications=stores["notifications"], parked=parked,
-                  records=records)
+                  ledger=stores["ledger"], notifications=stores["notifications"],
+                  parked=stores["parked"], records=records)
 
 
 SERVICE_BUS_CONSUMERS = (("orders", None, "orders"), ("order-status", None, "order_status"),

@@ -1,7 +1,7 @@
 """Faults injected at every boundary of the flow, without touching production code.
 
-The app's stores are wrapped after `build_services` built them (see
-`wrap_service_stores`): each store becomes a `FaultyStore` that forwards to
+The app's stores come from the store factory the simulator hands to
+`build_services` (its seam for this): each store is a `FaultyStore` that forwards to
 the real one and, for the function invocation running on the current thread,
 may crash, fail or stall at a chosen call. The notification API is wrapped
 the same way (`FaultySender`). What a fault does follows a real failure:
@@ -285,17 +285,17 @@ class _Forwarding(IdempotencyStore):
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def create_record(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        return self.inner.create_record(record)
+    def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
+        return self.inner.get_record(partition, record_id)
 
-    def get_record(self, record: IdempotencyRecord) -> IdempotencyRecord | None:
-        return self.inner.get_record(record)
+    def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        return self.inner.put_record_if_absent(record)
 
-    def replace_record(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        return self.inner.replace_record(record)
+    def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        return self.inner.replace_record_if_unchanged(record)
 
-    def delete_record(self, record: IdempotencyRecord) -> None:
-        self.inner.delete_record(record)
+    def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
+        self.inner.delete_record_if_unchanged(record)
 
     def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
                marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
@@ -306,8 +306,8 @@ class _Forwarding(IdempotencyStore):
         return self.inner.iter_records(in_progress_before=in_progress_before,
                                        expired_before=expired_before)
 
-    def purge_expired(self, now: float, *, batch_size: int = 100) -> int:
-        return self.inner.purge_expired(now, batch_size=batch_size)
+    def purge_expired(self, now: float) -> int:
+        return self.inner.purge_expired(now)
 
     def read_document(self, partition: str, document_id: str) -> Document | None:
         return self.inner.read_document(partition, document_id)
@@ -369,17 +369,17 @@ class FaultyStore(_Forwarding):
                 raise inv.crash()
         return result
 
-    def create_record(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        return self._run(lambda: self.inner.create_record(record), write=True)
+    def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
+        return self._run(lambda: self.inner.get_record(partition, record_id), write=False)
 
-    def get_record(self, record: IdempotencyRecord) -> IdempotencyRecord | None:
-        return self._run(lambda: self.inner.get_record(record), write=False)
+    def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        return self._run(lambda: self.inner.put_record_if_absent(record), write=True)
 
-    def replace_record(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        return self._run(lambda: self.inner.replace_record(record), write=True)
+    def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        return self._run(lambda: self.inner.replace_record_if_unchanged(record), write=True)
 
-    def delete_record(self, record: IdempotencyRecord) -> None:
-        self._run(lambda: self.inner.delete_record(record), write=True)
+    def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
+        self._run(lambda: self.inner.delete_record_if_unchanged(record), write=True)
 
     def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
                marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
@@ -408,8 +408,8 @@ class DedupOffStore(_Forwarding):
     def _suffix() -> str:
         return "~" + uuid.uuid4().hex[:12]
 
-    def create_record(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        return self.inner.create_record(record.evolve(record_id=record.id + self._suffix()))
+    def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        return self.inner.put_record_if_absent(record.evolve(record_id=record.id + self._suffix()))
 
     def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
                marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
@@ -459,59 +459,12 @@ class NonAtomicStore(_Forwarding):
             if operations:
                 self.inner.write_documents(partition, operations)
             return committed
-        if marker.etag is None and self.inner.get_record(marker) is not None:
+        if marker.etag is None and self.inner.get_record(partition, marker.id) is not None:
             raise RecordExistsError(marker.id)  # the lookup step
         if operations:
             self.inner.write_documents(partition, operations)
         self._between_steps()
         return self.inner.commit(marker, [], marker_body=marker_body)
-
-
-def wrap_service_stores(root: Any, wrap: Callable[[IdempotencyStore, str], IdempotencyStore],
-                        names: dict[int, str]) -> dict[str, IdempotencyStore]:
-    """Replace every store the app's service objects hold with `wrap(store, name)`.
-
-    Walks the objects of the app's own packages (domain, shared, functions)
-    so the wiring of `build_services` is used exactly as built; the same
-    underlying store always gets the same wrapper.
-    """
-    wrapped: dict[int, IdempotencyStore] = {}
-    seen: set[int] = set()
-
-    def convert(store: IdempotencyStore) -> IdempotencyStore:
-        if id(store) not in wrapped:
-            wrapped[id(store)] = wrap(store, names.get(id(store), store.name))
-        return wrapped[id(store)]
-
-    def visit(obj: Any) -> None:
-        if id(obj) in seen or isinstance(obj, IdempotencyStore):
-            return
-        seen.add(id(obj))
-        if isinstance(obj, dict):
-            for key, value in list(obj.items()):
-                if isinstance(value, IdempotencyStore):
-                    obj[key] = convert(value)
-                else:
-                    visit(value)
-            return
-        if isinstance(obj, list):
-            for index, value in enumerate(obj):
-                if isinstance(value, IdempotencyStore):
-                    obj[index] = convert(value)
-                else:
-                    visit(value)
-            return
-        module = type(obj).__module__.split(".")[0]
-        if module not in ("domain", "shared", "functions") or not hasattr(obj, "__dict__"):
-            return
-        for attribute, value in list(vars(obj).items()):
-            if isinstance(value, IdempotencyStore):
-                object.__setattr__(obj, attribute, convert(value))
-            else:
-                visit(value)
-
-    visit(root)
-    return {names.get(key, store.name): store for key, store in wrapped.items()}
 
 
 # -- the notification API side --------------------------------------------------------

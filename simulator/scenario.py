@@ -4,8 +4,8 @@
     print(format_report(result)); sys.exit(0 if result.ok else 1)
 
 The app's services are built by `functions.services.build_services` with a
-fake notification API and the simulation's clock, then every store they hold
-is wrapped for fault injection (and, for the counter-proofs, replaced by a
+fake notification API, the simulation's clock and a store factory that wraps
+each real store for fault injection (and, for the counter-proofs, in a
 dedup-off or non-atomic variant), and installed with `configure`. After the
 run, maintenance reconciles with grace 0 and the checker reads the stores.
 """
@@ -16,12 +16,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from domain.maintenance import Maintenance
-from functions.services import build_services, configure
+from functions.services import build_services, configure, real_stores
+from functions.settings import Settings
 from shared import IdempotencyStore
-from shared.settings import Settings
+from shared.maintenance import Maintenance
 from shared.stores import CosmosIdempotencyStore, TableIdempotencyStore
-from simulator.check import Checker, CheckResult, DeadLetter, Evidence, parked_store, stores_of
+from simulator.check import Checker, CheckResult, DeadLetter, Evidence, stores_of
 from simulator.clock import SimClock
 from simulator.faults import (
     DedupOffStore,
@@ -33,7 +33,6 @@ from simulator.faults import (
     NonAtomicStore,
     OutageController,
     stable_seed,
-    wrap_service_stores,
 )
 from simulator.host import DeliveryStats, HostConfig, SimulatedHost
 from simulator.workload import Names, Workload, generate
@@ -163,20 +162,19 @@ def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
     outages = OutageController(faults, processes=endpoints.processes,
                                duration=config.outage_seconds)
     settings = Settings.from_env(settings_env)
-    services = build_services(settings, sender=FaultySender(api), clock=clock, sleep=clock.sleep,
-                              **CLIENT_OPTIONS)
-    names = {id(store): name for name, store in services.stores.items()}
+    real = real_stores(settings, **CLIENT_OPTIONS)
 
-    def wrap(store: IdempotencyStore, name: str) -> IdempotencyStore:
-        inner = store
+    def faulty(role: str) -> IdempotencyStore:
+        store = inner = real(role)
         if config.dedup_off:
             inner = DedupOffStore(inner)
         if config.non_atomic:
             inner = NonAtomicStore(inner, config.non_atomic)
-        return FaultyStore(inner, label=_label(store, name), server=_server_of(store),
+        return FaultyStore(inner, label=_label(store, role), server=_server_of(store),
                            outages=outages)
 
-    wrap_service_stores(services, wrap, names)
+    services = build_services(settings, stores=faulty, sender=FaultySender(api), clock=clock,
+                              sleep=clock.sleep)
     servers = ["cosmos", "azurite"] if config.backend == "cosmos" else ["azurite"]
     outage_count = config.outages if config.outages is not None else (2 if config.fault_rate > 0 else 0)
     host_config = HostConfig(consumers=config.consumers, partitions=config.partitions,
@@ -197,9 +195,9 @@ def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
         # Reconciliation and checks read whole containers: the SDKs' default timeouts, not the
         # short ones that make a paused server fail fast during the run.
         readers = build_services(settings, sender=api, clock=clock, sleep=clock.sleep)
-        real_stores = dict(readers.stores)
-        record_stores = {name: real_stores[name] for name in ("dedup", "ledger", "notifications",
-                                                              "orders")}
+        unwrapped = dict(readers.stores)
+        record_stores = {name: unwrapped[name] for name in ("dedup", "ledger", "notifications",
+                                                            "orders")}
         maintenance = Maintenance(record_stores, readers.parking, grace_seconds=0, clock=clock)
         maintenance_parked = maintenance.run().parked
         check_started = time.perf_counter()
@@ -211,7 +209,7 @@ def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
             api_calls=list(api.calls), api_honours_key=config.api_honours_key,
             broker_dropped={(item.logical, item.variant) for item in workload.service_bus_items
                             if (item.logical, item.variant) not in host.accepted})
-        stores = stores_of(real_stores, parked_store(settings))
+        stores = stores_of(unwrapped)
         check = Checker(workload.items, stores, run_id=config.run_id,
                         hub=settings_env["PAYMENTS_HUB_NAME"], evidence=evidence).run()
         check_seconds = time.perf_counter() - check_started

@@ -22,7 +22,12 @@ from azure.cosmos import CosmosClient, PartitionKey
 from azure.data.tables import TableServiceClient
 
 from local_stack import LocalStack
-from shared.stores import CosmosIdempotencyStore, IdempotencyStore, TableIdempotencyStore
+from shared.stores import (
+    CosmosIdempotencyStore,
+    IdempotencyStore,
+    InMemoryIdempotencyStore,
+    TableIdempotencyStore,
+)
 
 urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
 warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
@@ -91,6 +96,8 @@ def make_store(stack: StackInfo, cosmos_database, table_service) -> Iterator[Sto
     created: list[tuple[str, str]] = []
 
     def factory(backend: str, *, partition_key_path: str = "/pk") -> IdempotencyStore:
+        if backend == "memory":
+            return InMemoryIdempotencyStore()
         name = f"t{uuid.uuid4().hex[:16]}"
         created.append((backend, name))
         if backend == "table":

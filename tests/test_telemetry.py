@@ -124,7 +124,8 @@ def test_processed_duplicates_and_conflict(store, telemetry, reader, logs):
     key, digest, _ = order(1)
     ctx = {"message_id": "order-1", "correlation_id": "corr-1"}
 
-    assert idem.run_atomic(key, digest, build, delivery_count=1, **ctx).status is OutcomeStatus.PROCESSED
+    assert idem.run_atomic(key, digest, build,
+                           context={**ctx, "delivery_count": 1}).status is OutcomeStatus.PROCESSED
     record = last(logs, EVENT_OUTCOME)
     check_outcome_record(record, event=EVENT_OUTCOME, level=logging.INFO, key=key,
                          outcome="processed", backend=store.name, **ctx)
@@ -132,7 +133,8 @@ def test_processed_duplicates_and_conflict(store, telemetry, reader, logs):
     assert record.duplicate_cause is None
 
     # redelivered by the broker (lock lost / abandoned): delivery count 2
-    assert idem.run_atomic(key, digest, build, delivery_count=2, **ctx).status is OutcomeStatus.DUPLICATE
+    assert idem.run_atomic(key, digest, build,
+                           context={**ctx, "delivery_count": 2}).status is OutcomeStatus.DUPLICATE
     record = last(logs, EVENT_DUPLICATE)
     check_outcome_record(record, event=EVENT_DUPLICATE, level=logging.INFO, key=key,
                          outcome="duplicate", backend=store.name, **ctx)
@@ -140,15 +142,15 @@ def test_processed_duplicates_and_conflict(store, telemetry, reader, logs):
     assert record.stored_hash == record.request_hash == digest
 
     # a second copy on its first delivery: the producer sent it again
-    idem.run_atomic(key, digest, build, delivery_count=1, **ctx)
+    idem.run_atomic(key, digest, build, context={**ctx, "delivery_count": 1})
     assert last(logs, EVENT_DUPLICATE).duplicate_cause == "producer_retry"
     # an explicit cause wins (Event Hubs replay has no delivery count)
-    idem.run_atomic(key, digest, build, cause="replay", **ctx)
+    idem.run_atomic(key, digest, build, context={**ctx, "cause": "replay"})
     assert last(logs, EVENT_DUPLICATE).duplicate_cause == "replay"
 
     # same key, different content: error-level conflict event
     _, other_digest, _ = order(1, amount=26)
-    assert idem.run_atomic(key, other_digest, build, **ctx).status is OutcomeStatus.CONFLICT
+    assert idem.run_atomic(key, other_digest, build, context=ctx).status is OutcomeStatus.CONFLICT
     record = last(logs, EVENT_CONFLICT)
     check_outcome_record(record, event=EVENT_CONFLICT, level=logging.ERROR, key=key,
                          outcome="conflict", backend=store.name, **ctx)
@@ -174,18 +176,18 @@ def test_in_progress_taken_over_and_stale(store, telemetry, reader, logs, clock)
     ctx = {"message_id": "n-1", "correlation_id": "corr-n"}
     idem.claim(key, digest)  # another consumer holds it
 
-    assert idem.run(key, digest, lambda: "x", **ctx).status is OutcomeStatus.IN_PROGRESS
+    assert idem.run(key, digest, lambda: "x", context=ctx).status is OutcomeStatus.IN_PROGRESS
     check_outcome_record(last(logs, EVENT_IN_PROGRESS), event=EVENT_IN_PROGRESS,
                          level=logging.WARNING, key=key, outcome="in_progress",
                          backend=store.name, **ctx)
 
     clock.advance(31)  # its lease ran out
-    assert (idem.run(key, digest, lambda: "x", takeover_stale=False, **ctx).status
+    assert (idem.run(key, digest, lambda: "x", takeover_stale=False, context=ctx).status
             is OutcomeStatus.STALE)
     check_outcome_record(last(logs, EVENT_IN_PROGRESS), event=EVENT_IN_PROGRESS,
                          level=logging.WARNING, key=key, outcome="stale", backend=store.name, **ctx)
 
-    outcome = idem.run(key, digest, lambda: "sent", **ctx)
+    outcome = idem.run(key, digest, lambda: "sent", context=ctx)
     assert outcome.status is OutcomeStatus.TAKEN_OVER
     record = [r for r in logs.records if getattr(r, "outcome", None) == "taken_over"][-1]
     check_outcome_record(record, event=EVENT_OUTCOME, level=logging.INFO, key=key,
@@ -202,8 +204,9 @@ def test_in_progress_taken_over_and_stale(store, telemetry, reader, logs, clock)
 def test_duplicate_answered_by_the_cache(store, telemetry, reader, logs):
     idem = Idempotency(store, telemetry=telemetry, cache=CompletedKeyCache(10))
     key, digest, _ = order(2)
-    idem.run_atomic(key, digest, build, message_id="order-2", correlation_id="c2")
-    idem.run_atomic(key, digest, build, message_id="order-2", correlation_id="c2", delivery_count=3)
+    idem.run_atomic(key, digest, build, context={"message_id": "order-2", "correlation_id": "c2"})
+    idem.run_atomic(key, digest, build, context={"message_id": "order-2", "correlation_id": "c2",
+                                                   "delivery_count": 3})
     record = last(logs, EVENT_DUPLICATE)
     check_outcome_record(record, event=EVENT_DUPLICATE, level=logging.INFO, key=key,
                          outcome="duplicate", backend=store.name, message_id="order-2",
@@ -215,7 +218,7 @@ def test_duplicate_answered_by_the_cache(store, telemetry, reader, logs):
 def test_parked_is_an_error_event_and_a_message_outcome(store, telemetry, reader, logs):
     lot = ParkingLot(store, telemetry=telemetry)
     lot.park(consumer="payments", entry_id="0:42", reason="PaymentRejected", payload=b'{"x":1}',
-             message_id="evt-42", correlation_id="corr-42", partition_id="0")
+             context={"message_id": "evt-42", "correlation_id": "corr-42", "partition_id": "0"})
     record = last(logs, EVENT_PARKED)
     assert record.levelno == logging.ERROR
     assert record.getMessage().startswith(EVENT_PARKED)
@@ -256,6 +259,6 @@ def test_context_names_that_clash_with_log_record_attributes_are_kept(telemetry,
 
     key = DedupKey("orders", "o-9")
     outcome = Outcome(OutcomeStatus.PROCESSED, key, "sha256:x")
-    telemetry.outcome(outcome, latency=0.001, backend="table", name="clash", module="m")
+    telemetry.outcome(outcome, latency=0.001, backend="table", context={"name": "clash", "module": "m"})
     record = last(logs, EVENT_OUTCOME)
     assert record.ctx_name == "clash" and record.ctx_module == "m"

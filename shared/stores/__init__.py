@@ -1,13 +1,27 @@
-"""Dedup store backends behind one interface."""
+"""Dedup store backends: the record and document interfaces, and three implementations."""
 
-from shared.stores.base import Document, IdempotencyStore, WriteOp
+from shared.stores.base import (
+    Document,
+    DocumentStore,
+    IdempotencyStore,
+    RecordStore,
+    WriteOp,
+    retry_on_race,
+    update_document,
+)
 from shared.stores.cosmos import CosmosIdempotencyStore
+from shared.stores.memory import InMemoryIdempotencyStore
 from shared.stores.table import TableIdempotencyStore
 
 __all__ = [
     "CosmosIdempotencyStore",
     "Document",
+    "DocumentStore",
     "IdempotencyStore",
+    "InMemoryIdempotencyStore",
+    "RecordStore",
     "TableIdempotencyStore",
     "WriteOp",
+    "retry_on_race",
+    "update_document",
 ]

@@ -1,30 +1,42 @@
-"""The persistence interface every dedup backend implements.
+"""The two persistence interfaces every dedup backend implements, and what they share.
 
-Backends know how to store records and documents atomically; they know
-nothing about the dedup flow, which lives in `shared.handler`. Business
-documents are backend-neutral: an id, a partition and a flat body, mapped to
-a Cosmos document (`id` + partition key field) or a Table entity
+`RecordStore` is the dedup flow's whole view of storage: four record
+operations by location, each a single conditional request (the Powertools
+idempotency utility draws the same line). `DocumentStore` holds business
+documents and commits them atomically in one partition, optionally with a
+marker record first: that is the atomic path of requirement 4. Backends
+implement both; the flow in `shared.handler` knows nothing of any backend.
+
+Business documents are backend-neutral: an id, a partition and a flat body,
+mapped to a Cosmos document (`id` + partition key field) or a Table entity
 (`PartitionKey` + `RowKey`).
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from azure.core.exceptions import AzureError, HttpResponseError
+
 from shared.exceptions import (
     RETRIABLE_STATUS,
+    ConcurrencyRetriesExhaustedError,
     IdempotencyError,
     OperationFailedError,
     RecordChangedError,
     RecordExistsError,
+    StoreRequestError,
     StoreUnavailableError,
 )
 from shared.records import IdempotencyRecord
 
 OperationKind = Literal["create", "replace", "upsert", "patch", "delete"]
+#: Statuses of a conditional write that lost to a concurrent writer: re-read and try again.
+RACE_STATUSES = frozenset({404, 409, 412})
+MAX_TRANSACTION_OPERATIONS = 100  # Cosmos transactional batch and Table entity-group transaction
 
 
 @dataclass(frozen=True)
@@ -48,13 +60,96 @@ class WriteOp:
     patch: tuple[dict[str, Any], ...] = ()  # Cosmos patch operations
 
 
+class RecordStore(abc.ABC):
+    """Dedup records by location (partition, id): the four operations the flow needs."""
+
+    #: Backend name for logs and metrics.
+    name: str = "store"
+
+    @abc.abstractmethod
+    def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
+        """The record stored at (partition, record_id), or None."""
+
+    @abc.abstractmethod
+    def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        """Create the record; RecordExistsError when one is there. Returns it with its etag."""
+
+    @abc.abstractmethod
+    def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        """Replace when the stored etag equals `record.etag`; RecordChangedError otherwise."""
+
+    @abc.abstractmethod
+    def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
+        """Delete when the stored etag equals `record.etag`; RecordChangedError otherwise."""
+
+    # Maintenance (the sweep in shared.maintenance), not the per-message flow.
+    @abc.abstractmethod
+    def iter_records(self, *, in_progress_before: float | None = None,
+                     expired_before: float | None = None) -> Iterator[IdempotencyRecord]:
+        """Records whose lease ran out before a time, or which expired before a time."""
+
+    def purge_expired(self, now: float) -> int:
+        """Delete records that expired before `now`; return how many were deleted."""
+        return self._delete_each(list(self.iter_records(expired_before=now)))
+
+    def _delete_each(self, records: Sequence[IdempotencyRecord]) -> int:
+        deleted = 0
+        for record in records:
+            try:
+                self.delete_record_if_unchanged(record)
+                deleted += 1
+            except RecordChangedError:
+                pass  # taken over or renewed since the query: keep it
+        return deleted
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release network resources."""
+
+
+class DocumentStore(abc.ABC):
+    """Business documents, written atomically within one partition."""
+
+    @abc.abstractmethod
+    def read_document(self, partition: str, document_id: str) -> Document | None:
+        """Point read of a business document."""
+
+    @abc.abstractmethod
+    def write_documents(self, partition: str, operations: Sequence[WriteOp]) -> list[Document]:
+        """Apply `operations` atomically in one partition (no marker).
+
+        OperationFailedError (or StoreUnavailableError) names the failing one;
+        nothing is written then.
+        """
+
+    @abc.abstractmethod
+    def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
+               marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
+        """Write the marker first and `operations` in one transaction in its partition.
+
+        The marker is created, or replaced when it carries an etag (taking over
+        an expired record). RecordExistsError / RecordChangedError when the
+        marker write fails; OperationFailedError when a business write fails.
+        Nothing is written in either case.
+        """
+
+
+class IdempotencyStore(RecordStore, DocumentStore, abc.ABC):
+    """A backend that keeps records and business documents together (Cosmos, Table, memory)."""
+
+
+# -- shared by the backends ---------------------------------------------------------------
+def check_transaction_size(count: int) -> None:
+    if count > MAX_TRANSACTION_OPERATIONS:
+        raise ValueError(f"a transaction holds at most {MAX_TRANSACTION_OPERATIONS} operations, "
+                         f"got {count}")
+
+
 def transaction_failure(index: int, status: int | None, *, marker_id: str | None,
                         detail: str = "") -> IdempotencyError:
     """The store-contract error for a failed transaction (the marker, if any, at index 0).
 
-    Both backends report the failing operation's index and status; this maps
-    them the same way: marker 409 = exists, marker 404/412 = changed, throttling
-    or timeouts = retriable, anything else = the business operation failed.
+    Marker 409 = exists, marker 404/412 = changed, throttling or timeouts =
+    retriable, anything else = the business operation at that index failed.
     """
     if marker_id is not None and index == 0:
         if status == 409:
@@ -66,57 +161,81 @@ def transaction_failure(index: int, status: int | None, *, marker_id: str | None
     return OperationFailedError(index - (marker_id is not None), status, detail)
 
 
-class IdempotencyStore(abc.ABC):
-    """Records (markers) plus the business documents that commit with them."""
+def store_call[T](backend: str, action: Callable[[], T], *,
+                  on_status: dict[int, Callable[[], Exception]] | None = None,
+                  none_if_missing: bool = False) -> T | None:
+    """Run one store request and translate its failure into the library's exceptions.
 
-    #: Store requests issued by this instance (for tests and benchmarks).
-    name: str = "store"
+    `on_status` maps the statuses that are part of the store contract for this
+    request (409 on a create, 412/404 on a conditional write) to the error to
+    raise; throttling, timeouts, 5xx and transport failures become
+    StoreUnavailableError; anything else StoreRequestError. The SDK error is
+    always chained as the cause. `none_if_missing` answers a 404 (point read) with None.
+    """
+    try:
+        return action()
+    except HttpResponseError as error:
+        status = error.status_code
+        if none_if_missing and status == 404:
+            return None
+        if on_status and status in on_status:
+            raise on_status[status]() from error
+        if status is None or status in RETRIABLE_STATUS:
+            raise StoreUnavailableError(f"{backend} answered {status}", status_code=status,
+                                        error=error) from error
+        raise StoreRequestError(f"{backend} rejected the request ({status}): {error.message}",
+                                status_code=status) from error
+    except AzureError as error:  # connection refused, timeouts, broken responses
+        raise StoreUnavailableError(f"{backend} unreachable: {error}", error=error) from error
 
-    # -- records ------------------------------------------------------------
-    @abc.abstractmethod
-    def create_record(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        """Insert if absent (one request). Raises RecordExistsError on 409."""
 
-    @abc.abstractmethod
-    def get_record(self, record: IdempotencyRecord) -> IdempotencyRecord | None:
-        """Read the stored record at `record`'s id/partition, or None."""
+def retry_on_race[T](step: Callable[[], T], *, attempts: int, what: str) -> T:
+    """Run an optimistic read-then-conditional-write step until it does not lose a race.
 
-    @abc.abstractmethod
-    def replace_record(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        """Replace when the stored etag equals `record.etag`. RecordChangedError otherwise."""
+    A step raises RecordChangedError/RecordExistsError, or OperationFailedError
+    with a race status, when a concurrent writer got there first; it is run
+    again (re-reading what it depends on). Any other error propagates.
+    """
+    for _ in range(attempts):
+        try:
+            return step()
+        except (RecordChangedError, RecordExistsError):
+            continue
+        except OperationFailedError as error:
+            if error.status_code not in RACE_STATUSES:
+                raise
+    raise ConcurrencyRetriesExhaustedError(f"{what}: lost {attempts} races in a row")
 
-    @abc.abstractmethod
-    def delete_record(self, record: IdempotencyRecord) -> None:
-        """Delete when the etag still matches. RecordChangedError otherwise."""
 
-    @abc.abstractmethod
-    def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
-               marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
-        """Write the marker first and `operations` in one transaction (one partition).
+class Unread:
+    """The caller has not read the document (None means: read, and there is none)."""
 
-        The marker is created, or replaced when it carries an etag (taking over
-        an expired record). RecordExistsError / RecordChangedError when the
-        marker write fails; OperationFailedError when a business write fails.
-        Nothing is written in either case.
-        """
 
-    @abc.abstractmethod
-    def iter_records(self, *, in_progress_before: float | None = None,
-                     expired_before: float | None = None) -> Iterator[IdempotencyRecord]:
-        """Records whose lease ran out before a time, or which expired before a time."""
+UNREAD = Unread()
 
-    @abc.abstractmethod
-    def purge_expired(self, now: float, *, batch_size: int = 100) -> int:
-        """Delete records that expired before `now`; return how many were deleted."""
 
-    # -- documents ------------------------------------------------------------
-    @abc.abstractmethod
-    def read_document(self, partition: str, document_id: str) -> Document | None:
-        """Point read of a business document."""
+def update_document(store: DocumentStore, partition: str, document_id: str,
+                    change: Callable[[Document | None], dict[str, Any] | None], *,
+                    known: Document | Unread | None = UNREAD, attempts: int = 10) -> Document | None:
+    """Create or replace one document under its etag, as `change` decides from the current one.
 
-    @abc.abstractmethod
-    def write_documents(self, partition: str, operations: Sequence[WriteOp]) -> list[Document]:
-        """Apply `operations` atomically in one partition (no marker)."""
+    `change` returns the new body, or None to leave the document as it is.
+    `known` is the document as the caller already read it, which saves the
+    first read; a lost race re-reads. Returns the written document, or None
+    when nothing was written.
+    """
+    hint = [known]
 
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Release network resources."""
+    def step() -> Document | None:
+        first = hint[0]
+        hint[0] = UNREAD
+        current = (store.read_document(partition, document_id) if isinstance(first, Unread)
+                   else first)
+        body = change(current)
+        if body is None:
+            return None
+        op = (WriteOp("create", document_id, body) if current is None
+              else WriteOp("replace", document_id, body, etag=current.etag))
+        return store.write_documents(partition, [op])[0]
+
+    return retry_on_race(step, attempts=attempts, what=f"update of {document_id}")

@@ -11,87 +11,69 @@ every read checks, since expiry runs in the background.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from azure.core import MatchConditions
-from azure.core.exceptions import AzureError
 from azure.cosmos import ContainerProxy, CosmosClient
-from azure.cosmos.exceptions import (
-    CosmosAccessConditionFailedError,
-    CosmosBatchOperationError,
-    CosmosHttpResponseError,
-    CosmosResourceExistsError,
-    CosmosResourceNotFoundError,
-)
+from azure.cosmos.exceptions import CosmosBatchOperationError
 
-from shared.exceptions import (
-    RETRIABLE_STATUS,
-    RecordChangedError,
-    RecordExistsError,
-    StoreRequestError,
-    StoreUnavailableError,
-)
+from shared.exceptions import RecordChangedError, RecordExistsError
 from shared.records import IdempotencyRecord, RecordState
-from shared.stores.base import Document, IdempotencyStore, WriteOp, transaction_failure
+from shared.stores.base import (
+    Document,
+    IdempotencyStore,
+    WriteOp,
+    check_transaction_size,
+    store_call,
+    transaction_failure,
+)
 from shared.stores.codec import check_flat, is_record, record_fields, record_from_fields
 
-T = TypeVar("T")
-MAX_BATCH_OPERATIONS = 100
+BACKEND = "Cosmos DB"
 _SYSTEM = ("_rid", "_self", "_etag", "_attachments", "_ts", "ttl")
-
-
-def _call[T](action: Callable[[], T]) -> T:
-    """Run one store request, translating outage-like errors to StoreUnavailableError."""
-    try:
-        return action()
-    except (CosmosResourceExistsError, CosmosAccessConditionFailedError,
-            CosmosResourceNotFoundError, CosmosBatchOperationError):
-        raise
-    except CosmosHttpResponseError as error:
-        if error.status_code in RETRIABLE_STATUS or error.status_code is None:
-            raise StoreUnavailableError(f"Cosmos DB answered {error.status_code}",
-                                        status_code=error.status_code, error=error) from error
-        raise StoreRequestError(f"Cosmos DB rejected the request: {error.message}",
-                                status_code=error.status_code) from error
-    except AzureError as error:
-        raise StoreUnavailableError(f"Cosmos DB unreachable: {error}", error=error) from error
+_IF_UNCHANGED = MatchConditions.IfNotModified
 
 
 class CosmosIdempotencyStore(IdempotencyStore):
-    """Dedup records and business documents in one Cosmos DB container."""
+    """Dedup records and business documents in one Cosmos DB container.
+
+    Build it from the account endpoint and a credential (identity in Azure),
+    from a connection string (local runs), or around an existing container.
+    """
 
     name = "cosmos"
 
-    def __init__(self, endpoint: str, credential: Any, *, database: str, container: str,
-                 partition_key_path: str = "/pk", **client_options: Any) -> None:
-        self._cosmos = _call(lambda: CosmosClient(endpoint, credential, **client_options))
-        container_proxy = self._cosmos.get_database_client(database).get_container_client(container)
-        self._init(container_proxy, partition_key_path)
+    def __init__(self, endpoint: str, credential: Any = None, *, database: str, container: str,
+                 partition_key_path: str = "/pk", container_client: ContainerProxy | None = None,
+                 **client_options: Any) -> None:
+        if not partition_key_path.startswith("/") or "/" in partition_key_path[1:]:
+            raise ValueError("partition_key_path must be a top-level path such as '/pk'")
+        self._pk_field = partition_key_path[1:]
+        self._cosmos: CosmosClient | None = None
+        if container_client is None:
+            self._cosmos = store_call(BACKEND, lambda: CosmosClient(endpoint, credential,
+                                                                    **client_options))
+            container_client = (self._cosmos.get_database_client(database)
+                                .get_container_client(container))
+        self._container = container_client
 
     @classmethod
     def from_connection_string(cls, conn_str: str, *, database: str, container: str,
                                partition_key_path: str = "/pk", **client_options: Any
                                ) -> CosmosIdempotencyStore:
-        client = _call(lambda: CosmosClient.from_connection_string(conn_str, **client_options))
-        store = cls.from_container(client.get_database_client(database)
-                                   .get_container_client(container), partition_key_path)
-        store._cosmos = client
+        client = store_call(BACKEND, lambda: CosmosClient.from_connection_string(
+            conn_str, **client_options))
+        store = cls.from_container(client.get_database_client(database).get_container_client(container),
+                                   partition_key_path)
+        store._cosmos = client  # closed with the store
         return store
 
     @classmethod
     def from_container(cls, container: ContainerProxy, partition_key_path: str = "/pk"
                        ) -> CosmosIdempotencyStore:
-        store = cls.__new__(cls)
-        store._cosmos = None
-        store._init(container, partition_key_path)
-        return store
-
-    def _init(self, container: ContainerProxy, partition_key_path: str) -> None:
-        if not partition_key_path.startswith("/") or "/" in partition_key_path[1:]:
-            raise ValueError("partition_key_path must be a top-level path such as '/pk'")
-        self._container = container
-        self._pk_field = partition_key_path[1:]
+        return cls("", database="", container=container.id, partition_key_path=partition_key_path,
+                   container_client=container)
 
     @property
     def container(self) -> ContainerProxy:
@@ -129,59 +111,45 @@ class CosmosIdempotencyStore(IdempotencyStore):
             return ("delete", (op.id,), condition)
         raise ValueError(f"unknown operation {op.kind!r}")
 
+    def _batch(self, partition: str, batch: list[tuple[Any, ...]], *,
+               marker_id: str | None) -> list[dict[str, Any]]:
+        """One transactional batch; a failed operation maps to the store contract."""
+        check_transaction_size(len(batch))
+
+        def execute() -> list[dict[str, Any]]:
+            try:
+                return self._container.execute_item_batch(batch, partition_key=partition)
+            except CosmosBatchOperationError as error:
+                status = error.operation_responses[error.error_index].get("statusCode")
+                raise transaction_failure(error.error_index, status, marker_id=marker_id) from error
+
+        return store_call(BACKEND, execute)
+
     # -- records ----------------------------------------------------------------
-    def create_record(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        try:
-            created = _call(lambda: self._container.create_item(self._record_document(record)))
-        except CosmosResourceExistsError as error:
-            raise RecordExistsError(record.id) from error
+    def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
+        document = store_call(BACKEND, lambda: self._container.read_item(record_id, partition),
+                              none_if_missing=True)
+        return self._to_record(document) if document is not None and is_record(document) else None
+
+    def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        created = store_call(BACKEND, lambda: self._container.create_item(self._record_document(record)),
+                             on_status={409: lambda: RecordExistsError(record.id)})
         return record.evolve(etag=created.get("_etag"))
 
-    def get_record(self, record: IdempotencyRecord) -> IdempotencyRecord | None:
-        try:
-            document = _call(lambda: self._container.read_item(record.id, record.partition_key))
-        except CosmosResourceNotFoundError:
-            return None
-        return self._to_record(document) if is_record(document) else None
-
-    def replace_record(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        try:
-            replaced = _call(lambda: self._container.replace_item(
-                record.id, self._record_document(record), etag=record.etag,
-                match_condition=MatchConditions.IfNotModified))
-        except (CosmosAccessConditionFailedError, CosmosResourceNotFoundError) as error:
-            raise RecordChangedError(record.id) from error
+    def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        changed = {412: lambda: RecordChangedError(record.id),
+                   404: lambda: RecordChangedError(record.id)}
+        replaced = store_call(BACKEND, lambda: self._container.replace_item(
+            record.id, self._record_document(record), etag=record.etag,
+            match_condition=_IF_UNCHANGED), on_status=changed)
         return record.evolve(etag=replaced.get("_etag"))
 
-    def delete_record(self, record: IdempotencyRecord) -> None:
-        try:
-            _call(lambda: self._container.delete_item(
-                record.id, record.partition_key, etag=record.etag,
-                match_condition=MatchConditions.IfNotModified))
-        except (CosmosAccessConditionFailedError, CosmosResourceNotFoundError) as error:
-            raise RecordChangedError(record.id) from error
-
-    def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
-               marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
-        if marker_body:
-            check_flat(marker_body)
-        partition = marker.partition_key
-        document = self._record_document(marker, marker_body)
-        if marker.etag:
-            first: tuple[Any, ...] = ("replace", (marker.id, document), {"if_match_etag": marker.etag})
-        else:
-            first = ("create", (document,))
-        batch = [first, *(self._batch_op(partition, op) for op in operations)]
-        if len(batch) > MAX_BATCH_OPERATIONS:
-            raise ValueError(f"a transactional batch holds at most {MAX_BATCH_OPERATIONS} "
-                             f"operations, got {len(batch)}")
-        try:
-            results = _call(lambda: self._container.execute_item_batch(batch, partition_key=partition))
-        except CosmosBatchOperationError as error:
-            status = error.operation_responses[error.error_index].get("statusCode")
-            raise transaction_failure(error.error_index, status, marker_id=marker.id) from error
-        etag = results[0].get("eTag") or (results[0].get("resourceBody") or {}).get("_etag")
-        return marker.evolve(etag=etag)
+    def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
+        changed = {412: lambda: RecordChangedError(record.id),
+                   404: lambda: RecordChangedError(record.id)}
+        store_call(BACKEND, lambda: self._container.delete_item(
+            record.id, record.partition_key, etag=record.etag, match_condition=_IF_UNCHANGED),
+            on_status=changed)
 
     def iter_records(self, *, in_progress_before: float | None = None,
                      expired_before: float | None = None) -> Iterator[IdempotencyRecord]:
@@ -194,32 +162,21 @@ class CosmosIdempotencyStore(IdempotencyStore):
             clauses.append("c.idemExpiresAt < @expiry")
             params.append({"name": "@expiry", "value": float(expired_before)})
         query = "SELECT * FROM c WHERE " + " AND ".join(clauses)  # noqa: S608 - fixed clauses, values bound
-        pages = _call(lambda: self._container.query_items(
+        pages = store_call(BACKEND, lambda: self._container.query_items(
             query, parameters=params, enable_cross_partition_query=True))
         iterator = iter(pages)
         while True:
             try:
-                document = _call(lambda: next(iterator))
+                document = store_call(BACKEND, lambda: next(iterator))
             except StopIteration:
                 return
             yield self._to_record(document)
 
-    def purge_expired(self, now: float, *, batch_size: int = 100) -> int:
-        """Cosmos deletes expired markers itself (ttl); this sweeps what is left."""
-        deleted = 0
-        for record in list(self.iter_records(expired_before=now)):
-            try:
-                self.delete_record(record)
-                deleted += 1
-            except RecordChangedError:
-                pass
-        return deleted
-
     # -- documents --------------------------------------------------------------
     def read_document(self, partition: str, document_id: str) -> Document | None:
-        try:
-            item = _call(lambda: self._container.read_item(document_id, partition))
-        except CosmosResourceNotFoundError:
+        item = store_call(BACKEND, lambda: self._container.read_item(document_id, partition),
+                          none_if_missing=True)
+        if item is None:
             return None
         # A synthetic "/pk" is storage detail; a business partition field (orderId) stays.
         hidden = {"id", "pk"} if self._pk_field == "pk" else {"id"}
@@ -227,14 +184,23 @@ class CosmosIdempotencyStore(IdempotencyStore):
         return Document(document_id, partition, body, item.get("_etag"))
 
     def write_documents(self, partition: str, operations: Sequence[WriteOp]) -> list[Document]:
-        batch = [self._batch_op(partition, op) for op in operations]
-        try:
-            results = _call(lambda: self._container.execute_item_batch(batch, partition_key=partition))
-        except CosmosBatchOperationError as error:
-            status = error.operation_responses[error.error_index].get("statusCode")
-            raise transaction_failure(error.error_index, status, marker_id=None) from error
+        results = self._batch(partition, [self._batch_op(partition, op) for op in operations],
+                              marker_id=None)
         return [Document(op.id, partition, op.body, result.get("eTag"))
                 for op, result in zip(operations, results, strict=True)]
+
+    def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
+               marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
+        if marker_body:
+            check_flat(marker_body)
+        partition = marker.partition_key
+        document = self._record_document(marker, marker_body)
+        first: tuple[Any, ...] = (("replace", (marker.id, document), {"if_match_etag": marker.etag})
+                                  if marker.etag else ("create", (document,)))
+        batch = [first, *(self._batch_op(partition, op) for op in operations)]
+        results = self._batch(partition, batch, marker_id=marker.id)
+        etag = results[0].get("eTag") or (results[0].get("resourceBody") or {}).get("_etag")
+        return marker.evolve(etag=etag)
 
     def close(self) -> None:
         if self._cosmos is not None:

@@ -2,7 +2,7 @@
 
 Claim = `create_entity` (409 = exists). Takeover, completion and release are
 etag-conditional. Table Storage has no TTL: every read checks `idemExpiresAt`
-and `purge_expired` deletes expired rows in entity-group batches.
+and `purge_expired` deletes expired rows in entity-group transactions.
 Atomic path = one `submit_transaction` (same PartitionKey, <= 100 entities).
 """
 
@@ -10,58 +10,34 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from azure.core import MatchConditions
 from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential, TokenCredential
-from azure.core.exceptions import (
-    AzureError,
-    HttpResponseError,
-    ResourceExistsError,
-    ResourceModifiedError,
-    ResourceNotFoundError,
-)
 from azure.data.tables import EdmType, EntityProperty, TableClient, TableTransactionError, UpdateMode
 
-from shared.exceptions import (
-    RETRIABLE_STATUS,
-    RecordChangedError,
-    RecordExistsError,
-    StoreRequestError,
-    StoreUnavailableError,
-)
+from shared.exceptions import OperationFailedError, RecordChangedError, RecordExistsError
 from shared.records import IdempotencyRecord, RecordState
-from shared.stores.base import Document, IdempotencyStore, WriteOp, transaction_failure
+from shared.stores.base import (
+    MAX_TRANSACTION_OPERATIONS,
+    Document,
+    IdempotencyStore,
+    WriteOp,
+    check_transaction_size,
+    store_call,
+    transaction_failure,
+)
 from shared.stores.codec import check_flat, is_record, record_fields, record_from_fields
 
-T = TypeVar("T")
-MAX_TRANSACTION_OPERATIONS = 100
+BACKEND = "Table Storage"
 _SYSTEM = ("PartitionKey", "RowKey", "Timestamp", "etag")
-
-
-def _call[T](action: Callable[[], T]) -> T:
-    """Run one store request, translating outage-like errors to StoreUnavailableError."""
-    try:
-        return action()
-    except (ResourceExistsError, ResourceModifiedError, ResourceNotFoundError,
-            TableTransactionError):
-        raise
-    except HttpResponseError as error:
-        if error.status_code in RETRIABLE_STATUS:
-            raise StoreUnavailableError(f"Table Storage answered {error.status_code}",
-                                        status_code=error.status_code, error=error) from error
-        raise StoreRequestError(f"Table Storage rejected the request: {error.message}",
-                                status_code=error.status_code) from error
-    except AzureError as error:  # connection refused, timeouts, broken responses
-        raise StoreUnavailableError(f"Table Storage unreachable: {error}", error=error) from error
+_INT32 = range(-(2**31), 2**31)
+_IF_UNCHANGED = MatchConditions.IfNotModified
 
 
 def _etag(metadata: dict[str, Any] | None) -> str | None:
     return (metadata or {}).get("etag")
-
-
-_INT32 = range(-(2**31), 2**31)
 
 
 def _typed(entity: dict[str, Any]) -> dict[str, Any]:
@@ -78,14 +54,20 @@ def _plain(entity: Any) -> dict[str, Any]:
 
 
 class TableIdempotencyStore(IdempotencyStore):
-    """Dedup records and business entities in one Azure Table."""
+    """Dedup records and business entities in one Azure Table.
+
+    Build it from the table endpoint and a credential (identity in Azure), from
+    a connection string (local runs), or around an existing `TableClient`.
+    """
 
     name = "table"
 
     def __init__(self, endpoint: str, credential: TokenCredential | AzureNamedKeyCredential |
                  AzureSasCredential | None = None, *, table_name: str,
-                 create_table: bool = False, **client_options: Any) -> None:
-        self._client = TableClient(endpoint, table_name, credential=credential, **client_options)
+                 table_client: TableClient | None = None, create_table: bool = False,
+                 **client_options: Any) -> None:
+        self._client = table_client or TableClient(endpoint, table_name, credential=credential,
+                                                   **client_options)
         if create_table:
             self.ensure_table()
 
@@ -93,25 +75,22 @@ class TableIdempotencyStore(IdempotencyStore):
     def from_connection_string(cls, conn_str: str, *, table_name: str,
                                create_table: bool = False, **client_options: Any
                                ) -> TableIdempotencyStore:
-        store = cls.__new__(cls)
-        store._client = TableClient.from_connection_string(conn_str, table_name, **client_options)
-        if create_table:
-            store.ensure_table()
-        return store
+        client = TableClient.from_connection_string(conn_str, table_name, **client_options)
+        return cls(client.url, table_name=table_name, table_client=client, create_table=create_table)
 
     @classmethod
     def from_table_client(cls, client: TableClient) -> TableIdempotencyStore:
-        store = cls.__new__(cls)
-        store._client = client
-        return store
+        return cls(client.url, table_name=client.table_name, table_client=client)
 
     @property
     def client(self) -> TableClient:
         return self._client
 
     def ensure_table(self) -> None:
-        with contextlib.suppress(ResourceExistsError):
-            _call(self._client.create_table)
+        """Create the table if it is missing (local runs; in Azure, Bicep creates it)."""
+        with contextlib.suppress(RecordExistsError):
+            store_call(BACKEND, self._client.create_table,
+                       on_status={409: lambda: RecordExistsError(self._client.table_name)})
 
     # -- mapping ----------------------------------------------------------------
     @staticmethod
@@ -126,79 +105,59 @@ class TableIdempotencyStore(IdempotencyStore):
                                   partition=entity["PartitionKey"], etag=_etag(entity.metadata))
 
     @staticmethod
-    def _document_entity(partition: str, op: WriteOp) -> dict[str, Any]:
+    def _transaction_op(partition: str, op: WriteOp) -> tuple[Any, ...]:
         check_flat(op.body)
-        return _typed({**op.body, "PartitionKey": partition, "RowKey": op.id})
-
-    def _transaction_op(self, partition: str, op: WriteOp) -> tuple[Any, ...]:
-        entity = self._document_entity(partition, op)
-        conditional = {"etag": op.etag, "match_condition": MatchConditions.IfNotModified}
+        entity = _typed({**op.body, "PartitionKey": partition, "RowKey": op.id})
+        conditional = {"etag": op.etag, "match_condition": _IF_UNCHANGED} if op.etag else {}
         if op.kind == "create":
             return ("create", entity)
         if op.kind == "upsert":
             return ("upsert", entity, {"mode": UpdateMode.REPLACE})
         if op.kind == "replace":
-            options = {"mode": UpdateMode.REPLACE, **(conditional if op.etag else {})}
-            return ("update", entity, options)
+            return ("update", entity, {"mode": UpdateMode.REPLACE, **conditional})
         if op.kind == "delete":
-            return ("delete", entity, conditional if op.etag else {})
+            return ("delete", entity, conditional)
         raise NotImplementedError(f"Table Storage has no {op.kind!r} operation; use replace")
 
+    def _transaction(self, batch: list[tuple[Any, ...]], *, marker_id: str | None) -> list[Any]:
+        """One entity-group transaction; a failed operation maps to the store contract."""
+        check_transaction_size(len(batch))
+
+        def submit() -> list[Any]:
+            try:
+                return self._client.submit_transaction(batch)
+            except TableTransactionError as error:
+                raise transaction_failure(error.index or 0, error.status_code, marker_id=marker_id,
+                                          detail=str(error).splitlines()[0]) from error
+
+        return store_call(BACKEND, submit)
+
     # -- records ----------------------------------------------------------------
-    def create_record(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        try:
-            metadata = _call(lambda: self._client.create_entity(self._record_entity(record)))
-        except ResourceExistsError as error:
-            raise RecordExistsError(record.id) from error
+    def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
+        entity = store_call(BACKEND, lambda: self._client.get_entity(partition, record_id),
+                            none_if_missing=True)
+        return self._to_record(entity) if entity is not None and is_record(entity) else None
+
+    def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        metadata = store_call(BACKEND, lambda: self._client.create_entity(self._record_entity(record)),
+                              on_status={409: lambda: RecordExistsError(record.id)})
         return record.evolve(etag=_etag(metadata))
 
-    def get_record(self, record: IdempotencyRecord) -> IdempotencyRecord | None:
-        try:
-            entity = _call(lambda: self._client.get_entity(record.partition_key, record.id))
-        except ResourceNotFoundError:
-            return None
-        return self._to_record(entity) if is_record(entity) else None
-
-    def replace_record(self, record: IdempotencyRecord) -> IdempotencyRecord:
+    def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord:
         entity = self._record_entity(record)
-        try:
-            metadata = _call(lambda: self._client.update_entity(
-                entity, mode=UpdateMode.REPLACE, etag=record.etag,
-                match_condition=MatchConditions.IfNotModified))
-        except (ResourceModifiedError, ResourceNotFoundError) as error:
-            raise RecordChangedError(record.id) from error
+        changed = {412: lambda: RecordChangedError(record.id),
+                   404: lambda: RecordChangedError(record.id)}
+        metadata = store_call(BACKEND, lambda: self._client.update_entity(
+            entity, mode=UpdateMode.REPLACE, etag=record.etag, match_condition=_IF_UNCHANGED),
+            on_status=changed)
         return record.evolve(etag=_etag(metadata))
 
-    def delete_record(self, record: IdempotencyRecord) -> None:
-        try:
-            _call(lambda: self._client.delete_entity(
-                record.partition_key, record.id, etag=record.etag,
-                match_condition=MatchConditions.IfNotModified))
-        except (ResourceModifiedError, ResourceNotFoundError) as error:
-            raise RecordChangedError(record.id) from error
-
-    def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
-               marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
-        if marker_body:
-            check_flat(marker_body)
-        partition = marker.partition_key
-        entity = self._record_entity(marker, marker_body)
-        if marker.etag:
-            first: tuple[Any, ...] = ("update", entity, {
-                "mode": UpdateMode.REPLACE, "etag": marker.etag,
-                "match_condition": MatchConditions.IfNotModified})
-        else:
-            first = ("create", entity)
-        batch = [first, *(self._transaction_op(partition, op) for op in operations)]
-        if len(batch) > MAX_TRANSACTION_OPERATIONS:
-            raise ValueError(f"an entity-group transaction holds at most "
-                             f"{MAX_TRANSACTION_OPERATIONS} operations, got {len(batch)}")
-        try:
-            results = _call(lambda: self._client.submit_transaction(batch))
-        except TableTransactionError as error:
-            raise transaction_failure(error.index or 0, error.status_code, marker_id=marker.id,
-                                      detail=str(error).splitlines()[0]) from error
-        return marker.evolve(etag=_etag(results[0]))
+    def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
+        changed = {412: lambda: RecordChangedError(record.id),
+                   404: lambda: RecordChangedError(record.id)}
+        store_call(BACKEND, lambda: self._client.delete_entity(
+            record.partition_key, record.id, etag=record.etag, match_condition=_IF_UNCHANGED),
+            on_status=changed)
 
     def iter_records(self, *, in_progress_before: float | None = None,
                      expired_before: float | None = None) -> Iterator[IdempotencyRecord]:
@@ -210,61 +169,61 @@ class TableIdempotencyStore(IdempotencyStore):
             clauses.append("idemExpiresAt lt @expiry")
             params["expiry"] = float(expired_before)
         query = " and ".join(clauses)
-        pages = _call(lambda: self._client.query_entities(query, parameters=params))
+        pages = store_call(BACKEND, lambda: self._client.query_entities(query, parameters=params))
         iterator = iter(pages)
         while True:
             try:
-                entity = _call(lambda: next(iterator))
+                entity = store_call(BACKEND, lambda: next(iterator))
             except StopIteration:
                 return
             if is_record(entity):
                 yield self._to_record(entity)
 
-    def purge_expired(self, now: float, *, batch_size: int = 100) -> int:
+    def purge_expired(self, now: float) -> int:
+        """Expired rows go in entity-group transactions; a row changed meanwhile is kept."""
         by_partition: dict[str, list[IdempotencyRecord]] = defaultdict(list)
         for record in self.iter_records(expired_before=now):
             by_partition[record.partition_key].append(record)
         deleted = 0
         for partition, records in by_partition.items():
-            for start in range(0, len(records), min(batch_size, MAX_TRANSACTION_OPERATIONS)):
-                chunk = records[start:start + batch_size]
-                deleted += self._delete_chunk(partition, chunk)
-        return deleted
-
-    def _delete_chunk(self, partition: str, chunk: list[IdempotencyRecord]) -> int:
-        """Delete a group in one transaction; if one row changed meanwhile, go one by one."""
-        ops = [("delete", {"PartitionKey": partition, "RowKey": r.id},
-                {"etag": r.etag, "match_condition": MatchConditions.IfNotModified}) for r in chunk]
-        try:
-            _call(lambda: self._client.submit_transaction(ops))
-            return len(chunk)
-        except TableTransactionError:
-            deleted = 0
-            for record in chunk:
+            for start in range(0, len(records), MAX_TRANSACTION_OPERATIONS):
+                chunk = records[start:start + MAX_TRANSACTION_OPERATIONS]
+                ops = [("delete", {"PartitionKey": partition, "RowKey": r.id},
+                        {"etag": r.etag, "match_condition": _IF_UNCHANGED}) for r in chunk]
                 try:
-                    self.delete_record(record)
-                    deleted += 1
-                except RecordChangedError:
-                    pass  # taken over or renewed since the query: keep it
-            return deleted
+                    self._transaction(ops, marker_id=None)
+                    deleted += len(chunk)
+                except OperationFailedError:  # one row changed meanwhile: go one by one
+                    deleted += self._delete_each(chunk)
+        return deleted
 
     # -- documents --------------------------------------------------------------
     def read_document(self, partition: str, document_id: str) -> Document | None:
-        try:
-            entity = _call(lambda: self._client.get_entity(partition, document_id))
-        except ResourceNotFoundError:
+        entity = store_call(BACKEND, lambda: self._client.get_entity(partition, document_id),
+                            none_if_missing=True)
+        if entity is None:
             return None
         body = {k: v for k, v in _plain(entity).items() if k not in _SYSTEM}
         return Document(document_id, partition, body, _etag(entity.metadata))
 
     def write_documents(self, partition: str, operations: Sequence[WriteOp]) -> list[Document]:
-        batch = [self._transaction_op(partition, op) for op in operations]
-        try:
-            results = _call(lambda: self._client.submit_transaction(batch))
-        except TableTransactionError as error:
-            raise transaction_failure(error.index or 0, error.status_code, marker_id=None) from error
+        results = self._transaction([self._transaction_op(partition, op) for op in operations],
+                                    marker_id=None)
         return [Document(op.id, partition, op.body, _etag(meta))
                 for op, meta in zip(operations, results, strict=True)]
+
+    def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
+               marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
+        if marker_body:
+            check_flat(marker_body)
+        entity = self._record_entity(marker, marker_body)
+        first: tuple[Any, ...] = (
+            ("update", entity, {"mode": UpdateMode.REPLACE, "etag": marker.etag,
+                                "match_condition": _IF_UNCHANGED})
+            if marker.etag else ("create", entity))
+        batch = [first, *(self._transaction_op(marker.partition_key, op) for op in operations)]
+        results = self._transaction(batch, marker_id=marker.id)
+        return marker.evolve(etag=_etag(results[0]))
 
     def close(self) -> None:
         self._client.close()

@@ -12,7 +12,7 @@ import pytest
 from domain.notifications import HttpResponse
 from function_app import indexed_functions
 from functions.services import build_services, configure
-from shared.settings import Settings
+from functions.settings import Settings
 
 
 class FakeNotificationApi:

@@ -27,8 +27,8 @@ def test_timer_purges_expired_records_and_parks_abandoned_claims(services, clock
         trigger_metadata={})
     function("maintenance")(timer=timer)
 
-    assert idem.store.get_record(idem._new_record(done_key, "", held.state)) is None
-    closed = idem.store.get_record(held)
+    assert idem.store.get_record(done_key.encoded, done_key.encoded) is None
+    closed = idem.store.get_record(held.partition_key, held.id)
     assert closed.state.value == "completed" and closed.result == {"parked": "StaleInProgress"}
     assert services.parking.get("audit", stuck_key.key)["reason"] == "StaleInProgress"
     assert not list(idem.store.iter_records(in_progress_before=clock()))

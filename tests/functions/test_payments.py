@@ -112,11 +112,11 @@ def test_failing_event_is_retried_then_parked_and_never_blocks_the_partition(ser
     real_apply = services.payments.apply
     attempts = []
 
-    def flaky(payment, **context):
+    def flaky(payment, context=None):
         if payment.account_id == cursed:
             attempts.append(context["attempt"])
             raise StoreUnavailableError("throttled")
-        return real_apply(payment, **context)
+        return real_apply(payment, context)
 
     monkeypatch.setattr(services.payments, "apply", flaky)
     partition = uuid.uuid4().hex[:6]
@@ -179,10 +179,10 @@ def test_an_unexpected_error_parks_the_event_instead_of_stalling_the_partition(s
     account, cursed = account_id(), account_id()
     real_apply = services.payments.apply
 
-    def buggy(payment, **context):
+    def buggy(payment, context=None):
         if payment.account_id == cursed:
             raise KeyError("bug")
-        return real_apply(payment, **context)
+        return real_apply(payment, context)
 
     monkeypatch.setattr(services.payments, "apply", buggy)
     partition = uuid.uuid4().hex[:6]

@@ -2,7 +2,7 @@
 (Azure) and local.settings.sample.json (local runs).
 
 Reads what the code declares, not a copy of it:
-  * shared.settings.SETTING_NAMES: every setting the app reads (and, when the module
+  * functions.settings.SETTING_NAMES: every setting the app reads (and, when the module
     declares them, LOCAL_ONLY_SETTINGS, COSMOS_CONTAINERS and TABLES);
   * function_app.app: the indexed functions, whose bindings name their connections
     (`connection=`) and entity settings (`%NAME%`).
@@ -68,7 +68,7 @@ def _import_code():
     for key, value in _sample_values().items():
         os.environ.setdefault(key, str(value))
     try:
-        return importlib.import_module("shared.settings"), importlib.import_module("function_app")
+        return importlib.import_module("functions.settings"), importlib.import_module("function_app")
     finally:
         os.environ.clear()
         os.environ.update(saved)

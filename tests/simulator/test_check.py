@@ -105,7 +105,7 @@ def scan_table(table, prefix):
 
 def test_a_record_left_in_progress_is_reported(stack, tmp_path):
     from shared import DedupKey, Idempotency, request_hash
-    from simulator.check import parked_store, stores_from_settings  # noqa: F401
+    from simulator.check import stores_from_settings
 
     result = clean_run(stack, "table", "a")
     env = app_settings(result.config, endpoints_of(stack))

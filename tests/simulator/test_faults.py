@@ -19,7 +19,6 @@ from simulator.faults import (
     OutageController,
     SimulatedCrash,
     invocation,
-    wrap_service_stores,
 )
 
 
@@ -148,36 +147,23 @@ def test_sender_faults_and_the_api_log():
     assert [c.new_effect for c in api.calls] == [True, False]
 
 
-def test_wrap_service_stores_reaches_every_store_the_app_holds(stack):
+def test_every_store_the_app_uses_comes_from_the_factory_seam():
+    """The simulator injects faults through build_services' store factory: every role the
+    services use is asked for there, so no store escapes the fault wrappers."""
     from functions.services import build_services
-    from shared.settings import Settings
-    from shared.stores.base import IdempotencyStore
-    from simulator.scenario import Endpoints, ScenarioConfig, app_settings
+    from functions.settings import STORE_ROLES, Settings
+    from shared import InMemoryIdempotencyStore
 
-    endpoints = Endpoints(stack.table_connection_string, stack.cosmos_endpoint, stack.cosmos_key,
-                          stack.cosmos_verify)
-    settings = Settings.from_env(app_settings(ScenarioConfig(backend="table", tag="wrap"), endpoints))
-    services = build_services(settings, sender=FakeNotificationApi())
-    names = {id(s): n for n, s in services.stores.items()}
-    wrapped = wrap_service_stores(services, lambda s, n: FaultyStore(s, label=n, server="azurite"),
-                                  names)
-    assert set(wrapped) >= {"orders", "ledger", "dedup", "notifications", "order-status"}
+    asked: list[str] = []
 
-    def unwrapped(obj, seen=None):
-        seen = seen if seen is not None else set()
-        if id(obj) in seen:
-            return []
-        seen.add(id(obj))
-        found = []
-        items = obj.items() if isinstance(obj, dict) else (
-            vars(obj).items() if type(obj).__module__.split(".")[0] in ("domain", "shared", "functions")
-            and hasattr(obj, "__dict__") else [])
-        for _, value in items:
-            if isinstance(value, IdempotencyStore):
-                if not isinstance(value, FaultyStore):
-                    found.append(value)
-            else:
-                found += unwrapped(value, seen)
-        return found
+    def factory(role):
+        asked.append(role)
+        return FaultyStore(InMemoryIdempotencyStore(), label=role, server="memory")
 
-    assert unwrapped(services) == []
+    settings = Settings.from_env({"DEDUP_BACKEND": "table", "TABLE_CONNECTION_STRING": "unused"})
+    services = build_services(settings, stores=factory, sender=FakeNotificationApi())
+    assert sorted(asked) == sorted(STORE_ROLES)
+    assert all(isinstance(store, FaultyStore) for store in services.stores.values())
+    assert services.parking._store is services.stores["parked"]
+    assert services.orders.idempotency.store is services.stores["orders"]
+    assert services.notify.idempotency.store is services.stores["notifications"]

@@ -39,4 +39,4 @@ def test_arbitrary_keys_round_trip_and_never_collide(make_store, backend, values
         again = idem.run(dedup_key, request_hash(value), lambda: "again")
         assert again.status is OutcomeStatus.DUPLICATE
         assert again.result == value
-        assert store.get_record(outcome.record).key.key == value
+        assert store.get_record(outcome.record.partition_key, outcome.record.id).key.key == value

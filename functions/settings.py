@@ -56,10 +56,16 @@ APP_SETTINGS = (
 LOCAL_ONLY_SETTINGS = ("COSMOS_KEY", "COSMOS_VERIFY_TLS", "TABLE_CONNECTION_STRING")
 SETTING_NAMES = tuple(dict.fromkeys(BINDING_SETTINGS + APP_SETTINGS))
 
-# Fixed store names (Bicep creates them; see infra/).
+# The app's stores by role, and where each lives (Bicep creates them; see infra/).
+# Cosmos containers with their partition key path, for DEDUP_BACKEND=cosmos:
 COSMOS_CONTAINERS = {"orders": "/orderId", "order-status": "/orderId", "ledger": "/pk",
                      "dedup": "/pk"}
-TABLES = ("dedup", "parked", "ledger", "orders", "orderstatus")
+# Tables by role: the same roles for DEDUP_BACKEND=table, plus the two that always live in
+# Table Storage (the parking lot, and the notify/audit records).
+TABLE_FOR = {"orders": "orders", "order-status": "orderstatus", "ledger": "ledger",
+             "dedup": "dedup", "notifications": "dedup", "parked": "parked"}
+TABLES = tuple(dict.fromkeys(TABLE_FOR.values()))
+STORE_ROLES = tuple(TABLE_FOR)
 
 
 class SettingsError(ValueError):
@@ -72,8 +78,8 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
         return default
     try:
         value = int(raw)
-    except ValueError:
-        raise SettingsError(f"{name}={raw!r} is not an integer") from None
+    except ValueError as error:
+        raise SettingsError(f"{name}={raw!r} is not an integer") from error
     if value < minimum:
         raise SettingsError(f"{name}={value} must be at least {minimum}")
     return value

@@ -1,4 +1,11 @@
-"""Housekeeping on a timer: purge expired dedup records, reconcile stale in-progress ones."""
+"""Housekeeping for a timer trigger: purge expired records, close abandoned claims.
+
+Records accumulate unless something deletes them (Table Storage has no TTL;
+Cosmos expires markers in the background), and a claim whose holder died
+stays in progress until a redelivery takes it over. Once the broker can no
+longer redeliver, nobody will: the sweep parks such a claim for a person and
+closes it, so no record is left in progress forever.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +13,9 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from shared import IdempotencyStore
 from shared.exceptions import RecordChangedError
 from shared.parking import ParkingLot
+from shared.stores.base import RecordStore
 
 logger = logging.getLogger(__name__)
 
@@ -22,12 +29,11 @@ class MaintenanceReport:
 class Maintenance:
     """Purges expired records and parks in-progress records nobody will finish.
 
-    A record still in progress `grace` seconds after its lease ran out can no
-    longer be picked up by a redelivery (the broker's window has passed), so it
-    is parked for a person and closed: no record is left in progress forever.
+    `grace_seconds` is the redelivery window: a record still in progress that
+    long after its lease ran out can no longer be picked up by a redelivery.
     """
 
-    def __init__(self, stores: Mapping[str, IdempotencyStore], parking: ParkingLot, *,
+    def __init__(self, stores: Mapping[str, RecordStore], parking: ParkingLot, *,
                  grace_seconds: float, clock: Callable[[], float]) -> None:
         self.stores = stores
         self.parking = parking
@@ -44,7 +50,7 @@ class Maintenance:
                     self.parking.park_record(
                         store, record, reason="StaleInProgress", payload=record.key.key,
                         error="in progress past its lease and the redelivery window", now=now,
-                        dedup_store=name)
+                        context={"dedup_store": name})
                     report.parked += 1
                 except RecordChangedError as error:  # taken over meanwhile: fine
                     logger.info("stale record changed meanwhile: %s", error)
