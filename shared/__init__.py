@@ -2,7 +2,7 @@
 
     store = TableIdempotencyStore.from_connection_string(conn, table_name="dedup")
     idem = Idempotency(store)
-    outcome = idem.run(DedupKey.from_message_id("notify", msg.message_id),
+    outcome = idem.run(DedupKey.from_message_id("my-consumer", msg.message_id),
                        request_hash(body), lambda: send(body))
 """
 
