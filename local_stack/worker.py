@@ -442,9 +442,10 @@ class WorkerHost:
     def _fresh_app_module(self) -> Iterator[None]:
         """Index as a new worker process would: the script module imported afresh.
 
-        `FunctionApp.get_functions()` can index an app object once; if this
-        process already imported the app module (tests, tools), that copy is set
-        aside while the worker imports its own and put back afterwards.
+        `FunctionApp.get_functions()` can index an app object once, so the worker
+        gets its own import of the app module; whatever this process had under that
+        name before (tests, tools) is put back afterwards, or the name is left
+        unbound again, so a later `import function_app` elsewhere indexes its own copy.
         """
         script = self.settings.get("PYTHON_SCRIPT_FILE_NAME", "function_app.py")
         name = Path(script).stem
@@ -454,6 +455,8 @@ class WorkerHost:
         finally:
             if previous is not None:
                 sys.modules[name] = previous
+            else:
+                sys.modules.pop(name, None)
 
     def _properties(self) -> dict[str, Any]:
         return {"protos": self.protos, "host": self.settlement_server.host}

@@ -1,0 +1,1 @@
+"""Test support shared by the suites (never imported by product code)."""

@@ -1,0 +1,230 @@
+"""Every function invoked through the real worker with the data the host sends.
+
+Invocation requests go into `azure_functions_runtime`, which decodes the
+inputs with its own converters (RpcHttp, timer JSON, Event Hubs collection +
+trigger metadata, Service Bus model binding data through the servicebus
+extension), injects `ServiceBusMessageActions` and runs the function on its
+thread pool. Settlement calls travel over gRPC to the local settlement server
+and are asserted as it received them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from domain.payments import ACCOUNT_DOCUMENT
+from local_stack.host_data import SentEvent, SentMessage
+from local_stack.settlement_server import SettlementCall
+from local_stack.worker import WorkerHost
+from shared import DedupKey, request_hash, store_safe_id
+from tests.support.settlement import SettlementRecorder
+
+SOURCE = "/payments/api"
+
+
+def order(order_id: str, *, qty: int = 2) -> bytes:
+    return json.dumps({"orderId": order_id, "customerId": "C-1", "currency": "EUR",
+                       "lines": [{"sku": f"SKU-{n}", "quantity": qty, "unitPrice": 9.5}
+                                 for n in range(2)]}).encode()
+
+
+def deliver(worker: WorkerHost, function: str, body: bytes, message_id: str, *,
+            delivery_count: int = 1) -> tuple[tuple[str, str | None, str | None], SettlementRecorder]:
+    recorder = SettlementRecorder()
+    result = worker.invoke_service_bus(function, SentMessage(body, message_id=message_id,
+                                                             correlation_id="corr-w"),
+                                       delivery_count=delivery_count, settle=recorder)
+    assert result.ok, result.exception
+    assert len(recorder.calls) <= 1
+    return recorder.last, recorder
+
+
+# -- Service Bus: orders ---------------------------------------------------------------------
+def test_orders_first_delivery_completes_over_grpc_and_a_redelivery_writes_nothing(worker, services):
+    order_id = f"ORD-{uuid.uuid4().hex[:10]}"
+    (action, _, _), recorder = deliver(worker, "orders", order(order_id), order_id)
+    assert action == "complete"
+    assert recorder.calls[0].lock_token and recorder.calls[0].reason is None
+    store = services.stores["orders"]
+    first = store.read_document(order_id, order_id)
+    assert first.body["total"] == 38.0 and first.body["lineCount"] == 2
+    assert deliver(worker, "orders", order(order_id), order_id, delivery_count=2)[0][0] == "complete"
+    assert store.read_document(order_id, order_id).etag == first.etag
+
+
+def test_orders_reused_id_with_other_content_is_dead_lettered_with_reason_and_description(
+        worker, services):
+    order_id = f"ORD-{uuid.uuid4().hex[:10]}"
+    deliver(worker, "orders", order(order_id, qty=1), order_id)
+    (action, reason, description), recorder = deliver(worker, "orders", order(order_id, qty=5),
+                                                      order_id)
+    print(f"settlement server received: {recorder.calls[-1]!r}")
+    assert (action, reason) == ("deadletter", "IdempotencyKeyConflict")
+    assert order_id in description and description.count("sha256:") == 2
+    assert services.stores["orders"].read_document(order_id, order_id).body["total"] == 19.0
+
+
+def test_concurrent_copies_from_many_caller_threads_create_one_order(worker, services):
+    order_id = f"ORD-{uuid.uuid4().hex[:10]}"
+    barrier = threading.Barrier(8)
+
+    def copy(_: int) -> str:
+        barrier.wait()
+        return deliver(worker, "orders", order(order_id), order_id)[0][0]
+
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(copy, range(8))) == ["complete"] * 8
+    assert services.stores["orders"].read_document(order_id, order_id) is not None
+
+
+def test_a_settlement_the_host_refuses_fails_the_invocation(worker, services):
+    """The host cannot settle (e.g. the lock was lost): the extension raises in the function."""
+    order_id = f"ORD-{uuid.uuid4().hex[:10]}"
+    refused: list[SettlementCall] = []
+
+    def lock_lost(call: SettlementCall) -> None:
+        refused.append(call)
+        raise RuntimeError(f"MessageLockLost: the lock {call.lock_token} expired")
+
+    result = worker.invoke_service_bus("orders", SentMessage(order(order_id), message_id=order_id),
+                                       settle=lock_lost)
+    assert not result.ok and [c.action for c in refused] == ["complete"]
+    assert "SettlementError" in result.exception and "MessageLockLost" in result.exception
+
+
+# -- Service Bus: order_status, notify, audit -----------------------------------------------
+def test_order_status_applies_newer_versions_and_dead_letters_malformed_events(worker, services):
+    order_id = f"ORD-{uuid.uuid4().hex[:8]}"
+
+    def status(version: int, state: str) -> str:
+        body = json.dumps({"orderId": order_id, "version": version, "status": state}).encode()
+        return deliver(worker, "order_status", body, str(uuid.uuid4()))[0][0]
+
+    assert status(1, "accepted") == "complete" and status(2, "paid") == "complete"
+    assert status(1, "accepted") == "complete"  # late and older: rejected, still completed
+    safe = store_safe_id(order_id)
+    assert services.stores["order-status"].read_document(safe, safe).body["status"] == "paid"
+    (action, reason, _), _ = deliver(worker, "order_status", b'{"orderId": "x", "version": "2"}', "m")
+    assert (action, reason) == ("deadletter", "InvalidStatusEvent")
+
+
+@pytest.mark.parametrize("backend", ["table"])  # notifications use Table Storage
+def test_notify_and_audit_send_once_each_and_abandon_when_the_api_fails(worker, services, api):
+    message_id = f"N-{uuid.uuid4().hex[:10]}"
+    body = json.dumps({"to": "a@example.com", "text": "shipped"}).encode()
+    assert deliver(worker, "notify", body, message_id)[0][0] == "complete"
+    assert deliver(worker, "audit", body, message_id)[0][0] == "complete"
+    assert deliver(worker, "notify", body, message_id, delivery_count=2)[0][0] == "complete"
+    assert sorted(api.keys()) == sorted([f"audit|{message_id}", f"notify|{message_id}"])
+    assert api.calls[0][2]["X-Correlation-Id"] == "corr-w"  # from the AMQP message properties
+
+    other = f"N-{uuid.uuid4().hex[:10]}"
+    api.status = 503
+    assert deliver(worker, "notify", body, other)[0][0] == "abandon"
+    api.status = 202
+    assert deliver(worker, "notify", body, other, delivery_count=2)[0][0] == "complete"
+
+
+# -- Event Hubs ----------------------------------------------------------------------------
+def structured(event_id: str, account: str, cents: int) -> bytes:
+    return json.dumps({"specversion": "1.0", "id": event_id, "source": SOURCE,
+                       "type": "payment.credit",
+                       "data": {"accountId": account, "amountCents": cents}}).encode()
+
+
+def binary_mode(event_id: str, account: str, cents: int, prefix: str) -> tuple[bytes, dict]:
+    """A CloudEvent whose attributes travel only in the event's properties (PropertiesArray)."""
+    return (json.dumps({"accountId": account, "amountCents": cents}).encode(),
+            {f"{prefix}specversion": "1.0", f"{prefix}id": event_id, f"{prefix}source": SOURCE,
+             f"{prefix}type": "payment.debit"})
+
+
+def balance(services, account: str) -> int | None:
+    document = services.stores["ledger"].read_document(store_safe_id(account), ACCOUNT_DOCUMENT)
+    return None if document is None else document.body["balanceCents"]
+
+
+def test_payments_batch_reads_per_event_metadata_and_a_replay_changes_nothing(worker, services):
+    account, partition = f"acct-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex[:6]
+    debit, debit_props = binary_mode("d1", account, 300, "ce_")
+    debit2, debit2_props = binary_mode("d2", account, 200, "cloudEvents:")
+    batch = [SentEvent(structured("c1", account, 1000), 11),
+             SentEvent(debit, 12, debit_props, partition_key=account),
+             SentEvent(b"{broken", 13),
+             SentEvent(debit2, 14, debit2_props)]
+
+    result = worker.invoke_event_hub_batch("payments", batch, partition_id=partition)
+
+    assert result.ok, result.exception
+    assert balance(services, account) == 500  # the debits needed their own PropertiesArray entry
+    hub = services.settings.payments_hub
+    parked = services.parking.get("payments", f"{hub}/{partition}/13")  # SystemPropertiesArray
+    assert parked["reason"] == "MalformedJson"
+    assert services.payments.watermark.read(partition).sequence_number == 14  # PartitionContext
+    replay = worker.invoke_event_hub_batch("payments", batch, partition_id=partition,
+                                           retry_count=1, max_retry_count=-1)
+    assert replay.ok and balance(services, account) == 500
+
+
+# -- HTTP ----------------------------------------------------------------------------------
+def post(worker: WorkerHost, body: dict | bytes, key: str | None):
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Idempotency-Key"] = key
+    raw = json.dumps(body).encode() if isinstance(body, dict) else body
+    result = worker.invoke_http("http_payments", method="POST", headers=headers, body=raw)
+    assert result.ok, result.exception
+    return result.http
+
+
+def payment(account: str, cents: int = 250) -> dict:
+    return {"type": "payment.credit", "accountId": account, "amountCents": cents}
+
+
+def test_http_created_then_replayed_with_the_stored_response(worker, services):
+    account, key = f"acct-{uuid.uuid4().hex[:6]}", str(uuid.uuid4())
+    first = post(worker, payment(account), key)
+    assert first.status == 201 and first.header("Idempotent-Replayed") is None
+    assert first.json()["balanceCents"] == 250
+    again = post(worker, payment(account), key)
+    assert again.status == 201 and again.header("Idempotent-Replayed") == "true"
+    assert again.json() == first.json()
+    assert balance(services, account) == 250
+
+
+def test_http_key_reused_with_another_body_is_422_in_progress_is_409_no_key_is_400(worker, services):
+    account, key = f"acct-{uuid.uuid4().hex[:6]}", str(uuid.uuid4())
+    post(worker, payment(account), key)
+    conflict = post(worker, payment(account, 999), key)
+    assert conflict.status == 422 and conflict.header("Content-Type") == "application/problem+json"
+
+    busy_key = str(uuid.uuid4())
+    services.http_payments.idempotency.claim(DedupKey("http-payments", busy_key),
+                                             request_hash(payment(account)))
+    busy = post(worker, payment(account), busy_key)
+    assert busy.status == 409 and busy.header("Retry-After") == "1"
+
+    assert post(worker, payment(account), None).status == 400
+    assert post(worker, b"{nope", str(uuid.uuid4())).status == 400
+    assert balance(services, account) == 250
+
+
+# -- Timer -----------------------------------------------------------------------------------
+def test_timer_runs_maintenance_which_parks_an_abandoned_claim(worker, services, clock):
+    idem = services.notify.idempotency
+    stuck = DedupKey("audit", f"stuck-{uuid.uuid4().hex[:6]}")
+    _, held = idem.claim(stuck, request_hash("y"))
+    clock.advance(idem.config.lease.total_seconds() + services.settings.window.length.total_seconds()
+                  + 1)
+
+    result = worker.invoke_timer("maintenance", past_due=True)
+
+    assert result.ok, result.exception
+    closed = idem.store.get_record(held.partition_key, held.id)
+    assert closed.state.value == "completed" and closed.result == {"parked": "StaleInProgress"}
+    assert services.parking.get("audit", stuck.key)["reason"] == "StaleInProgress"
