@@ -87,9 +87,10 @@ def test_event_hubs_emulator_declares_the_contract_entities():
     assert namespace["Name"] == "emulatorNs1", "the emulator accepts this namespace name only"
     (hub,) = namespace["Entities"]
     assert hub["Name"] == ENTITY_SETTINGS["PAYMENTS_HUB_NAME"]
-    assert isinstance(hub["PartitionCount"], str), "the emulator schema wants a string"
-    assert hub["PartitionCount"].isdigit()
-    assert int(hub["PartitionCount"]) == param_defaults("resources.bicep")["eventHubPartitionCount"]
+    # The emulator's schema (2024 onwards) requires an integer; a quoted "4" is rejected at startup.
+    count = hub["PartitionCount"]
+    assert type(count) is int, f"PartitionCount must be a JSON integer, not {type(count).__name__}"
+    assert count == param_defaults("resources.bicep")["eventHubPartitionCount"]
     assert [g["Name"] for g in hub["ConsumerGroups"]] == [ENTITY_SETTINGS["PAYMENTS_CONSUMER_GROUP"]]
 
 
