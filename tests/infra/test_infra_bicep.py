@@ -62,7 +62,7 @@ def test_module_calls_match_module_parameters(relative, name, module):
     passed = set(module["config"].get("params", {}))
     unknown = passed - set(declared)
     assert not unknown, f"{relative}:{name} passes undeclared parameters {sorted(unknown)}"
-    required = {p for p, d in declared.items() if "default" not in d}
+    required = {p for p, d in declared.items() if d.get("default") is None}  # pycep: None = no default
     missing = required - passed
     assert not missing, f"{relative}:{name} misses required parameters {sorted(missing)}"
 
@@ -71,7 +71,7 @@ def test_main_parameters_file_matches_main_bicep():
     declared = parse("main.bicep")["parameters"]
     values = json.loads((INFRA / "main.parameters.json").read_text())["parameters"]
     assert set(values) <= set(declared), sorted(set(values) - set(declared))
-    required = {p for p, d in declared.items() if "default" not in d}
+    required = {p for p, d in declared.items() if d.get("default") is None}  # pycep: None = no default
     assert required <= set(values), sorted(required - set(values))
 
 
