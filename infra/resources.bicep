@@ -125,6 +125,11 @@ param cosmosAutoscaleMaxThroughput int = 1000
 @maxValue(32)
 param eventHubPartitionCount int = 4
 
+@description('Days the payments event hub retains events (Standard tier: 1..7). A consumer that is down longer than this loses events.')
+@minValue(1)
+@maxValue(7)
+param eventHubMessageRetentionInDays int = 7
+
 @description('Maximum instances of the Flex Consumption app.')
 @minValue(40)
 @maxValue(1000)
@@ -233,6 +238,7 @@ module eventHubs 'core/eventhubs.bicep' = {
     paymentsHubName: paymentsHubName
     paymentsConsumerGroupName: paymentsConsumerGroupName
     partitionCount: eventHubPartitionCount
+    messageRetentionInDays: eventHubMessageRetentionInDays
     appPrincipalId: identity.outputs.principalId
     developerPrincipalId: principalId
     developerPrincipalType: principalType

@@ -1,5 +1,7 @@
 // Event Hubs namespace (Standard: a consumer group other than $Default needs it) with the
 // `payments` hub and the dedicated `payments-processor` consumer group read by the app.
+// Events are retained 7 days by default (the Standard maximum), so a consumer that is down over a
+// weekend resumes from its checkpoint instead of losing payments.
 // The trigger checkpoints into AzureWebJobsStorage (blob), so replays after a restart or a
 // partition rebalance are expected; the payment handler deduplicates them.
 // Local (SAS) auth is disabled; the app receives with its managed identity, scoped to the hub.
@@ -24,10 +26,10 @@ param paymentsConsumerGroupName string
 @maxValue(32)
 param partitionCount int = 4
 
-@description('Event retention in days (Standard: 1..7).')
+@description('Event retention in days (Standard: 1..7). Seven days let a consumer that was down over a weekend catch up from its checkpoint.')
 @minValue(1)
 @maxValue(7)
-param messageRetentionInDays int = 1
+param messageRetentionInDays int = 7
 
 @description('Principal id of the Function App managed identity (receives only).')
 param appPrincipalId string

@@ -199,3 +199,22 @@ def test_basic_publishing_credentials_are_disabled(policy):
     policies = of_type("app/function-app.bicep", "Microsoft.Web/sites/basicPublishingCredentialsPolicies")
     by_name = {body(p)["name"]: body(p) for p in policies.values()}
     assert by_name[policy]["properties"]["allow"] is False
+
+
+def test_event_hub_retains_events_for_seven_days_parameterised():
+    """A consumer down over a weekend must find its payments still in the hub (Standard: 1..7 days)."""
+    params = parse("resources.bicep")["parameters"]["eventHubMessageRetentionInDays"]
+    bounds = {d["type"]: d["argument"] for d in params["decorators"]
+              if d["type"] in ("min_value", "max_value")}
+    assert bounds == {"min_value": 1, "max_value": 7}
+    assert params["default"] == 7
+    assert module_params("resources.bicep", "eventHubs")["messageRetentionInDays"] == (
+        "eventHubMessageRetentionInDays")
+    (hub,) = of_type(EH, "Microsoft.EventHub/namespaces/eventhubs").values()
+    assert body(hub)["properties"]["messageRetentionInDays"] == "messageRetentionInDays"
+    inner = parse(EH)["parameters"]["messageRetentionInDays"]
+    assert inner["default"] == 7
+    assert {d["type"]: d["argument"] for d in inner["decorators"]
+            if d["type"] in ("min_value", "max_value")} == {"min_value": 1, "max_value": 7}
+    (ns,) = of_type(EH, "Microsoft.EventHub/namespaces").values()
+    assert body(ns)["sku"]["tier"] == "Standard", "7 days is the Standard maximum; revisit for Premium"
