@@ -42,8 +42,9 @@ param principalType string = 'User'
 ])
 param dedupBackend string = 'cosmos'
 
-@description('NOTIFICATION_API_URL of the deployed app.')
-param notificationApiUrl string = ''
+@description('NOTIFICATION_API_URL of the deployed app (azd: NOTIFICATION_API_URL). Required: the notify and audit consumers call it for every message.')
+@minLength(1)
+param notificationApiUrl string
 
 @description('NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY of the deployed app.')
 param notificationApiHonoursIdempotencyKey bool = false

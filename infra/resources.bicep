@@ -92,8 +92,9 @@ param dedupLeaseSeconds int = 300
 ])
 param dedupBackend string = 'cosmos'
 
-@description('NOTIFICATION_API_URL: downstream notification API called by the notify consumer.')
-param notificationApiUrl string = ''
+@description('NOTIFICATION_API_URL: downstream notification API called by the notify and audit consumers. Required: an empty URL would fail every delivery until the messages are dead-lettered.')
+@minLength(1)
+param notificationApiUrl string
 
 @description('NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY: whether that API deduplicates on the Idempotency-Key header.')
 param notificationApiHonoursIdempotencyKey bool = false

@@ -188,3 +188,25 @@ def test_host_json_renewal_matches_the_bicep_default():
     configured = host["extensions"]["serviceBus"]["maxAutoLockRenewalDuration"]
     assert configured == _setting_values()[HOST_RENEWAL] == "00:05:00"
     assert app_settings()[HOST_RENEWAL] == "maxAutoLockRenewalDuration"
+
+
+# --- NOTIFICATION_API_URL: never silently empty ---------------------------------------------------
+@pytest.mark.parametrize("template", ["main.bicep", "resources.bicep"])
+def test_notification_api_url_is_a_required_non_empty_parameter(template):
+    """An empty URL fails every notify/audit delivery until MaxDeliveryCountExceeded."""
+    param = parse(template)["parameters"]["notificationApiUrl"]
+    assert param.get("default") is None, f"{template}: a default would let the URL be silently empty"
+    min_length = [d["argument"] for d in param.get("decorators", []) if d["type"] == "min_length"]
+    assert min_length and min_length[0] >= 1, f"{template}: '' must be rejected at deployment"
+
+
+def test_notification_api_url_reaches_the_app_setting_unchanged():
+    assert app_settings()["NOTIFICATION_API_URL"] == "notificationApiUrl"
+    main_module = parse("main.bicep")["modules"]["resources"]["config"]["params"]
+    assert main_module["notificationApiUrl"] == "notificationApiUrl"
+    values = json.loads((REPO / "infra" / "main.parameters.json").read_text())["parameters"]
+    # No `=fallback`: with the variable unset azd prompts (or fails with --no-prompt).
+    assert values["notificationApiUrl"]["value"] == "${NOTIFICATION_API_URL}"
+    sample = json.loads((REPO / "local.settings.sample.json").read_text())["Values"]
+    assert sample["NOTIFICATION_API_URL"].startswith(("http://", "https://"))
+
