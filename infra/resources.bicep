@@ -320,6 +320,12 @@ var appSettings = {
   MAINTENANCE_SCHEDULE: maintenanceSchedule
   APPLICATIONINSIGHTS_CONNECTION_STRING: monitoring.outputs.connectionString
   APPLICATIONINSIGHTS_AUTHENTICATION_STRING: 'ClientId=${identity.outputs.clientId};Authorization=AAD'
+  // One export path (infra/README.md, "Telemetry"): host.json sets telemetryMode OpenTelemetry and
+  // this flag makes the Python worker report WorkerOpenTelemetryEnabled, so the host stops
+  // forwarding the worker's logs; the app exports them itself (azure-monitor-opentelemetry).
+  // PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY stays unset: it would make the worker configure a
+  // second exporter next to the app's.
+  PYTHON_ENABLE_OPENTELEMETRY: 'true'
   AZURE_CLIENT_ID: identity.outputs.clientId
 }
 

@@ -210,3 +210,22 @@ def test_notification_api_url_reaches_the_app_setting_unchanged():
     sample = json.loads((REPO / "local.settings.sample.json").read_text())["Values"]
     assert sample["NOTIFICATION_API_URL"].startswith(("http://", "https://"))
 
+
+# --- Flex Consumption: settings the platform owns ---------------------------------------------------
+FLEX_DEPRECATED_SETTINGS = {
+    "FUNCTIONS_WORKER_RUNTIME", "FUNCTIONS_EXTENSION_VERSION", "WEBSITE_RUN_FROM_PACKAGE",
+    "WEBSITE_CONTENTSHARE", "WEBSITE_CONTENTAZUREFILECONNECTIONSTRING", "SCM_DO_BUILD_DURING_DEPLOYMENT",
+    "ENABLE_ORYX_BUILD", "WEBSITE_MAX_DYNAMIC_APPLICATION_SCALE_OUT", "WEBSITE_TIME_ZONE", "TZ",
+}
+
+
+def test_no_flex_deprecated_settings_are_deployed():
+    """Runtime and version live in functionAppConfig.runtime on Flex Consumption; so the deployed
+    app cannot rely on FUNCTIONS_WORKER_RUNTIME being in its environment (see
+    test_infra_telemetry: after specialization the worker sees only what the host passes)."""
+    assert not FLEX_DEPRECATED_SETTINGS & set(app_settings())
+
+
+def test_sample_names_the_worker_runtime_for_core_tools():
+    sample = json.loads((REPO / "local.settings.sample.json").read_text())["Values"]
+    assert sample["FUNCTIONS_WORKER_RUNTIME"] == "python"
