@@ -1,12 +1,25 @@
 // Alert rules of the idempotent consumers.
-//  * IdempotencyKeyConflict: an order id was reused with different content; the message was
-//    dead-lettered and a person must look at it (log query, any occurrence).
-//  * EventParked: a payment event could not be applied and was parked (log query, any occurrence).
-//  * DuplicateDetected spike: the duplicate rate of the last window is well above its 24 h
-//    baseline: a misconfigured producer, too short lock windows or an unhealthy consumer.
-//  * Dead-lettered messages on the queues and the topic (platform metric).
-// The log alerts match the stable event names the app emits, whether the event arrives as a
-// trace (message text or customDimensions) or as a custom event.
+//
+// Log alerts read ONE table: `traces` of the Application Insights component (AppTraces in the
+// workspace). That is where the app's structured logs land: the Python worker exports them itself
+// through OpenTelemetry (azure-monitor-opentelemetry; host.json telemetryMode OpenTelemetry, so the
+// host forwards none of them a second time). Each log record becomes one trace whose
+// customDimensions carry the record's `extra` fields; the field `event` names what happened.
+// Nothing writes customEvents, so no rule looks there.
+//
+//  * IdempotencyKeyConflict: new conflicts (an idempotency key reused with different content).
+//  * EventParked: new parked messages, from payments (event hub) and from the notification
+//    consumers (notify, audit), plus claims the maintenance timer had to close.
+//  * MessageDeadLettered: new messages the app dead-lettered itself (orders rejected by the store).
+//  * DuplicateDetected spike: the duplicate rate of the last 15 minutes is well above its 24 h
+//    baseline (misconfigured producer, too short locks, unhealthy consumer).
+//  * Dead-letter queues not empty (platform metric, stateless): catches the dead-letters the app
+//    never sees (max delivery count reached, TTL expired) and keeps reminding until an operator
+//    drains the queue with the replay tool.
+//
+// The three event alerts count the events of their evaluation window (window = frequency, so each
+// event is counted once) and are stateless: every window with new events fires again, an alert
+// that already fired never hides the next conflict, parking or dead-letter.
 
 @description('Region of the log alert rules.')
 param location string
@@ -23,7 +36,7 @@ param applicationInsightsId string
 @description('Resource id of the Service Bus namespace.')
 param serviceBusNamespaceId string
 
-@description('Service Bus entities whose dead-letter count raises an alert (queues and topics).')
+@description('Service Bus entities whose dead-letter queues are watched (queues and topics).')
 param deadLetterEntityNames array
 
 @description('E-mail address notified by the alerts. Empty: rules fire without notification (visible in Azure Monitor).')
@@ -41,16 +54,44 @@ param duplicateSpikeFactor int = 3
 var logEvents = {
   keyConflict: 'IdempotencyKeyConflict'
   parked: 'EventParked'
+  deadLettered: 'MessageDeadLettered'
   duplicate: 'DuplicateDetected'
 }
 
-// Rows of traces or customEvents carrying one event name.
-var conflictRows = 'union isfuzzy=true (traces | where message has "${logEvents.keyConflict}" or tostring(customDimensions) has "${logEvents.keyConflict}"), (customEvents | where name == "${logEvents.keyConflict}")'
-var parkedRows = 'union isfuzzy=true (traces | where message has "${logEvents.parked}" or tostring(customDimensions) has "${logEvents.parked}"), (customEvents | where name == "${logEvents.parked}")'
-var duplicateRows = 'union isfuzzy=true (traces | where message has "${logEvents.duplicate}" or tostring(customDimensions) has "${logEvents.duplicate}"), (customEvents | where name == "${logEvents.duplicate}")'
+// One table, one event each; the projected columns are the alert dimensions.
+var conflictQuery = 'traces | where tostring(customDimensions.event) == "${logEvents.keyConflict}" | extend consumer = tostring(customDimensions.consumer) | project timestamp, consumer, message'
+var parkedQuery = 'traces | where tostring(customDimensions.event) == "${logEvents.parked}" | extend consumer = tostring(customDimensions.consumer), reason = tostring(customDimensions.reason) | project timestamp, consumer, reason, message'
+var deadLetteredQuery = 'traces | where tostring(customDimensions.event) == "${logEvents.deadLettered}" | extend consumer = tostring(customDimensions.consumer), reason = tostring(customDimensions.reason) | project timestamp, consumer, reason, message'
 
 // 15-minute window compared with the average 15-minute count of the preceding day (95 windows).
-var duplicateSpikeQuery = 'let dups = ${duplicateRows}; let recent = toscalar(dups | where timestamp > ago(15m) | count); let baseline = todouble(toscalar(dups | where timestamp between (ago(1d) .. ago(15m)) | count)) / 95.0; print recentCount = recent, baselineCount = baseline | where recentCount >= ${duplicateSpikeMinCount} and recentCount > ${duplicateSpikeFactor} * baselineCount'
+var duplicateSpikeQuery = 'let dups = traces | where tostring(customDimensions.event) == "${logEvents.duplicate}"; let recent = toscalar(dups | where timestamp > ago(15m) | count); let baseline = todouble(toscalar(dups | where timestamp between (ago(1d) .. ago(15m)) | count)) / 95.0; print recentCount = recent, baselineCount = baseline | where recentCount >= ${duplicateSpikeMinCount} and recentCount > ${duplicateSpikeFactor} * baselineCount'
+
+var byConsumer = [
+  {
+    name: 'consumer'
+    operator: 'Include'
+    values: [
+      '*'
+    ]
+  }
+]
+
+var byConsumerAndReason = [
+  {
+    name: 'consumer'
+    operator: 'Include'
+    values: [
+      '*'
+    ]
+  }
+  {
+    name: 'reason'
+    operator: 'Include'
+    values: [
+      '*'
+    ]
+  }
+]
 
 var actionGroupIds = empty(alertEmailAddress) ? [] : [
   actionGroup.id
@@ -74,13 +115,13 @@ resource actionGroup 'Microsoft.Insights/actionGroups@2023-01-01' = if (!empty(a
 }
 
 resource keyConflictAlert 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {
-  name: '${namePrefix}-idempotency-key-conflict'
+  name: '${namePrefix}-idempotency-key-conflicts'
   location: location
   tags: tags
   kind: 'LogAlert'
   properties: {
-    displayName: 'Idempotency key conflict (${logEvents.keyConflict})'
-    description: 'A message reused an idempotency key with different content and was dead-lettered. Inspect the dead-letter queue and the producer.'
+    displayName: 'New idempotency key conflicts (${logEvents.keyConflict})'
+    description: 'A message reused an idempotency key with different content in the last 5 minutes (one alert per consumer). The message was not applied; orders dead-letters it. Inspect the dead-letter queue or the parked entry and the producer.'
     severity: 1
     enabled: true
     scopes: [
@@ -91,8 +132,9 @@ resource keyConflictAlert 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = 
     criteria: {
       allOf: [
         {
-          query: conflictRows
+          query: conflictQuery
           timeAggregation: 'Count'
+          dimensions: byConsumer
           operator: 'GreaterThan'
           threshold: 0
           failingPeriods: {
@@ -102,7 +144,7 @@ resource keyConflictAlert 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = 
         }
       ]
     }
-    autoMitigate: true
+    autoMitigate: false
     actions: {
       actionGroups: actionGroupIds
     }
@@ -110,13 +152,13 @@ resource keyConflictAlert 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = 
 }
 
 resource parkedAlert 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {
-  name: '${namePrefix}-event-parked'
+  name: '${namePrefix}-messages-parked'
   location: location
   tags: tags
   kind: 'LogAlert'
   properties: {
-    displayName: 'Payment event parked (${logEvents.parked})'
-    description: 'A payment event was parked instead of applied. Review the parked table and replay or resolve it.'
+    displayName: 'New parked messages: payments and notifications (${logEvents.parked})'
+    description: 'Messages were parked in the last 5 minutes instead of applied: payment events (event hub), notify and audit deliveries whose outcome is unknown, and claims closed by the maintenance timer. One alert per consumer and reason. Review the parked table and replay or discard with the replay tool.'
     severity: 2
     enabled: true
     scopes: [
@@ -127,8 +169,9 @@ resource parkedAlert 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {
     criteria: {
       allOf: [
         {
-          query: parkedRows
+          query: parkedQuery
           timeAggregation: 'Count'
+          dimensions: byConsumerAndReason
           operator: 'GreaterThan'
           threshold: 0
           failingPeriods: {
@@ -138,7 +181,44 @@ resource parkedAlert 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {
         }
       ]
     }
-    autoMitigate: true
+    autoMitigate: false
+    actions: {
+      actionGroups: actionGroupIds
+    }
+  }
+}
+
+resource deadLetteredAlert 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {
+  name: '${namePrefix}-messages-dead-lettered-by-app'
+  location: location
+  tags: tags
+  kind: 'LogAlert'
+  properties: {
+    displayName: 'New messages dead-lettered by the app (${logEvents.deadLettered})'
+    description: 'The app dead-lettered messages in the last 5 minutes (orders: rejected by the store, e.g. invalid keys or documents). One alert per consumer and reason. Inspect the dead-letter queue and replay or discard with the replay tool.'
+    severity: 2
+    enabled: true
+    scopes: [
+      applicationInsightsId
+    ]
+    evaluationFrequency: 'PT5M'
+    windowSize: 'PT5M'
+    criteria: {
+      allOf: [
+        {
+          query: deadLetteredQuery
+          timeAggregation: 'Count'
+          dimensions: byConsumerAndReason
+          operator: 'GreaterThan'
+          threshold: 0
+          failingPeriods: {
+            numberOfEvaluationPeriods: 1
+            minFailingPeriodsToAlert: 1
+          }
+        }
+      ]
+    }
+    autoMitigate: false
     actions: {
       actionGroups: actionGroupIds
     }
@@ -181,20 +261,25 @@ resource duplicateSpikeAlert 'Microsoft.Insights/scheduledQueryRules@2023-12-01'
   }
 }
 
+// DeadletteredMessages is a gauge (messages currently in a dead-letter queue; Average, Minimum and
+// Maximum only, not exportable through diagnostic settings), so no Azure Monitor rule can compute
+// its increase. Stateless (autoMitigate false) with Maximum: every evaluation in which a watched
+// dead-letter queue held a message, even briefly, fires again, so new dead-letters never go unseen
+// behind an alert that already fired; it stops when the queue is drained (replay or discard).
 resource deadLetterAlert 'Microsoft.Insights/metricAlerts@2018-03-01' = {
-  name: '${namePrefix}-servicebus-dead-letters'
+  name: '${namePrefix}-servicebus-dead-letter-queues-not-empty'
   location: 'global'
   tags: tags
   properties: {
-    description: 'Messages were dead-lettered on a queue or topic subscription (max deliveries reached, expired, or an idempotency key conflict).'
+    description: 'A dead-letter queue of orders, order-status or the notifications subscriptions holds messages (max deliveries reached, expired, or dead-lettered by the app). Fires again every 15 to 30 minutes until the queue is drained with the replay tool.'
     severity: 2
     enabled: true
     scopes: [
       serviceBusNamespaceId
     ]
-    evaluationFrequency: 'PT5M'
+    evaluationFrequency: 'PT15M'
     windowSize: 'PT15M'
-    autoMitigate: true
+    autoMitigate: false
     criteria: {
       'odata.type': 'Microsoft.Azure.Monitor.SingleResourceMultipleMetricCriteria'
       allOf: [

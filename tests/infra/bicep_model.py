@@ -39,6 +39,7 @@ TABLES = {"dedup", "parked", "ledger", "orders", "orderstatus"}
 LOG_EVENTS = {
     "keyConflict": "IdempotencyKeyConflict",
     "parked": "EventParked",
+    "deadLettered": "MessageDeadLettered",
     "duplicate": "DuplicateDetected",
 }
 # Settings every deployed app gets (the brief's contract), beyond the connections.

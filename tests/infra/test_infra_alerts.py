@@ -1,13 +1,24 @@
-"""Alert rules query the stable event names the app logs, named in one place."""
+"""Alert rules: each log alert reads one table (where the app's records really land), fires on new
+events of its window, and says what it watches; the dead-letter metric alert never goes quiet
+while a dead-letter queue holds messages.
+
+The table is checked against the real exporter: the app's own telemetry calls are run through
+azure-monitor-opentelemetry's log exporter conversion, which decides the Application Insights
+item type (MessageData = `traces`) and its customDimensions.
+"""
 
 from __future__ import annotations
 
+import logging
 import re
+
+import pytest
 
 from tests.infra.bicep_model import (
     ENTITY_SETTINGS,
     INFRA,
     LOG_EVENTS,
+    REPO,
     bicep_files,
     body,
     evaluate,
@@ -18,6 +29,21 @@ from tests.infra.bicep_model import (
 )
 
 ALERTS = "core/alerts.bicep"
+# Application Insights (classic and workspace) tables a query could name.
+KNOWN_TABLES = {
+    "traces", "customEvents", "requests", "exceptions", "dependencies", "customMetrics",
+    "pageViews", "availabilityResults", "AppTraces", "AppEvents", "AppExceptions", "AppRequests",
+    "AppDependencies", "AzureMetrics", "AzureDiagnostics",
+}
+# The rule watching each event, and what its name must say.
+EVENT_RULES = {
+    "keyConflict": ("keyConflictAlert", ("conflict",)),
+    "parked": ("parkedAlert", ("parked", "payments", "notifications")),
+    "deadLettered": ("deadLetteredAlert", ("dead-lettered",)),
+    "duplicate": ("duplicateSpikeAlert", ("duplicate", "spike")),
+}
+NEW_EVENT_RULES = ("keyConflict", "parked", "deadLettered")
+APP_CODE_DIRS = ("shared", "domain", "functions")
 
 
 def _query_rules():
@@ -29,6 +55,15 @@ def _query_rules():
     return rules
 
 
+def _tables(query: str) -> set[str]:
+    return {t for t in KNOWN_TABLES if re.search(rf"(?<![\w.]){t}(?![\w])", query)}
+
+
+def _event_filter(event: str) -> str:
+    return f'tostring(customDimensions.event) == "{event}"'
+
+
+# --- Event names ---------------------------------------------------------------------------------
 def test_event_names_are_declared_once():
     assert parse(ALERTS)["variables"]["logEvents"]["value"] == LOG_EVENTS
     for relative in bicep_files():
@@ -46,57 +81,164 @@ def test_event_names_match_the_app_telemetry():
     assert LOG_EVENTS["keyConflict"] == telemetry.EVENT_CONFLICT
     assert LOG_EVENTS["parked"] == telemetry.EVENT_PARKED
     assert LOG_EVENTS["duplicate"] == telemetry.EVENT_DUPLICATE
+    dead_lettered = getattr(telemetry, "EVENT_DEAD_LETTERED", LOG_EVENTS["deadLettered"])
+    assert dead_lettered == LOG_EVENTS["deadLettered"]
 
 
-def test_one_log_alert_per_event_querying_traces_and_custom_events():
+def test_the_app_emits_every_watched_event():
+    """An alert on an event no code emits can never fire."""
+    sources = "\n".join(p.read_text() for d in APP_CODE_DIRS for p in sorted((REPO / d).rglob("*.py")))
+    for name, event in LOG_EVENTS.items():
+        assert f'"{event}"' in sources, f"no app code emits {event} ({name})"
+
+
+# --- Where the records land ----------------------------------------------------------------------
+@pytest.fixture
+def exported():
+    """Envelopes the real Azure Monitor log exporter makes of the app's telemetry records."""
+    from azure.monitor.opentelemetry.exporter.export.logs._exporter import _convert_log_to_envelope
+    from opentelemetry.instrumentation.logging.handler import LoggingHandler  # the distro's handler
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+
+    memory = InMemoryLogRecordExporter()
+    provider = LoggerProvider()
+    provider.add_log_record_processor(SimpleLogRecordProcessor(memory))
+    handler = LoggingHandler(logger_provider=provider)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    previous = root.level
+    root.setLevel(logging.INFO)
+    try:
+        yield lambda: [_convert_log_to_envelope(r) for r in memory.get_finished_logs()]
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(previous)
+        provider.shutdown()
+
+
+def test_app_records_land_in_traces_with_the_event_dimension(exported):
+    from shared.keys import DedupKey
+    from shared.records import Outcome, OutcomeStatus
+    from shared.telemetry import Telemetry
+
+    telemetry = Telemetry()
+    key = DedupKey("orders", "order-1")
+    telemetry.outcome(Outcome(OutcomeStatus.CONFLICT, key, "hash-b"), latency=0.001, backend="cosmos")
+    telemetry.outcome(Outcome(OutcomeStatus.DUPLICATE, key, "hash-a"), latency=0.001, backend="cosmos")
+    telemetry.parked(consumer="payments", reason="MaxAttempts")
+    telemetry.parked(consumer="notify", reason="OutcomeUnknown")
+    telemetry.parked(consumer="orders", reason="StoreRejected", event=LOG_EVENTS["deadLettered"])
+
+    envelopes = exported()
+    by_event = {}
+    for envelope in envelopes:
+        data = envelope.data.base_data
+        # MessageData is the `traces` table; ExceptionData or EventData would land elsewhere.
+        assert envelope.data.base_type == "MessageData", envelope.data.base_type
+        by_event.setdefault(data.properties.get("event"), []).append(data.properties)
+    assert set(by_event) == set(LOG_EVENTS.values())
+    assert {p["consumer"] for p in by_event[LOG_EVENTS["parked"]]} == {"payments", "notify"}
+    for event in (LOG_EVENTS["parked"], LOG_EVENTS["deadLettered"]):
+        assert all(p.get("reason") for p in by_event[event]), "the reason dimension would be empty"
+    assert all(p.get("consumer") for props in by_event.values() for p in props)
+
+
+# --- The log alerts ------------------------------------------------------------------------------
+def test_each_event_has_one_rule_reading_only_traces():
     rules = _query_rules()
-    assert len(rules) == 3
-    seen = set()
-    for symbol, (rule, query, criterion) in rules.items():
-        (event,) = [e for e in LOG_EVENTS.values() if e in query]
-        seen.add(event)
-        assert f'message has "{event}"' in query, symbol
-        assert f'customEvents | where name == "{event}"' in query, symbol
+    assert set(rules) == {symbol for symbol, _ in EVENT_RULES.values()}
+    for name, (symbol, _) in EVENT_RULES.items():
+        rule, query, criterion = rules[symbol]
+        assert _tables(query) == {"traces"}, f"{symbol} reads {_tables(query)}"
+        assert "union" not in query, symbol
+        assert _event_filter(LOG_EVENTS[name]) in query, symbol
+        others = [e for n, e in LOG_EVENTS.items() if n != name]
+        assert not [e for e in others if e in query], f"{symbol} watches more than one event"
         assert "${" not in query, f"{symbol}: unresolved interpolation"
         assert query.count("(") == query.count(")"), symbol
         assert query.count('"') % 2 == 0, symbol
         assert rule["kind"] == "LogAlert"
         assert rule["properties"]["enabled"] is True
+        assert rule["properties"]["scopes"] == ["applicationInsightsId"], symbol
         assert criterion["operator"] == "GreaterThan"
         assert criterion["threshold"] == 0
         assert criterion["timeAggregation"] == "Count"
-        assert event in evaluate(rule["properties"]["displayName"], scope_of(ALERTS))
-    assert seen == set(LOG_EVENTS.values())
 
 
-def test_log_alerts_target_application_insights():
-    for symbol, (rule, _, _) in _query_rules().items():
-        assert rule["properties"]["scopes"] == ["applicationInsightsId"], symbol
-    assert module_params("resources.bicep", "alerts")["applicationInsightsId"] == {
-        "operator": {"type": "property_accessor", "operands": {
-            "operand_1": "monitoring", "operand_2": {"operator": {"type": "property_accessor", "operands": {
-                "operand_1": "outputs", "operand_2": "applicationInsightsId"}}}}}}
+@pytest.mark.parametrize("name", NEW_EVENT_RULES)
+def test_event_rules_fire_on_new_events_of_each_window(name):
+    symbol, _ = EVENT_RULES[name]
+    rule, query, criterion = _query_rules()[symbol]
+    props = rule["properties"]
+    # The window is the evaluation period: each event is counted exactly once, as new.
+    assert props["windowSize"] == props["evaluationFrequency"] == "PT5M"
+    assert "ago(" not in query and "between" not in query, "the query must not widen the window"
+    # Stateless: a rule that already fired does not swallow the next events.
+    assert props["autoMitigate"] is False
+    assert criterion["failingPeriods"] == {"numberOfEvaluationPeriods": 1, "minFailingPeriodsToAlert": 1}
+
+
+@pytest.mark.parametrize("name", NEW_EVENT_RULES)
+def test_event_rules_split_by_the_dimensions_the_query_projects(name):
+    symbol, _ = EVENT_RULES[name]
+    _, query, criterion = _query_rules()[symbol]
+    # A variable holding literal objects (evaluate() would read their `operator` keys as operators).
+    dimensions = parse(ALERTS)["variables"][criterion["dimensions"]]["value"]
+    names = [d["name"] for d in dimensions]
+    assert "consumer" in names
+    project = query.rsplit("| project", 1)[1]
+    for dimension in dimensions:
+        assert dimension["operator"] == "Include" and dimension["values"] == ["*"]
+        assert f"{dimension['name']} = tostring(customDimensions.{dimension['name']})" in query
+        assert dimension["name"] in project, f"{symbol}: dimension {dimension['name']} not projected"
+
+
+@pytest.mark.parametrize("name", sorted(EVENT_RULES))
+def test_rule_names_say_what_they_watch(name):
+    symbol, words = EVENT_RULES[name]
+    rule, _, _ = _query_rules()[symbol]
+    scope = scope_of(ALERTS)
+    display = evaluate(rule["properties"]["displayName"], scope)
+    name_text = evaluate(rule["name"], {**scope, "namePrefix": "x"})
+    text = f"{display} {rule['properties']['description']} {name_text}"
+    assert LOG_EVENTS[name] in display
+    for word in words:
+        assert word.lower() in text.lower(), f"{symbol} does not say it watches {word}"
+
+
+def test_parked_rule_is_not_about_payments_only():
+    rule, _, _ = _query_rules()["parkedAlert"]
+    display = evaluate(rule["properties"]["displayName"], scope_of(ALERTS))
+    assert not display.startswith("Payment event parked")
+    for consumer in ("notify", "audit", "payment"):
+        assert consumer in rule["properties"]["description"]
 
 
 def test_duplicate_spike_compares_the_window_with_a_baseline():
-    rules = _query_rules()
-    (rule, query, _) = rules["duplicateSpikeAlert"]
+    rule, query, _ = _query_rules()["duplicateSpikeAlert"]
     assert LOG_EVENTS["duplicate"] in query
     assert re.search(r"recentCount >= 20 and recentCount > 3 \* baselineCount", query)
     assert rule["properties"]["windowSize"] == "P1D"
     assert rule["properties"]["evaluationFrequency"] == "PT15M"
 
 
-def test_conflict_and_parked_alert_on_any_occurrence():
-    rules = _query_rules()
-    for symbol in ("keyConflictAlert", "parkedAlert"):
-        rule, _, _ = rules[symbol]
-        assert rule["properties"]["windowSize"] == rule["properties"]["evaluationFrequency"], symbol
+def test_log_alerts_target_application_insights():
+    assert module_params("resources.bicep", "alerts")["applicationInsightsId"] == {
+        "operator": {"type": "property_accessor", "operands": {
+            "operand_1": "monitoring", "operand_2": {"operator": {"type": "property_accessor", "operands": {
+                "operand_1": "outputs", "operand_2": "applicationInsightsId"}}}}}}
+
+
+# --- The dead-letter metric alert ----------------------------------------------------------------
+def _dead_letter_alert():
+    (alert,) = of_type(ALERTS, "Microsoft.Insights/metricAlerts").values()
+    return body(alert)
 
 
 def test_dead_letter_metric_alert_covers_queues_and_topic():
-    (alert,) = of_type(ALERTS, "Microsoft.Insights/metricAlerts").values()
-    (criterion,) = body(alert)["properties"]["criteria"]["allOf"]
+    alert = _dead_letter_alert()
+    (criterion,) = alert["properties"]["criteria"]["allOf"]
     assert criterion["metricName"] == "DeadletteredMessages"
     assert criterion["metricNamespace"] == "Microsoft.ServiceBus/namespaces"
     (dimension,) = criterion["dimensions"]
@@ -106,4 +248,19 @@ def test_dead_letter_metric_alert_covers_queues_and_topic():
     entities = evaluate(module_params("resources.bicep", "alerts")["deadLetterEntityNames"], scope)
     assert set(entities) == {ENTITY_SETTINGS["ORDERS_QUEUE_NAME"], ENTITY_SETTINGS["ORDER_STATUS_QUEUE_NAME"],
                              ENTITY_SETTINGS["NOTIFICATIONS_TOPIC_NAME"]}
-    assert body(alert)["properties"]["scopes"] == ["serviceBusNamespaceId"]
+    assert alert["properties"]["scopes"] == ["serviceBusNamespaceId"]
+
+
+def test_dead_letter_metric_alert_does_not_go_quiet_after_firing():
+    """DeadletteredMessages is a gauge: a stateful rule fires once and hides every later
+    dead-letter until the queue is drained. Stateless + Maximum fires again each evaluation in
+    which a dead-letter queue held a message, however briefly."""
+    alert = _dead_letter_alert()
+    props = alert["properties"]
+    assert props["autoMitigate"] is False
+    (criterion,) = props["criteria"]["allOf"]
+    assert criterion["timeAggregation"] == "Maximum", "Minimum or Average miss a briefly held message"
+    assert criterion["operator"] == "GreaterThan" and criterion["threshold"] == 0
+    assert props["windowSize"] == props["evaluationFrequency"]
+    assert "not-empty" in evaluate(alert["name"], {"namePrefix": "x"})
+
