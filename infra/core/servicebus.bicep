@@ -7,7 +7,8 @@
 // Every entity shares the same lock duration and max delivery count, because the app's dedup
 // retention (DEDUP_TTL_SECONDS) is derived from exactly these two values.
 // Local (SAS) auth is disabled; the app receives with its managed identity. Role assignments are
-// scoped to the individual entities (topic triggers need scope over the subscription resource).
+// scoped to the individual entities the triggers read (topic triggers need scope over the
+// subscription resource), never to the namespace.
 
 @description('Service Bus namespace name.')
 param name string
@@ -68,6 +69,7 @@ var lockDuration = 'PT${lockDurationSeconds}S'
 var roles = {
   serviceBusDataReceiver: '4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0'
   serviceBusDataSender: '69a216fc-b8fb-44d8-bc22-1f3c2cd27a39'
+  serviceBusDataOwner: '090c5cfd-751d-490a-894a-3ce6f1109419'
 }
 
 resource namespace 'Microsoft.ServiceBus/namespaces@2024-01-01' = {
@@ -152,46 +154,52 @@ resource auditSubscription 'Microsoft.ServiceBus/namespaces/topics/subscriptions
   }
 }
 
-// --- Role assignments (app identity): Data Receiver only --------------------------------------
-// Receive, complete, abandon and dead-letter are all receiver-side settlement operations.
-// The app never sends, so it gets no Data Sender role. (Data Owner would let the scale
-// controller read exact message counts; without it scaling falls back to peeking, which is a
-// deliberate least-privilege trade-off, see infra/README.md.)
-resource appOrdersReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  name: guid(ordersQueue.id, appPrincipalId, roles.serviceBusDataReceiver)
+// --- Role assignments (app identity): Data Owner on each trigger entity, nothing else ----------
+// Receive, complete, abandon and dead-letter are receiver-side operations (Data Receiver would do).
+// Target-based scaling is what needs more: the scale controller runs as the app's identity and
+// reads the entity's runtime properties (active message count) through the Service Bus
+// administration API, which requires the Manage claim. Without it, GetQueueRuntimeProperties /
+// GetSubscriptionRuntimeProperties fail with UnauthorizedAccessException and the trigger falls
+// back to incremental scaling (one instance at a time, guessed from the first message's age).
+// The only built-in role carrying Manage is Azure Service Bus Data Owner, and a custom role would
+// not be narrower (the Manage claim itself allows entity management). So: Data Owner, scoped to
+// exactly the four entities the triggers read; no role on the namespace, the topic or any other
+// entity, and no Data Sender anywhere (see infra/README.md, "Role assignments").
+resource appOrdersDataOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(ordersQueue.id, appPrincipalId, roles.serviceBusDataOwner)
   scope: ordersQueue
   properties: {
-    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataReceiver)
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataOwner)
     principalId: appPrincipalId
     principalType: 'ServicePrincipal'
   }
 }
 
-resource appOrderStatusReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  name: guid(orderStatusQueue.id, appPrincipalId, roles.serviceBusDataReceiver)
+resource appOrderStatusDataOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(orderStatusQueue.id, appPrincipalId, roles.serviceBusDataOwner)
   scope: orderStatusQueue
   properties: {
-    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataReceiver)
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataOwner)
     principalId: appPrincipalId
     principalType: 'ServicePrincipal'
   }
 }
 
-resource appNotifyReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  name: guid(notifySubscription.id, appPrincipalId, roles.serviceBusDataReceiver)
+resource appNotifyDataOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(notifySubscription.id, appPrincipalId, roles.serviceBusDataOwner)
   scope: notifySubscription
   properties: {
-    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataReceiver)
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataOwner)
     principalId: appPrincipalId
     principalType: 'ServicePrincipal'
   }
 }
 
-resource appAuditReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  name: guid(auditSubscription.id, appPrincipalId, roles.serviceBusDataReceiver)
+resource appAuditDataOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(auditSubscription.id, appPrincipalId, roles.serviceBusDataOwner)
   scope: auditSubscription
   properties: {
-    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataReceiver)
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataOwner)
     principalId: appPrincipalId
     principalType: 'ServicePrincipal'
   }

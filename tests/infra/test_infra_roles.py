@@ -1,8 +1,9 @@
 """Least-privilege role assignments for the app identity, next to the resources they grant.
 
 Every identity-based connection the app uses has a data-plane role on the right
-scope; the app never gets a sender, owner or management role; the optional
-developer assignments exist only when a developer principal id is given.
+scope; the app never gets a sender or management role, and Service Bus Data Owner (the
+Manage claim target-based scaling needs) only on the entities its triggers read; the
+optional developer assignments exist only when a developer principal id is given.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ EXPECTED_APP_ROLES = {
         ("storageTableDataContributor", "Microsoft.Storage/storageAccounts"),
     },
     "core/servicebus.bicep": {
-        ("serviceBusDataReceiver", "Microsoft.ServiceBus/namespaces/queues"),
-        ("serviceBusDataReceiver", "Microsoft.ServiceBus/namespaces/topics/subscriptions"),
+        ("serviceBusDataOwner", "Microsoft.ServiceBus/namespaces/queues"),
+        ("serviceBusDataOwner", "Microsoft.ServiceBus/namespaces/topics/subscriptions"),
     },
     "core/eventhubs.bicep": {
         ("eventHubsDataReceiver", "Microsoft.EventHub/namespaces/eventhubs"),
@@ -50,17 +51,20 @@ EXPECTED_APP_ROLES = {
     },
 }
 FORBIDDEN_FOR_APP = {
-    "serviceBusDataSender", "serviceBusDataOwner", "eventHubsDataSender", "eventHubsDataOwner",
+    "serviceBusDataSender", "eventHubsDataSender", "eventHubsDataOwner",
     "storageQueueDataContributor", "owner", "contributor",
 }
 # Receiving entities of the bindings: setting -> role the app needs on that very entity.
+# Service Bus: Data Owner, because the target-based scaler reads the entity's runtime properties
+# (message counts) through the administration API, which needs the Manage claim.
 RECEIVING_ENTITIES = {
-    "ORDERS_QUEUE_NAME": "serviceBusDataReceiver",
-    "ORDER_STATUS_QUEUE_NAME": "serviceBusDataReceiver",
-    "NOTIFY_SUBSCRIPTION_NAME": "serviceBusDataReceiver",
-    "AUDIT_SUBSCRIPTION_NAME": "serviceBusDataReceiver",
+    "ORDERS_QUEUE_NAME": "serviceBusDataOwner",
+    "ORDER_STATUS_QUEUE_NAME": "serviceBusDataOwner",
+    "NOTIFY_SUBSCRIPTION_NAME": "serviceBusDataOwner",
+    "AUDIT_SUBSCRIPTION_NAME": "serviceBusDataOwner",
     "PAYMENTS_HUB_NAME": "eventHubsDataReceiver",
 }
+SERVICE_BUS_TRIGGER_ENTITIES = {s for s, role in RECEIVING_ENTITIES.items() if role == "serviceBusDataOwner"}
 
 ALL_ASSIGNMENTS = [(f, a) for f in bicep_files() for a in role_assignments(f)]
 
@@ -174,3 +178,21 @@ def test_storage_role_covers_host_storage_and_tables_of_the_same_account():
     (account,) = of_type("core/storage.bicep", "Microsoft.Storage/storageAccounts")
     assert app_roles_on("core/storage.bicep", account) == {
         "storageBlobDataOwner", "storageTableDataContributor"}
+
+
+# --- Service Bus: the Manage claim for target-based scaling, on the trigger entities only -----------
+def test_service_bus_data_owner_only_on_the_entities_the_triggers_read():
+    granted = {a["scope"] for a in role_assignments("core/servicebus.bicep")
+               if a["principal"] == APP_PRINCIPAL and a["role"] == ROLE["serviceBusDataOwner"]}
+    triggers = {entity_resource(setting)[2] for setting in SERVICE_BUS_TRIGGER_ENTITIES}
+    assert granted == triggers
+    namespace = next(iter(of_type("core/servicebus.bicep", "Microsoft.ServiceBus/namespaces")))
+    topic = next(iter(of_type("core/servicebus.bicep", "Microsoft.ServiceBus/namespaces/topics")))
+    assert namespace not in granted and topic not in granted
+
+
+def test_app_holds_no_redundant_receiver_role_next_to_data_owner():
+    for a in role_assignments("core/servicebus.bicep"):
+        if a["principal"] == APP_PRINCIPAL:
+            assert a["role"] == ROLE["serviceBusDataOwner"], a["name"]
+
