@@ -24,16 +24,19 @@ param location string
 @description('Resource group name. Empty: rg-<environmentName>.')
 param resourceGroupName string = ''
 
-@description('Optional object id of the deploying developer; grants the data-plane roles needed to run the app locally against Azure. Empty: none.')
+@description('Object id of the deploying principal (azd: AZURE_PRINCIPAL_ID). Receives data-plane roles only when grantDeployerDataRoles is true.')
 param principalId string = ''
 
-@description('Principal type of principalId.')
+@description('Principal type of principalId (azd: AZURE_PRINCIPAL_TYPE, set by the preprovision hook in infra/hooks from the signed-in identity).')
 @allowed([
   'User'
   'Group'
   'ServicePrincipal'
 ])
 param principalType string = 'User'
+
+@description('Opt-in: give principalId the data-plane roles to run the app locally against these resources and send test traffic (azd: GRANT_DEPLOYER_DATA_ROLES). Off by default, so production-like environments grant people no data access.')
+param grantDeployerDataRoles bool = false
 
 @description('DEDUP_BACKEND of the deployed app.')
 @allowed([
@@ -73,7 +76,7 @@ module resources 'resources.bicep' = {
     environmentName: environmentName
     location: location
     tags: tags
-    principalId: principalId
+    principalId: grantDeployerDataRoles ? principalId : ''
     principalType: principalType
     dedupBackend: dedupBackend
     notificationApiUrl: notificationApiUrl

@@ -8,6 +8,8 @@ optional developer assignments exist only when a developer principal id is given
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.infra.bicep_model import (
@@ -15,6 +17,7 @@ from tests.infra.bicep_model import (
     DEVELOPER_PRINCIPAL,
     ENTITY_SETTINGS,
     IDENTITY_CONNECTIONS,
+    INFRA,
     ROLE,
     ROLE_NAME,
     accessor_path,
@@ -23,11 +26,13 @@ from tests.infra.bicep_model import (
     bicep_files,
     body,
     entity_resource,
+    evaluate,
     module_file,
     module_params,
     of_type,
     parse,
     role_assignments,
+    scope_of,
 )
 
 # What the app identity must hold, per template: (role, scope resource type).
@@ -195,4 +200,30 @@ def test_app_holds_no_redundant_receiver_role_next_to_data_owner():
     for a in role_assignments("core/servicebus.bicep"):
         if a["principal"] == APP_PRINCIPAL:
             assert a["role"] == ROLE["serviceBusDataOwner"], a["name"]
+
+
+# --- Deployer data-plane roles: opt-in ----------------------------------------------------------------
+def test_deployer_data_roles_are_opt_in_and_off_by_default():
+    main = parse("main.bicep")
+    param = main["parameters"]["grantDeployerDataRoles"]
+    assert param["type"] == "bool" and param["default"] is False
+    passed = main["modules"]["resources"]["config"]["params"]["principalId"]
+    scope = scope_of("main.bicep", {"principalId": "0000-deployer"})
+    assert evaluate(passed, scope) == "", "default: no developer role assignments"
+    assert evaluate(passed, {**scope, "grantDeployerDataRoles": True}) == "0000-deployer"
+    values = json.loads((INFRA / "main.parameters.json").read_text())["parameters"]
+    assert values["grantDeployerDataRoles"]["value"] == "${GRANT_DEPLOYER_DATA_ROLES=false}"
+
+
+def test_every_developer_assignment_hangs_on_the_gated_principal():
+    """The opt-in gates everything: every developer assignment is conditional on the principal id
+    main.bicep passes only when grantDeployerDataRoles is true."""
+    modules = parse("resources.bicep")["modules"]
+    for name, module in modules.items():
+        params = module["config"].get("params", {})
+        if DEVELOPER_PRINCIPAL in params:
+            assert params[DEVELOPER_PRINCIPAL] == "principalId", name
+    for relative, assignment in ALL_ASSIGNMENTS:
+        if assignment["principal"] == DEVELOPER_PRINCIPAL:
+            assert assignment["conditional"], f"{relative}:{assignment['name']}"
 
