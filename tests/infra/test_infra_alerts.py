@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
 
 import pytest
 
@@ -264,3 +265,9 @@ def test_dead_letter_metric_alert_does_not_go_quiet_after_firing():
     assert props["windowSize"] == props["evaluationFrequency"]
     assert "not-empty" in evaluate(alert["name"], {"namePrefix": "x"})
 
+
+def test_alerts_readme_describes_the_rules():
+    readme = Path(INFRA / "README.md").read_text()
+    for event in LOG_EVENTS.values():
+        assert event in readme, f"infra/README.md does not mention the {event} alert"
+    assert "DeadletteredMessages" in readme

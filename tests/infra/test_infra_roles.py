@@ -202,6 +202,13 @@ def test_app_holds_no_redundant_receiver_role_next_to_data_owner():
             assert a["role"] == ROLE["serviceBusDataOwner"], a["name"]
 
 
+def test_scaling_rights_are_documented():
+    readme = (INFRA / "README.md").read_text()
+    assert "Azure Service Bus Data Owner" in readme
+    assert "target-based scaling" in readme.lower()
+    assert "Manage" in readme
+
+
 # --- Deployer data-plane roles: opt-in ----------------------------------------------------------------
 def test_deployer_data_roles_are_opt_in_and_off_by_default():
     main = parse("main.bicep")
