@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from shared.cloudevents import InvalidEventError
+from shared.payload import InvalidPayloadError
+from shared.payload import parse_json_object as parse_payload_object
 
 
 @dataclass(frozen=True)
@@ -34,26 +35,14 @@ class InboundEvent:
     partition_key: str | None = None
 
 
-class InvalidMessageError(ValueError):
-    """The message cannot be processed as it is; `reason` is the dead-letter reason."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
+#: The message cannot be processed as it is; `reason` is the dead-letter reason.
+InvalidMessageError = InvalidPayloadError
 
 
 def parse_json_object(body: bytes, *, max_bytes: int) -> dict[str, Any]:
-    """Decode a JSON object body, refusing oversized or malformed input with a reason."""
-    if len(body) > max_bytes:
-        raise InvalidMessageError("PayloadTooLarge", f"{len(body)} bytes; at most {max_bytes}")
-    try:
-        value = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise InvalidMessageError("MalformedJson", str(error)) from error
-    if not isinstance(value, dict):
-        raise InvalidMessageError("MalformedJson", "body must be a JSON object")
-    return value
+    """Decode a JSON object body with the library's bounded decoder (depth, size, numbers,
+    text), refusing hostile or malformed input with a reason on the first delivery."""
+    return parse_payload_object(body, max_bytes=max_bytes)
 
 
 def invalid_event(error: InvalidEventError) -> InvalidMessageError:

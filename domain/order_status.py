@@ -14,6 +14,7 @@ from typing import Any
 
 from domain.messages import InboundMessage, InvalidMessageError, parse_json_object
 from shared import Document, DocumentStore, IdempotencyError, store_safe_id, update_document
+from shared.payload import exact_integer
 from shared.settlement import Decision, decision_for_error
 
 MAX_STATUS_BYTES = 64 * 1024
@@ -26,8 +27,7 @@ def parse_status(message: InboundMessage) -> dict[str, Any]:
     order_id, version, status = data.get("orderId"), data.get("version"), data.get("status")
     if not isinstance(order_id, str) or not order_id:
         raise InvalidMessageError("InvalidStatusEvent", "orderId must be a non-empty string")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise InvalidMessageError("InvalidStatusEvent", "version must be a positive integer")
+    version = exact_integer(version, "version", reason="InvalidStatusEvent")
     if status not in STATUSES:
         raise InvalidMessageError("InvalidStatusEvent", f"status must be one of {STATUSES}")
     flat = {k: v for k, v in data.items() if isinstance(v, (str, int, float, bool)) or v is None}

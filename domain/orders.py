@@ -16,11 +16,14 @@ from typing import Any
 
 from domain.messages import InboundMessage, InvalidMessageError, parse_json_object
 from shared import DedupKey, Idempotency, IdempotencyError, InvalidKeyError, request_hash, store_safe_id
+from shared.payload import exact_integer
 from shared.settlement import Action, Decision, decision_for, decision_for_error
 
 CONSUMER = "orders"
 MAX_ORDER_BYTES = 256 * 1024  # a Standard-tier Service Bus message
 MAX_LINES = 98  # one batch: order document + lines <= 100 operations
+MAX_QUANTITY = 1_000_000
+MAX_UNIT_PRICE = 1e9  # with MAX_QUANTITY and MAX_LINES, a total far inside a double's exact range
 logger = logging.getLogger(__name__)
 
 
@@ -66,11 +69,11 @@ def parse_order(message: InboundMessage) -> Order:
         sku, qty, price = line.get("sku"), line.get("quantity"), line.get("unitPrice")
         if not isinstance(sku, str) or not sku:
             raise InvalidMessageError("InvalidOrder", f"line {n}: sku must be a string")
-        if not isinstance(qty, int) or isinstance(qty, bool) or qty <= 0:
-            raise InvalidMessageError("InvalidOrder", f"line {n}: quantity must be a positive integer")
+        qty = exact_integer(qty, f"line {n}: quantity", reason="InvalidOrder", maximum=MAX_QUANTITY)
         if (not isinstance(price, (int, float)) or isinstance(price, bool) or price < 0
-                or not math.isfinite(price)):
-            raise InvalidMessageError("InvalidOrder", f"line {n}: unitPrice must be a number >= 0")
+                or not math.isfinite(price) or price > MAX_UNIT_PRICE):
+            raise InvalidMessageError("InvalidOrder",
+                                      f"line {n}: unitPrice must be a number in [0, {MAX_UNIT_PRICE:g}]")
         parsed.append({"sku": sku, "quantity": qty, "unitPrice": price})
     return Order(order_id, customer, currency, tuple(parsed))
 

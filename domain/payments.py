@@ -10,14 +10,13 @@ function raises, so a failing event is retried here and then parked.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from domain.messages import InboundEvent, InvalidMessageError, invalid_event
+from domain.messages import InboundEvent, InvalidMessageError, invalid_event, parse_json_object
 from shared import (
     DedupKey,
     Idempotency,
@@ -30,11 +29,15 @@ from shared import (
 )
 from shared.cloudevents import CloudEvent, InvalidEventError, parse_cloudevent
 from shared.parking import ParkingLot
+from shared.payload import exact_integer
 from shared.watermark import PartitionWatermark
 
 CONSUMER = "payments"
 ACCOUNT_DOCUMENT = "balance"
 EVENT_TYPES = {"payment.credit": 1, "payment.debit": -1}
+# Amounts and balances stay within what both stores hold exactly (a Cosmos number is a double):
+# an amount up to 10^15 cents; a balance within +-(2^53 - 1). Outside: refused, never rounded.
+MAX_AMOUNT_CENTS = 10**15
 MAX_EVENT_BYTES = 1024 * 1024
 logger = logging.getLogger(__name__)
 
@@ -71,8 +74,7 @@ def payment_from(key: DedupKey, event_type: str, data: Any) -> Payment:
     account, amount = data.get("accountId"), data.get("amountCents")
     if not isinstance(account, str) or not account:
         raise InvalidMessageError("InvalidPayment", "accountId must be a non-empty string")
-    if not isinstance(amount, int) or isinstance(amount, bool) or amount <= 0:
-        raise InvalidMessageError("InvalidPayment", "amountCents must be a positive integer")
+    amount = exact_integer(amount, "amountCents", reason="InvalidPayment", maximum=MAX_AMOUNT_CENTS)
     content = {"type": event_type, "accountId": account, "amountCents": amount}
     return Payment(key, account, sign * amount, content)
 
@@ -112,12 +114,7 @@ class PaymentService:
 
     @staticmethod
     def _fallback_event(event: InboundEvent) -> CloudEvent:
-        try:
-            envelope = json.loads(event.body)
-        except ValueError as error:
-            raise InvalidMessageError("MalformedJson", str(error)) from error
-        if not isinstance(envelope, dict):
-            raise InvalidMessageError("MalformedJson", "event must be a JSON object")
+        envelope = parse_json_object(event.body, max_bytes=MAX_EVENT_BYTES)
         data = envelope.get("data", envelope)
         return CloudEvent(id="", source="", type=str(envelope.get("type", "")), specversion="1.0",
                           data=data)

@@ -7,21 +7,19 @@ write them) or `cloudEvents:id` / `cloudEvents_id` (the AMQP binding).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.payload import InvalidPayloadError, check_text, parse_json
+
 REQUIRED = ("id", "source", "type", "specversion")
+MAX_EVENT_BYTES = 1024 * 1024  # an Event Hubs event (Premium/Dedicated); Standard allows 1 MB
+_SCALARS = (str, int, float, bool, type(None))
 _PREFIXES = ("ce_", "cloudEvents:", "cloudEvents_", "ce-")
 
 
-class InvalidEventError(ValueError):
+class InvalidEventError(InvalidPayloadError):
     """The event is not a usable CloudEvent; `reason` is a short stable code."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -53,24 +51,36 @@ def _binary_attributes(properties: dict[Any, Any]) -> dict[str, Any]:
     return attributes
 
 
+def _json(body: bytes, max_bytes: int) -> Any:
+    try:
+        return parse_json(body, max_bytes=max_bytes)
+    except InvalidPayloadError as error:
+        raise InvalidEventError(error.reason, error.detail) from error
+
+
 def parse_cloudevent(body: bytes, properties: dict[Any, Any] | None = None,
-                     content_type: str | None = None) -> CloudEvent:
-    """Decode one CloudEvent, or raise InvalidEventError saying what is wrong."""
+                     content_type: str | None = None, *,
+                     max_bytes: int = MAX_EVENT_BYTES) -> CloudEvent:
+    """Decode one CloudEvent, or raise InvalidEventError saying what is wrong.
+
+    The body goes through the bounded decoder; binary-mode attributes must be
+    scalars of valid Unicode text.
+    """
     attributes = _binary_attributes(properties or {})
+    if any(not isinstance(value, _SCALARS) for value in attributes.values()):
+        raise InvalidEventError("MalformedCloudEvent", "attributes must be scalar values")
+    try:
+        check_text(attributes, "CloudEvent attributes")
+    except InvalidPayloadError as error:
+        raise InvalidEventError(error.reason, error.detail) from error
     structured = (content_type or "").startswith("application/cloudevents") or not attributes
     if structured:
-        try:
-            envelope = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as error:
-            raise InvalidEventError("MalformedJson", f"body is not JSON: {error}") from error
+        envelope = _json(body, max_bytes)
         if not isinstance(envelope, dict):
             raise InvalidEventError("MalformedCloudEvent", "structured event must be a JSON object")
         attributes, data = envelope, envelope.get("data")
     else:
-        try:
-            data = json.loads(body) if body else None
-        except (ValueError, UnicodeDecodeError) as error:
-            raise InvalidEventError("MalformedJson", f"data is not JSON: {error}") from error
+        data = _json(body, max_bytes) if body else None
     missing = [name for name in REQUIRED if not attributes.get(name)]
     if missing:
         raise InvalidEventError("MissingCloudEventAttributes", f"missing {', '.join(missing)}")
