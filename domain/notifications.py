@@ -30,7 +30,7 @@ from shared import (
 )
 from shared.observability import downstream_headers
 from shared.parking import ParkingLot
-from shared.settlement import Decision, decision_for, decision_for_error
+from shared.settlement import Decision, decision_for, decision_for_error, transient
 
 MAX_NOTIFICATION_BYTES = 64 * 1024
 logger = logging.getLogger(__name__)
@@ -136,9 +136,9 @@ class NotificationService:
                                         f"{error}; the API does not honour Idempotency-Key, so a "
                                         "re-send could notify twice")
         except NotificationRetryError as error:
-            return Decision.abandon("Transient", str(error))
+            return transient("Transient", str(error), delivery_count=message.delivery_count)
         except IdempotencyError as error:
-            decision = decision_for_error(error)
+            decision = decision_for_error(error, delivery_count=message.delivery_count)
             if decision is None:
                 raise
             return decision
@@ -159,5 +159,6 @@ class NotificationService:
                                      now=self.idempotency.config.clock(), context=context)
         except IdempotencyError as error:  # changed meanwhile or store down: re-parked next time
             logger.warning("could not close parked record: %s", error)
-            return Decision.abandon("Transient", str(error))
+            return transient("Transient", str(error),
+                             delivery_count=int(context.get("delivery_count") or 1))
         return Decision.complete("parked")

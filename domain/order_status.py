@@ -71,7 +71,7 @@ class OrderStatusService:
         try:
             result = self.apply(state)
         except IdempotencyError as error:
-            decision = decision_for_error(error)
+            decision = decision_for_error(error, delivery_count=message.delivery_count)
             if decision is None:
                 raise
             return decision

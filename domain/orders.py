@@ -111,12 +111,12 @@ class OrderService:
                 key, digest, build, partition=document_id, marker_id=document_id,
                 marker_body=order_document, expires=False, context=context)
         except IdempotencyError as error:
-            decision = decision_for_error(error)
+            decision = decision_for_error(error, delivery_count=message.delivery_count)
             if decision is None:
                 raise
-            logger.warning("orders: %s: %s", "transient failure, abandoning"
-                           if decision.action is Action.ABANDON else "store rejected the request",
-                           error, extra=context)
+            logger.warning("orders: %s: %s", "store rejected the request"
+                           if decision.action is Action.DEADLETTER
+                           else f"transient failure, {decision.action.value}", error, extra=context)
             return decision
         return decision_for(outcome)
 

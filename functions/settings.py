@@ -143,6 +143,18 @@ class Settings:
                 seconds=_int(env, "SERVICEBUS_MAX_AUTO_LOCK_RENEWAL_SECONDS", 300, 0)),
             margin=timedelta(seconds=_int(env, "DEDUP_RETENTION_MARGIN_SECONDS", 86400, 0)),
         )
+        # The two-phase lease follows the message lock: shorter than the lock, so a crashed
+        # holder's key is free again when the broker redelivers the message (a longer lease
+        # makes each redelivery wait and burns the delivery count until the message is
+        # dead-lettered); the flow renews it while the handler runs.
+        lock_seconds = window.lock_duration.total_seconds()
+        lease = timedelta(seconds=_int(env, "DEDUP_LEASE_SECONDS", max(1, int(lock_seconds * 0.9)), 1))
+        if lease.total_seconds() >= lock_seconds:
+            raise SettingsError(
+                f"DEDUP_LEASE_SECONDS={int(lease.total_seconds())} must be shorter than the lock "
+                f"(SERVICEBUS_LOCK_DURATION_SECONDS={int(lock_seconds)}): a crashed holder's lease "
+                "would outlive the lock and every redelivery would wait until the message is "
+                "dead-lettered")
         settings = cls(
             backend=backend,
             cosmos_endpoint=cosmos_endpoint,
@@ -154,7 +166,7 @@ class Settings:
             notification_api_url=env.get("NOTIFICATION_API_URL") or None,
             notification_api_honours_key=_bool(env, "NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY", True),
             ttl=timedelta(seconds=_int(env, "DEDUP_TTL_SECONDS", 7 * 86400, 1)),
-            lease=timedelta(seconds=_int(env, "DEDUP_LEASE_SECONDS", 300, 1)),
+            lease=lease,
             window=window,
             missing_key_policy=policy,
             payments_max_attempts=_int(env, "PAYMENTS_MAX_ATTEMPTS", 3, 1),

@@ -80,9 +80,9 @@ param duplicateDetectionHistoryTimeWindow string = 'PT10M'
 @description('Default message time to live on the queues and the topic (ISO 8601).')
 param defaultMessageTimeToLive string = 'P14D'
 
-@description('DEDUP_LEASE_SECONDS: how long an in-progress marker blocks other consumers before it is considered stale.')
+@description('DEDUP_LEASE_SECONDS: how long an in-progress marker blocks other consumers before it is considered stale. Shorter than the lock (the app refuses otherwise) and renewed while the handler runs.')
 @minValue(1)
-param dedupLeaseSeconds int = 300
+param dedupLeaseSeconds int = 54
 
 // --- Behaviour -----------------------------------------------------------------------------
 @description('DEDUP_BACKEND: which store holds dedup markers and business records.')

@@ -51,7 +51,11 @@ class IdempotencyConfig:
     """Options of the dedup flow. Keyword-only, with safe defaults."""
 
     ttl: timedelta = DEFAULT_TTL
-    lease: timedelta = timedelta(minutes=5)
+    # The two-phase lease. Tie it to the message lock: a little shorter than the lock, so a
+    # crashed holder's key is free when the broker redelivers; renewed while the handler runs
+    # (every lease/3, for at most `max_lease_renewal`, as the host renews the lock).
+    lease: timedelta = timedelta(seconds=54)
+    max_lease_renewal: timedelta = timedelta(minutes=5)
     max_result_bytes: int = 16 * 1024
     max_commit_attempts: int = 5
     clock: Callable[[], float] = field(default=time.time, compare=False)

@@ -7,6 +7,10 @@ backends raise to the flow (record exists, etag mismatch, failed batch).
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import email.utils
+
 from azure.core.exceptions import AzureError
 
 
@@ -47,11 +51,20 @@ class StoreRequestError(IdempotencyError):
         self.status_code = status_code
 
 
-class RecordExistsError(IdempotencyError):
+class _MarkerWriteError(IdempotencyError):
+    """A record write failed; `index` says which marker of a group commit it was (0 alone)."""
+
+    def __init__(self, record_id: str = "", *, index: int = 0) -> None:
+        super().__init__(record_id)
+        self.record_id = record_id
+        self.index = index
+
+
+class RecordExistsError(_MarkerWriteError):
     """A conditional create found the record already there (HTTP 409)."""
 
 
-class RecordChangedError(IdempotencyError):
+class RecordChangedError(_MarkerWriteError):
     """An etag-conditional write lost the race: the record changed or vanished (412/404)."""
 
 
@@ -77,11 +90,61 @@ class EffectUncertainError(IdempotencyError):
         self.record = record
 
 
+class LeaseLostError(IdempotencyError):
+    """A two-phase holder's lease ran out and another consumer took the key over.
+
+    The holder's effect ran, and so may the other consumer's: the store keeps
+    the other one's record (`record`), never this holder's result.
+    """
+
+    def __init__(self, message: str, *, record: object | None = None) -> None:
+        super().__init__(message)
+        self.record = record
+
+
 class ConcurrencyRetriesExhaustedError(IdempotencyError):
     """An optimistic write kept losing races; redeliver the message later."""
 
 
 RETRIABLE_STATUS = frozenset({408, 429, 449, 500, 502, 503, 504})
+_RETRY_AFTER_MS = ("x-ms-retry-after-ms", "retry-after-ms")
+
+
+def retry_after(error: BaseException) -> float | None:
+    """Seconds the store asked the caller to wait before retrying, if its answer said so.
+
+    Looks through the error, the SDK error it wraps (`StoreUnavailableError.error`)
+    and its causes for an HTTP response with `x-ms-retry-after-ms` (Cosmos DB),
+    `retry-after-ms` or `Retry-After` (seconds or an HTTP date).
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        headers = getattr(getattr(current, "response", None), "headers", None)
+        if headers:
+            lowered = {str(name).lower(): str(value) for name, value in headers.items()}
+            for name in _RETRY_AFTER_MS:
+                if name in lowered:
+                    with contextlib.suppress(ValueError):
+                        return max(0.0, float(lowered[name]) / 1000.0)
+            if "retry-after" in lowered:
+                return _seconds_from(lowered["retry-after"])
+        current = getattr(current, "error", None) or current.__cause__
+    return None
+
+
+def _seconds_from(value: str) -> float | None:
+    """A Retry-After value (delay in seconds, or an HTTP date) as seconds from now."""
+    with contextlib.suppress(ValueError):
+        return max(0.0, float(value))
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return max(0.0, (when - datetime.datetime.now(datetime.UTC)).total_seconds())
 
 
 def is_transport_error(error: BaseException) -> bool:

@@ -10,14 +10,20 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ParamSpec
 
 from shared.cache import CompletedKeyCache
 from shared.config import IdempotencyConfig
 from shared.exceptions import (
+    ConcurrencyRetriesExhaustedError,
     EffectUncertainError,
+    LeaseLostError,
+    OperationFailedError,
     RecordChangedError,
     RecordExistsError,
     ResultTooLargeError,
@@ -25,7 +31,15 @@ from shared.exceptions import (
 )
 from shared.keys import DedupKey, request_hash
 from shared.records import IdempotencyRecord, Outcome, OutcomeStatus, RecordState, encode_result
-from shared.stores.base import Document, DocumentStore, RecordStore, WriteOp, retry_on_race
+from shared.stores.base import (
+    MAX_TRANSACTION_OPERATIONS,
+    RACE_STATUSES,
+    Document,
+    DocumentStore,
+    RecordStore,
+    WriteOp,
+    retry_on_race,
+)
 from shared.telemetry import Telemetry
 
 P = ParamSpec("P")
@@ -34,15 +48,26 @@ Context = Mapping[str, Any]
 
 
 class Transaction:
-    """The business writes of one atomic commit. Reads go straight to the store."""
+    """The business writes of one atomic commit. Reads go to the store, or to `reads`.
 
-    def __init__(self, store: DocumentStore, partition: str) -> None:
+    `reads` remembers documents across the attempts of one group commit, so a
+    group reads each document once and again only after losing a race on it.
+    """
+
+    def __init__(self, store: DocumentStore, partition: str,
+                 reads: dict[str, Document | None] | None = None) -> None:
         self._store = store
         self.partition = partition
         self.operations: list[WriteOp] = []
+        self._reads = reads
 
     def read(self, document_id: str) -> Document | None:
-        return self._store.read_document(self.partition, document_id)
+        if self._reads is not None and document_id in self._reads:
+            return self._reads[document_id]
+        document = self._store.read_document(self.partition, document_id)
+        if self._reads is not None:
+            self._reads[document_id] = document
+        return document
 
     def create(self, document_id: str, body: dict[str, Any]) -> None:
         self.operations.append(WriteOp("create", document_id, body))
@@ -59,6 +84,15 @@ class Transaction:
 
     def delete(self, document_id: str, *, etag: str | None = None) -> None:
         self.operations.append(WriteOp("delete", document_id, etag=etag))
+
+
+@dataclass(frozen=True)
+class GroupMessage:
+    """One message of a group commit: its key, request hash and log context."""
+
+    key: DedupKey
+    digest: str
+    context: Context | None = None
 
 
 class Idempotency:
@@ -94,6 +128,32 @@ class Idempotency:
         if existing.state is RecordState.COMPLETED:
             return Outcome(OutcomeStatus.DUPLICATE, key, digest, existing.result, existing)
         return Outcome(OutcomeStatus.IN_PROGRESS, key, digest, None, existing)
+
+    def _document_store(self) -> DocumentStore:
+        if not isinstance(self.store, DocumentStore):
+            raise TypeError(f"the atomic path needs a DocumentStore; {type(self.store).__name__} "
+                            "is not one")
+        return self.store
+
+    def _marker(self, key: DedupKey, digest: str, *, partition: str | None,
+                record_id: str | None = None, expires: bool = True,
+                over: IdempotencyRecord | None = None) -> IdempotencyRecord:
+        """A completed marker to commit; `over` is an expired one it replaces under its etag."""
+        marker = self._new_record(key, digest, RecordState.COMPLETED, partition=partition,
+                                  record_id=record_id, expires=expires)
+        if over is None:
+            return marker
+        return marker.evolve(etag=over.etag, attempts=over.attempts + 1)
+
+    def _settle_marker(self, marker: IdempotencyRecord) -> Outcome | IdempotencyRecord:
+        """After a marker write failed: the outcome the live record there decides, or the
+        expired record to take over. RecordChangedError when it vanished meanwhile."""
+        existing = self.store.get_record(marker.partition_key, marker.id)
+        if existing is None:
+            raise RecordChangedError(marker.id)  # deleted meanwhile: commit again
+        if existing.is_expired(self._now()):
+            return existing
+        return self._judge(existing, marker.request_hash, marker.key)
 
     def _cached(self, key: DedupKey, digest: str) -> Outcome | None:
         """A duplicate (or conflict) answered by the local cache, without a store request."""
@@ -152,7 +212,11 @@ class Idempotency:
                              what=f"claim of {key.encoded}")
 
     def complete(self, held: IdempotencyRecord, result: Any) -> IdempotencyRecord:
-        """Phase two: mark the held record completed with the handler's result."""
+        """Phase two: mark the held record completed with the handler's result.
+
+        LeaseLostError when the lease ran out and another consumer took the key
+        over meanwhile: the store keeps the other consumer's record.
+        """
         too_large: ResultTooLargeError | None = None
         try:
             encode_result(result, self.config.max_result_bytes)
@@ -162,13 +226,19 @@ class Idempotency:
                            updated_at=self._now())
         try:
             done = self.store.replace_record_if_unchanged(done)
-        except RecordChangedError:
-            # Our lease ran out and another consumer took the key over meanwhile.
-            logger.warning("lease lost before completion", extra={"dedup_key": held.key.key,
-                                                                   "consumer": held.key.consumer})
+        except RecordChangedError as error:
+            current = self.store.get_record(held.partition_key, held.id)
+            raise LeaseLostError(f"lease on {held.key.encoded} lost before completion",
+                                 record=current) from error
         if too_large is not None:
             raise too_large  # the effect is recorded as done; only its result is missing
         return done
+
+    def renew(self, held: IdempotencyRecord) -> IdempotencyRecord:
+        """Extend a held lease (etag-conditional); RecordChangedError when it was lost."""
+        now = self._now()
+        return self.store.replace_record_if_unchanged(held.evolve(
+            lease_expires_at=now + self.config.lease.total_seconds(), updated_at=now))
 
     def release(self, held: IdempotencyRecord) -> None:
         """Give the key back after a failed handler so a redelivery can retry."""
@@ -194,16 +264,25 @@ class Idempotency:
         if held is None:
             return self._finish(outcome, started, context)
         handler_started = time.perf_counter()
-        try:
-            result = handler()
-        except EffectUncertainError as error:
-            error.record = held  # kept in progress: to be reconciled, never retried blindly
-            raise
-        except BaseException:
-            self.release(held)
-            raise
+        with _LeaseRenewal(self, held) as lease:
+            try:
+                result = handler()
+            except EffectUncertainError as error:
+                error.record = lease.held  # kept in progress: reconciled, never retried blindly
+                raise
+            except BaseException:
+                lease.stop()
+                self.release(lease.held)
+                raise
+            lease.stop()
         handler_seconds = time.perf_counter() - handler_started
-        done = self.complete(held, result)
+        try:
+            done = self.complete(lease.held, result)
+        except LeaseLostError as error:
+            stored = error.record if isinstance(error.record, IdempotencyRecord) else None
+            lost = Outcome(OutcomeStatus.LEASE_LOST, key, digest,
+                           stored.result if stored is not None else None, stored)
+            return self._finish(lost, started, context, handler_seconds=handler_seconds)
         return self._finish(Outcome(outcome.status, key, digest, result, done), started, context,
                             handler_seconds=handler_seconds)
 
@@ -219,9 +298,7 @@ class Idempotency:
         With `marker_id`/`marker_body` the marker is the business document
         itself (an order whose id is the order id); `expires=False` keeps it.
         """
-        store = self.store
-        if not isinstance(store, DocumentStore):
-            raise TypeError(f"run_atomic needs a DocumentStore; {type(store).__name__} is not one")
+        store = self._document_store()
         started = time.perf_counter()
         cached = self._cached(key, digest)
         if cached is not None:
@@ -229,11 +306,8 @@ class Idempotency:
         expired: list[IdempotencyRecord] = []  # an expired marker the next attempt replaces
 
         def attempt() -> Outcome:
-            marker = self._new_record(key, digest, RecordState.COMPLETED, partition=partition,
-                                      record_id=marker_id, expires=expires)
-            if expired:
-                previous = expired.pop()
-                marker = marker.evolve(etag=previous.etag, attempts=previous.attempts + 1)
+            marker = self._marker(key, digest, partition=partition, record_id=marker_id,
+                                  expires=expires, over=expired.pop() if expired else None)
             tx = Transaction(store, marker.partition_key)
             result = build(tx)
             encode_result(result, self.config.max_result_bytes)
@@ -243,17 +317,117 @@ class Idempotency:
                 return Outcome(OutcomeStatus.PROCESSED, key, digest, result, committed)
             except (RecordExistsError, RecordChangedError):
                 pass
-            existing = store.get_record(marker.partition_key, marker.id)
-            if existing is None:
-                raise RecordChangedError(marker.id)  # deleted meanwhile: commit again
-            if existing.is_expired(self._now()):
-                expired.append(existing)
-                raise RecordChangedError(marker.id)  # take the expired marker over
-            return self._judge(existing, digest, key)
+            found = self._settle_marker(marker)
+            if isinstance(found, Outcome):
+                return found
+            expired.append(found)
+            raise RecordChangedError(marker.id)  # take the expired marker over
 
         outcome = retry_on_race(attempt, attempts=self.config.max_commit_attempts,
                                 what=f"commit of {key.encoded}")
         return self._finish(outcome, started, context)
+
+    def run_atomic_group(self, messages: Sequence[GroupMessage],
+                         build: Callable[[Transaction, Sequence[int]], Sequence[Any]], *,
+                         partition: str) -> list[Outcome]:
+        """Commit many messages of one partition: their markers and the writes `build` adds.
+
+        One transaction holds the markers (in message order) and then the
+        writes `build(tx, indexes)` adds for the messages at `indexes`; it
+        returns one result per index, kept on that message's marker. A group
+        larger than a transaction is split in order. A marker that fails names
+        its message (the error's `index`): it is judged as in `run_atomic`
+        (duplicate, conflict, or an expired record taken over) and the others
+        are committed again, without reading what `tx` already read. A key
+        twice in the group is judged against its first copy's record.
+        Returns one outcome per message, in order.
+        """
+        store = self._document_store()
+        started = time.perf_counter()
+        decided: dict[int, tuple[Outcome, str]] = {}  # message index -> (outcome, source)
+        first_copy: dict[str, int] = {}
+        todo: list[int] = []
+        for index, message in enumerate(messages):
+            cached = self._cached(message.key, message.digest)
+            if cached is not None:
+                decided[index] = (cached, "cache")
+            elif message.key.encoded not in first_copy:
+                first_copy[message.key.encoded] = index
+                todo.append(index)
+        reads: dict[str, Document | None] = {}
+        expired: dict[int, IdempotencyRecord] = {}  # expired markers the next commit replaces
+        races: Counter[int] = Counter()  # lost races by message index (-1: a business write)
+
+        def lost_race(index: int) -> None:
+            races[index] += 1
+            if races[index] >= self.config.max_commit_attempts:
+                raise ConcurrencyRetriesExhaustedError(
+                    f"group commit in {partition}: lost {races[index]} races in a row")
+
+        while todo:
+            chunk, results, tx = self._build_chunk(store, partition, todo, build, reads)
+            markers = [self._marker(messages[i].key, messages[i].digest, partition=partition,
+                                    over=expired.get(i)).evolve(result=result)
+                       for i, result in zip(chunk, results, strict=True)]
+            try:
+                committed = store.commit_group(markers, tx.operations)
+            except (RecordExistsError, RecordChangedError) as error:
+                index = chunk[error.index]
+                expired.pop(index, None)
+                try:
+                    found = self._settle_marker(markers[error.index])
+                except RecordChangedError:  # deleted meanwhile: commit it again
+                    lost_race(index)
+                    continue
+                if isinstance(found, Outcome):
+                    decided[index] = (found, "store")
+                    todo.remove(index)
+                else:
+                    expired[index] = found
+                    lost_race(index)
+                continue
+            except OperationFailedError as error:
+                if error.status_code not in RACE_STATUSES:
+                    raise
+                reads.clear()  # a business document changed since it was read
+                lost_race(-1)
+                continue
+            for index, marker, result in zip(chunk, committed, results, strict=True):
+                decided[index] = (Outcome(OutcomeStatus.PROCESSED, marker.key, marker.request_hash,
+                                          result, marker), "store")
+            todo = todo[len(chunk):]
+            reads.clear()  # the next chunk builds on what this one wrote
+        outcomes = []
+        for index, message in enumerate(messages):
+            if index not in decided:  # a second copy within the group
+                first = decided[first_copy[message.key.encoded]][0]
+                judged = (self._judge(first.record, message.digest, message.key)
+                          if first.record is not None else first)
+                decided[index] = (judged, "group")
+            outcome, source = decided[index]
+            outcomes.append(self._finish(outcome, started, message.context, source=source))
+        return outcomes
+
+    def _build_chunk(self, store: DocumentStore, partition: str, todo: Sequence[int],
+                     build: Callable[[Transaction, Sequence[int]], Sequence[Any]],
+                     reads: dict[str, Document | None]
+                     ) -> tuple[list[int], list[Any], Transaction]:
+        """The next messages that fit in one transaction with their writes, built."""
+        chunk = list(todo[:MAX_TRANSACTION_OPERATIONS - 1])
+        while True:
+            tx = Transaction(store, partition, reads)
+            results = list(build(tx, chunk))
+            room = MAX_TRANSACTION_OPERATIONS - len(tx.operations)
+            if len(chunk) <= room:
+                break
+            if room < 1:
+                raise ValueError(f"{len(tx.operations)} writes leave no room for a marker")
+            chunk = chunk[:room]
+        if len(results) != len(chunk):
+            raise ValueError(f"build returned {len(results)} results for {len(chunk)} messages")
+        for result in results:
+            encode_result(result, self.config.max_result_bytes)
+        return chunk, results, tx
 
     # -- decorator ------------------------------------------------------------------
     def idempotent(self, *, key: Callable[..., DedupKey], payload: Callable[..., Any] | None = None,
@@ -273,3 +447,55 @@ class Idempotency:
                 return self.run(dedup_key, digest, lambda: function(*args, **kwargs))
             return wrapper
         return decorate
+
+
+class _LeaseRenewal:
+    """Keeps a held lease alive while the handler runs, the way the host renews the lock.
+
+    A background thread renews every lease/3 (real seconds) for at most
+    `max_lease_renewal`; a lost renewal (someone took the key over) stops it,
+    and completion then reports LEASE_LOST. Store outages are retried next tick.
+    """
+
+    def __init__(self, flow: Idempotency, held: IdempotencyRecord) -> None:
+        self._flow = flow
+        self._lock = threading.Lock()
+        self._held = held
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def held(self) -> IdempotencyRecord:
+        with self._lock:
+            return self._held
+
+    def __enter__(self) -> _LeaseRenewal:
+        self._thread = threading.Thread(target=self._renew, name="lease-renewal", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._done.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _renew(self) -> None:
+        config = self._flow.config
+        every = config.lease.total_seconds() / 3
+        deadline = config.clock() + config.max_lease_renewal.total_seconds()
+        while not self._done.wait(every) and config.clock() < deadline:
+            with self._lock:
+                if self._done.is_set():
+                    return
+                try:
+                    self._held = self._flow.renew(self._held)
+                except RecordChangedError:
+                    logger.warning("lease lost while the handler ran",
+                                   extra={"dedup_key": self._held.key.key,
+                                          "consumer": self._held.key.consumer})
+                    return
+                except StoreUnavailableError as error:
+                    logger.warning("could not renew lease: %s", error)

@@ -25,6 +25,8 @@ class OutcomeStatus(enum.StrEnum):
     IN_PROGRESS = "in_progress"  # another consumer holds a live lease: retry later
     TAKEN_OVER = "taken_over"  # a stale in-progress record was taken over and processed
     STALE = "stale"  # a stale in-progress record the caller chose to reconcile itself
+    LEASE_LOST = "lease_lost"  # our effect ran, but the lease ran out and another consumer
+    #                            took the key over: the store keeps its result, not ours
 
 
 @dataclass(frozen=True)
@@ -94,10 +96,11 @@ class Outcome:
 
     @property
     def effect_applied_now(self) -> bool:
-        return self.status in (OutcomeStatus.PROCESSED, OutcomeStatus.TAKEN_OVER)
+        return self.status in (OutcomeStatus.PROCESSED, OutcomeStatus.TAKEN_OVER,
+                               OutcomeStatus.LEASE_LOST)
 
     @property
     def should_ack(self) -> bool:
         """Safe to settle the message as complete (effect done now or earlier)."""
         return self.status in (OutcomeStatus.PROCESSED, OutcomeStatus.TAKEN_OVER,
-                               OutcomeStatus.DUPLICATE)
+                               OutcomeStatus.DUPLICATE, OutcomeStatus.LEASE_LOST)

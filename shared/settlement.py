@@ -90,12 +90,32 @@ def decision_for(outcome: Outcome) -> Decision:
 
 #: Store failures that retrying can fix: never a reason to dead-letter a valid message.
 TRANSIENT_ERRORS = (StoreUnavailableError, ConcurrencyRetriesExhaustedError)
+#: Deliveries retried at once after a transient failure (a blip); later ones wait for the lock.
+FAST_RETRIES = 1
 
 
-def decision_for_error(error: Exception) -> Decision | None:
-    """The settlement for a store failure, or None when `error` is not one."""
+def transient(reason: str, detail: str, *, delivery_count: int) -> Decision:
+    """Retry a valid message after a transient failure without running out its delivery count.
+
+    The first failure is abandoned (redelivered at once: most blips are over by
+    then); from the second delivery on the message is left to its lock, so an
+    outage costs at most one delivery per lock duration (10 deliveries x 60 s
+    lock = about 10 minutes before Service Bus would dead-letter it) instead of
+    ten deliveries in milliseconds.
+    """
+    if delivery_count <= FAST_RETRIES:
+        return Decision.abandon(reason, detail)
+    return Decision.wait(reason, detail)
+
+
+def decision_for_error(error: Exception, *, delivery_count: int = 1) -> Decision | None:
+    """The settlement for a store failure, or None when `error` is not one.
+
+    The one place that applies the rule: transient = retry (never dead-letter),
+    rejected by the store for good = dead-letter with the reason.
+    """
     if isinstance(error, TRANSIENT_ERRORS):
-        return Decision.abandon("Transient", str(error))
+        return transient("Transient", str(error), delivery_count=delivery_count)
     if isinstance(error, StoreRequestError):
         return Decision.deadletter("StoreRejected", str(error))
     return None

@@ -135,7 +135,7 @@ class Telemetry:
             event = EVENT_DUPLICATE
         elif status is OutcomeStatus.CONFLICT:
             event, level = EVENT_CONFLICT, logging.ERROR
-        elif status in (OutcomeStatus.IN_PROGRESS, OutcomeStatus.STALE):
+        elif status in (OutcomeStatus.IN_PROGRESS, OutcomeStatus.STALE, OutcomeStatus.LEASE_LOST):
             event, level = EVENT_IN_PROGRESS, logging.WARNING
         fields = {
             **context,

@@ -114,8 +114,20 @@ def test_reused_message_id_with_other_content_is_dead_lettered(services, api, ba
     assert len(api.calls) == 1
 
 
-def test_lease_is_the_configured_one(services, backend):
-    assert services.notify.idempotency.config.lease == timedelta(seconds=300)
+def test_lease_follows_the_lock(services, backend):
+    lock = services.settings.window.lock_duration
+    assert services.notify.idempotency.config.lease == timedelta(seconds=54) < lock
+
+
+def test_a_crashed_holder_is_taken_over_at_the_next_delivery(services, api, backend, clock):
+    """The lease is shorter than the lock: when the broker redelivers (one lock duration after
+    the crashed delivery), the key is free, so no delivery is burnt waiting for it."""
+    message_id, body = mid(), {"notificationId": "n-crash", "text": "hi"}
+    idem = services.notify.idempotency
+    idem.claim(DedupKey("notify", message_id), request_hash(body))  # delivery 1 dies mid-call
+    clock.advance(services.settings.window.lock_duration.total_seconds())  # the lock expires
+    assert send("notify", message_id, body, delivery_count=2) == ("complete", None, None)
+    assert len(api.calls) == 1
 
 
 @pytest.mark.parametrize("failure", ["timeout", "http-500"])

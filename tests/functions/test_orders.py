@@ -81,12 +81,16 @@ def test_reused_order_id_with_different_content_is_dead_lettered_with_both_hashe
 
 
 @pytest.mark.parametrize("backend", ["table", "cosmos"])
-def test_store_outage_abandons_for_redelivery(services_for, backend, caplog):
+def test_store_outage_retries_without_burning_deliveries(services_for, backend, caplog):
+    """A transient failure is never dead-lettered: the first delivery is abandoned (a blip
+    is over by the redelivery), later ones wait for the lock, one delivery per lock duration."""
     services = services_for(backend)
     services.orders.idempotency.store = dead_store(backend)
     order_id = new_id()
     with caplog.at_level("WARNING"):
         assert deliver(order(order_id), order_id)[0] == "abandon"
+        for delivery_count in range(2, 11):
+            assert deliver(order(order_id), order_id, delivery_count=delivery_count)[0] == "unsettled"
     assert "transient failure" in caplog.text
 
 

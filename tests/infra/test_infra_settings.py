@@ -96,7 +96,8 @@ def test_behaviour_setting_defaults():
     assert values["PAYMENTS_MAX_ATTEMPTS"] == "3"
     assert values["MAINTENANCE_SCHEDULE"] == "0 */15 * * * *"
     assert len(values["MAINTENANCE_SCHEDULE"].split()) == 6, "NCRONTAB has six fields"
-    assert values["DEDUP_LEASE_SECONDS"] == "300"
+    assert values["DEDUP_LEASE_SECONDS"] == "54"
+    assert int(values["DEDUP_LEASE_SECONDS"]) < int(values["SERVICEBUS_LOCK_DURATION_SECONDS"])
     assert values["SERVICEBUS_LOCK_DURATION_SECONDS"] == "60"
     assert values["SERVICEBUS_MAX_DELIVERY_COUNT"] == "10"
     assert values["SERVICEBUS_MAX_AUTO_LOCK_RENEWAL_SECONDS"] == "300"
