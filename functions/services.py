@@ -120,7 +120,7 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
 
     def notifications(consumer: str) -> NotificationService:
         return NotificationService(consumer, idem("notifications"), parking,
-                                   api_url=settings.notification_api_url or "",
+                                   api_url=settings.notification_api_url,
                                    api_honours_key=settings.notification_api_honours_key,
                                    sender=sender)
 

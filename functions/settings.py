@@ -8,6 +8,7 @@ tests check that each name is defined in Bicep and local.settings.sample.json.
 from __future__ import annotations
 
 import os
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -96,6 +97,16 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     raise SettingsError(f"{name}={raw!r} must be true or false")
 
 
+def _url(env: Mapping[str, str], name: str) -> str:
+    """A required absolute http(s) URL: an empty one would fail every delivery instead."""
+    raw = env.get(name, "").strip()
+    parsed = urllib.parse.urlsplit(raw)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise SettingsError(f"{name}={raw!r} must be an absolute http(s) URL (notify and audit "
+                            "POST every notification there)")
+    return raw
+
+
 @dataclass(frozen=True)
 class Settings:
     """The app's configuration, validated once at startup."""
@@ -107,7 +118,7 @@ class Settings:
     cosmos_verify_tls: bool
     table_endpoint: str | None
     table_connection_string: str | None
-    notification_api_url: str | None
+    notification_api_url: str
     notification_api_honours_key: bool
     ttl: timedelta
     lease: timedelta
@@ -163,7 +174,7 @@ class Settings:
             cosmos_verify_tls=_bool(env, "COSMOS_VERIFY_TLS", True),
             table_endpoint=table_endpoint,
             table_connection_string=table_conn,
-            notification_api_url=env.get("NOTIFICATION_API_URL") or None,
+            notification_api_url=_url(env, "NOTIFICATION_API_URL"),
             notification_api_honours_key=_bool(env, "NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY", True),
             ttl=timedelta(seconds=_int(env, "DEDUP_TTL_SECONDS", 7 * 86400, 1)),
             lease=lease,

@@ -60,7 +60,7 @@ def test_a_holder_that_lost_its_lease_gets_lease_lost_and_the_stored_result(cloc
 
 def test_a_lease_as_long_as_the_lock_is_refused_at_startup():
     env = {"DEDUP_BACKEND": "table", "TABLE_CONNECTION_STRING": "x",
-           "SERVICEBUS_LOCK_DURATION_SECONDS": "60"}
+           "NOTIFICATION_API_URL": "http://127.0.0.1:1/n", "SERVICEBUS_LOCK_DURATION_SECONDS": "60"}
     assert Settings.from_env(env).lease == timedelta(seconds=54)
     with pytest.raises(SettingsError, match="shorter than the lock"):
         Settings.from_env({**env, "DEDUP_LEASE_SECONDS": "60"})

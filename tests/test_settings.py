@@ -11,7 +11,8 @@ from functions.settings import SETTING_NAMES, Settings, SettingsError
 from shared import RetentionConfigError
 
 BASE = {"TABLE_CONNECTION_STRING": "UseDevelopmentStorage=true",
-        "COSMOS_ENDPOINT": "https://localhost:8081/"}
+        "COSMOS_ENDPOINT": "https://localhost:8081/",
+        "NOTIFICATION_API_URL": "https://notifications.example/send"}
 
 
 def test_defaults_are_valid_and_hold_the_retention_rule():
@@ -29,6 +30,8 @@ def test_defaults_are_valid_and_hold_the_retention_rule():
     ({"SERVICEBUS_MAX_DELIVERY_COUNT": "0"}, "at least 1"),
     ({"PAYMENTS_MISSING_KEY_POLICY": "drop"}, "PAYMENTS_MISSING_KEY_POLICY"),
     ({"NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY": "maybe"}, "true or false"),
+    ({"NOTIFICATION_API_URL": ""}, "NOTIFICATION_API_URL"),
+    ({"NOTIFICATION_API_URL": "notifications/send"}, "absolute http"),
 ])
 def test_invalid_settings_fail_with_the_setting_named(overrides, message):
     with pytest.raises(SettingsError, match=message):

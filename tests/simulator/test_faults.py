@@ -160,7 +160,8 @@ def test_every_store_the_app_uses_comes_from_the_factory_seam():
         asked.append(role)
         return FaultyStore(InMemoryIdempotencyStore(), label=role, server="memory")
 
-    settings = Settings.from_env({"DEDUP_BACKEND": "table", "TABLE_CONNECTION_STRING": "unused"})
+    settings = Settings.from_env({"DEDUP_BACKEND": "table", "TABLE_CONNECTION_STRING": "unused",
+                                  "NOTIFICATION_API_URL": "http://127.0.0.1:1/n"})
     services = build_services(settings, stores=factory, sender=FakeNotificationApi())
     assert sorted(asked) == sorted(STORE_ROLES)
     assert all(isinstance(store, FaultyStore) for store in services.stores.values())
