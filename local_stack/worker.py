@@ -416,27 +416,30 @@ class WorkerHost:
                 raise WorkerError(f"{name}: load failed: {self.loads[name]}")
 
     def _point_settlement_client_here(self) -> None:
-        """Put the settlement service's address where ServiceBusMessageActions reads it."""
+        """Put the settlement service's address where ServiceBusMessageActions reads it: the
+        process's command line (the last `--host`/`--port` wins; a process spawned from one
+        that ran a worker inherits that one's arguments)."""
         from azurefunctions.extensions.bindings.servicebus import ServiceBusMessageActions
         from azurefunctions.extensions.bindings.servicebus.grpc_utils import (
             ArgumentError,
+            get_grpc_uri,
             parse_grpc_args,
         )
 
-        wanted = (self.settlement_server.host, str(self.settlement_server.port))
-        try:
-            args = parse_grpc_args()
-            present: tuple[str, str] | None = (args.host, str(args.port))
-        except ArgumentError:
-            present = None
-        if present is None:
-            sys.argv += ["--host", wanted[0], "--port", wanted[1],
-                         "--functions-grpc-max-message-length", str(GRPC_MAX_MESSAGE_LENGTH)]
-        elif present != wanted:
-            raise WorkerError(f"the command line already names a host at {present}")
+        address = self.settlement_server.address
         existing = ServiceBusMessageActions._instance  # private: a sanity check only
-        if existing is not None and existing._uri != self.settlement_server.address:
+        if existing is not None and existing._uri != address:
             raise WorkerError("ServiceBusMessageActions already talks to another host")
+        try:
+            current = get_grpc_uri(parse_grpc_args())
+        except ArgumentError:
+            current = None
+        if current != address:
+            sys.argv += ["--host", self.settlement_server.host, "--port",
+                         str(self.settlement_server.port),
+                         "--functions-grpc-max-message-length", str(GRPC_MAX_MESSAGE_LENGTH)]
+        if get_grpc_uri(parse_grpc_args()) != address:
+            raise WorkerError(f"cannot point the settlement client at {address}")
 
     @contextlib.contextmanager
     def _fresh_app_module(self) -> Iterator[None]:

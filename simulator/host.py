@@ -1,21 +1,32 @@
-"""A simulated Functions host: competing instances that deliver to the real functions.
+"""A simulated Functions host: competing instances that deliver to the real functions
+through the real Python worker.
 
 Each instance is a thread that, like a Functions host instance, runs every
 trigger of the app: it receives Service Bus messages from every queue and
 subscription (PeekLock, one message at a time) and Event Hubs batches from the
-partitions it owns. Inputs are built through the real converters
-(`simulator.host_inputs`) and handed to the user functions registered in
-`function_app` (indexed as the worker indexes them), which call the app's
-services against the real stores.
+partitions it owns. Every delivery is an invocation request into the real
+worker (`local_stack.worker`: `azure_functions_runtime`, with the app indexed
+and loaded as the host loads it); the worker decodes the inputs with its own
+converters and runs the function on its thread pool, and the function calls
+the app's services against the real stores. The functions, their bindings
+and the retry policy come from the worker's functions metadata.
 
 The host reproduces what the Functions runtime does around the call:
 
-* Service Bus: the function settles through `message_actions`; an exception
-  that left the message unsettled abandons it; a crash leaves the lock to
-  expire; settling after the lock was lost fails.
+* Service Bus: the function settles through `ServiceBusMessageActions`, which
+  calls the host over gRPC; the local settlement server hands each call to
+  this delivery (lock check, the fault hook before the ack, the simulated
+  broker). An invocation that failed with the message unsettled abandons it;
+  a crash leaves the lock to expire; settling after the lock was lost fails.
 * Event Hubs: the function's retry policy re-runs a failed batch (virtual
   backoff) before the checkpoint; the checkpoint is written after every batch;
   a crash writes none and the partition's next owner replays.
+
+Fault injection finds the current invocation with `simulator.faults.current()`,
+a thread-local of the thread that called the function. The worker runs the
+function on its own pool thread, so invocations are also registered by the
+worker's invocation id (`WorkerHost.current_invocation_id()`, set by the
+worker on its pool thread) and `current()` falls back to that registry.
 
 Virtual time (`SimClock`) moves with the producer's schedule: when the backlog
 runs low the clock jumps to release the next chunk of sends; at the end it
@@ -28,15 +39,20 @@ import contextlib
 import functools
 import importlib.util
 import random
-import runpy
 import threading
 import time
+import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+from local_stack.host_data import SentMessage
+from local_stack.settlement_server import SettlementCall
+from local_stack.worker import RetryOptions, WorkerHost, sample_settings
+from simulator import faults as fault_module
 from simulator.clock import SimClock
 from simulator.eventhubs import Batch, EventHub, PartitionOwnership
 from simulator.faults import (
@@ -46,11 +62,8 @@ from simulator.faults import (
     Invocation,
     OutageController,
     SimulatedCrash,
-    current,
-    invocation,
     stable_seed,
 )
-from simulator.host_inputs import SentMessage, event_hub_batch, service_bus_message
 from simulator.servicebus import Delivery, MessageLockLostError, Origin, ServiceBusNamespace
 from simulator.workload import Item, Workload
 
@@ -61,32 +74,33 @@ CAUSES = ("producer retry", "redelivery", "concurrent copy", "checkpoint replay"
 
 @dataclass(frozen=True)
 class RegisteredFunction:
+    """A function as the worker reported it: name, raw trigger binding, retry policy."""
+
     name: str
-    user_function: Callable[..., Any]
     trigger: dict[str, Any]
-    retry: dict[str, Any] | None
+    retry: RetryOptions | None
+
+
+def app_dir() -> Path:
+    """The function app's directory (where `function_app.py` is), found without importing it."""
+    spec = importlib.util.find_spec("function_app")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("function_app.py is not importable (run from the repository root)")
+    return Path(spec.origin).resolve().parent
+
+
+def worker_host() -> WorkerHost:
+    """The process's real worker with the app loaded; its environment is the sample settings
+    (what indexing reads). The services the functions use are installed with `configure()`."""
+    directory = app_dir()
+    return WorkerHost.start(directory, sample_settings(directory))
 
 
 @functools.cache
 def registered_functions() -> dict[str, RegisteredFunction]:
-    """The app's functions as the worker indexes them.
-
-    `FunctionApp.get_functions()` can index an app object only once, so the
-    app module is executed again into a fresh namespace: a new FunctionApp
-    registering the same blueprints (the same user functions and bindings),
-    leaving `function_app.app` untouched for anyone else.
-    """
-    spec = importlib.util.find_spec("function_app")
-    if spec is None or spec.origin is None:
-        raise RuntimeError("function_app.py is not importable (run from the repository root)")
-    app = runpy.run_path(spec.origin, run_name="function_app_simulated")["app"]
-    functions = {}
-    for fn in app.get_functions():
-        retry = fn.get_setting("retry_policy")
-        functions[fn.get_function_name()] = RegisteredFunction(
-            fn.get_function_name(), fn.get_user_function(), fn.get_trigger().get_dict_repr(),
-            retry.get_dict_repr() if retry is not None else None)
-    return functions
+    """The app's functions from the worker's functions metadata."""
+    return {name: RegisteredFunction(name, meta.trigger, meta.retry)
+            for name, meta in worker_host().metadata().items()}
 
 
 def resolve(value: str, settings: dict[str, str]) -> str:
@@ -96,9 +110,49 @@ def resolve(value: str, settings: dict[str, str]) -> str:
     return value
 
 
-def _seconds(text: str) -> float:
-    hours, minutes, seconds = (float(part) for part in text.split(":"))
-    return hours * 3600 + minutes * 60 + seconds
+class InvocationRegistry:
+    """Simulated invocations by worker invocation id, for code on the worker's pool threads."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, Invocation] = {}
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def running(self, invocation_id: str, inv: Invocation) -> Iterator[None]:
+        with self._lock:
+            self._by_id[invocation_id] = inv
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._by_id.pop(invocation_id, None)
+
+    def current(self) -> Invocation | None:
+        invocation_id = WorkerHost.current_invocation_id()
+        if invocation_id is None:
+            return None
+        with self._lock:
+            return self._by_id.get(invocation_id)
+
+
+INVOCATIONS = InvocationRegistry()
+
+
+def _bridge_fault_lookup() -> None:
+    """Make `simulator.faults.current()` also find invocations the worker runs on its threads.
+
+    The fault wrappers call `current()` through the faults module, so wrapping
+    that one function is enough; the thread-local answer still wins when set.
+    """
+    original = fault_module.current
+    if getattr(original, "worker_bridge", False):
+        return
+
+    def current() -> Invocation | None:
+        return original() or INVOCATIONS.current()
+
+    current.worker_bridge = True  # type: ignore[attr-defined]
+    fault_module.current = current
 
 
 @dataclass
@@ -182,41 +236,46 @@ class DeliveryLog:
             self.stats.latencies[kind].append(seconds)
 
 
-class SimMessageActions:
-    """`ServiceBusMessageActions` for one delivery, settling on the simulated broker."""
+class HostSettlement:
+    """The host's side of one delivery's settlement, called by the gRPC settlement server.
 
-    def __init__(self, host: SimulatedHost, delivery: Delivery) -> None:
+    Settles on the simulated broker; the host may die right before it settles
+    (the fault hook); a lost lock makes the call fail, as the real host's does.
+    """
+
+    def __init__(self, host: SimulatedHost, delivery: Delivery, inv: Invocation) -> None:
         self.host = host
         self.delivery = delivery
+        self.inv = inv
         self.outcome: str | None = None
+        self.lock_lost = False
 
-    def _settle(self, action: str, message: Any, reason: str | None = None,
-                description: str | None = None) -> None:
-        inv = current()
-        if inv is not None:
-            inv.before_ack()  # the host may die right before it settles
-        if str(getattr(message, "lock_token", "")) != str(self.delivery.lock_token):
+    def __call__(self, call: SettlementCall) -> None:
+        self.inv.before_ack()
+        if call.lock_token != str(self.delivery.lock_token):
             raise ValueError("settling a message that is not the one this delivery handed over")
         entity = self.delivery.entity
-        with self.host.namespace.lock:
-            now = self.host.clock()
-            if action == "complete":
-                entity.complete(self.delivery.lock_token, now)
-            elif action == "abandon":
-                entity.abandon(self.delivery.lock_token, now)
-            else:
-                entity.deadletter(self.delivery.lock_token, now, reason, description)
-        self.outcome = action if action != "deadletter" else f"deadletter ({reason})"
+        try:
+            with self.host.namespace.lock:
+                now = self.host.clock()
+                if call.action == "complete":
+                    entity.complete(self.delivery.lock_token, now)
+                elif call.action == "abandon":
+                    entity.abandon(self.delivery.lock_token, now)
+                elif call.action == "deadletter":
+                    entity.deadletter(self.delivery.lock_token, now, call.reason, call.description)
+                else:
+                    raise ValueError(f"the simulated host does not {call.action}")
+        except MessageLockLostError:
+            self.lock_lost = True
+            raise
+        self.outcome = (call.action if call.action != "deadletter"
+                        else f"deadletter ({call.reason})")
 
-    def complete(self, message: Any) -> None:
-        self._settle("complete", message)
 
-    def abandon(self, message: Any) -> None:
-        self._settle("abandon", message)
-
-    def deadletter(self, message: Any, deadletter_reason: str | None = None,
-                   deadletter_error_description: str | None = None) -> None:
-        self._settle("deadletter", message, deadletter_reason, deadletter_error_description)
+def _error_name(message: str | None) -> str:
+    """`StoreUnavailableError` from the worker's `StoreUnavailableError: ...`."""
+    return (message or "error").split(":", 1)[0]
 
 
 @dataclass
@@ -247,6 +306,8 @@ class SimulatedHost:
         self.progress = progress
         self.log = DeliveryLog()
         self.rng = random.Random(stable_seed("host", plan.seed))
+        self.worker = worker_host()
+        _bridge_fault_lookup()
         self.functions = registered_functions()
         self.namespace = ServiceBusNamespace(
             clock, lock_duration=self.config.lock_duration,
@@ -436,30 +497,37 @@ class SimulatedHost:
         key = (f"sb|{delivery.entity.path}|{origin.logical}|{origin.variant}|{origin.copy}|"
                f"{delivery.delivery_count}")
         fault = self.plan.draw(key, self.plan.service_bus(STYLE.get(fn.name, "atomic")), calls=2)
-        message = service_bus_message(
-            delivery.message.sent, delivery_count=delivery.delivery_count,
-            sequence_number=delivery.message.sequence_number, lock_token=delivery.lock_token,
-            enqueued_time=datetime.fromtimestamp(delivery.message.enqueued_at, UTC))
-        actions = SimMessageActions(self, delivery)
         inv = Invocation(fn.name, fault, self.faults,
                          lock_expiry=lambda: self._lose_lock(delivery))
+        settlement = HostSettlement(self, delivery, inv)
+        invocation_id = str(uuid.uuid4())
         self.log.start(fn.name, origin, delivery_count=delivery.delivery_count)
         started = time.perf_counter()
         outcome = "unsettled"
         try:
-            with invocation(inv):
-                fn.user_function(message=message, message_actions=actions)
-            outcome = actions.outcome or "unsettled"
-            if actions.outcome is None:  # returned without settling: the lock runs out
-                self.log.stats.settle_errors += 1
+            sent: SentMessage = delivery.message.sent
+            with INVOCATIONS.running(invocation_id, inv):
+                result = self.worker.invoke_service_bus(
+                    fn.name, sent, lock_token=delivery.lock_token,
+                    delivery_count=delivery.delivery_count,
+                    sequence_number=delivery.message.sequence_number,
+                    enqueued_time=datetime.fromtimestamp(delivery.message.enqueued_at, UTC),
+                    settle=settlement, invocation_id=invocation_id)
+            if inv.dead:
+                outcome = "crash"  # no settlement: the lock expires and the broker redelivers
+            elif settlement.lock_lost:
+                outcome = "lock lost"
+                self.log.stats.lock_lost_settlements += 1
+            elif not result.ok:
+                outcome = f"raised {_error_name(result.exception)}"
+                if settlement.outcome is None:
+                    self._abandon_after_exception(delivery)
+            else:
+                outcome = settlement.outcome or "unsettled"
+                if settlement.outcome is None:  # returned without settling: the lock runs out
+                    self.log.stats.settle_errors += 1
         except SimulatedCrash:
-            outcome = "crash"  # no settlement: the lock expires and the broker redelivers
-        except MessageLockLostError:
-            outcome = "lock lost"
-            self.log.stats.lock_lost_settlements += 1
-        except Exception as error:
-            outcome = f"raised {type(error).__name__}"
-            self._abandon_after_exception(delivery)
+            outcome = "crash"  # the worker died mid-invocation: no response, no settlement
         finally:
             with self.namespace.lock:
                 self._live_locks.pop(delivery.lock_token, None)
@@ -486,14 +554,12 @@ class SimulatedHost:
 
     # -- Event Hubs ---------------------------------------------------------------------------
     def _retry_interval(self, attempt: int) -> float:
-        policy = self.eh_function.retry or {}
-        low = _seconds(policy.get("minimum_interval", "00:00:05"))
-        high = _seconds(policy.get("maximum_interval", "00:05:00"))
-        return min(high, low * 2 ** (attempt - 1))
+        policy = self.eh_function.retry
+        return policy.interval(attempt) if policy is not None else 0.0
 
     def _max_retries(self) -> int:
-        policy = self.eh_function.retry or {}
-        count = int(policy.get("max_retry_count", 0))
+        policy = self.eh_function.retry
+        count = policy.max_retry_count if policy is not None else 0
         return self.config.retry_limit if count < 0 else min(count, self.config.retry_limit)
 
     def _process_batch(self, instance: int, batch: Batch) -> None:
@@ -519,18 +585,25 @@ class SimulatedHost:
                 self.log.start(fn.name, event.origin, host_retry=attempt > 1,
                                position=(event.partition_id, event.sequence_number))
             inv = Invocation(fn.name, fault if attempt == 1 else None, self.faults)
+            invocation_id = str(uuid.uuid4())
+            policy = fn.retry
             started = time.perf_counter()
             outcome = "ok"
             try:
-                with invocation(inv):
-                    fn.user_function(events=event_hub_batch(
-                        sent, partition_id=batch.partition_id, event_hub=self.hub.name,
-                        consumer_group=self.hub.consumer_group))
+                with INVOCATIONS.running(invocation_id, inv):
+                    result = self.worker.invoke_event_hub_batch(
+                        fn.name, sent, partition_id=batch.partition_id, event_hub=self.hub.name,
+                        consumer_group=self.hub.consumer_group, invocation_id=invocation_id,
+                        retry_count=attempt - 1,
+                        max_retry_count=policy.max_retry_count if policy is not None else 0)
+                if inv.dead:
+                    crashed, outcome = True, "crash"
+                elif not result.ok:
+                    outcome = f"raised {_error_name(result.exception)}"
+                else:
                     inv.before_ack()  # the host may die before it checkpoints
             except SimulatedCrash:
                 crashed, outcome = True, "crash"
-            except Exception as error:
-                outcome = f"raised {type(error).__name__}"
             finally:
                 elapsed = time.perf_counter() - started
                 self.log.latency("event hubs batch", elapsed)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
+from local_stack.worker import WorkerHost
 from simulator.faults import Fault, FaultKind, FaultPlan
-from simulator.host import registered_functions, resolve
+from simulator.host import registered_functions, resolve, worker_host
 from simulator.scenario import Endpoints, ScenarioConfig, run_scenario
 from simulator.workload import generate
 
@@ -44,14 +47,36 @@ def small(kind: str, tag: str, *, messages: int = 12, events: int = 0):
     return config, workload, item
 
 
-def test_functions_are_indexed_without_consuming_the_apps_one_time_indexing():
+def test_functions_and_retry_policy_come_from_the_workers_metadata():
     functions = registered_functions()
-    assert {"orders", "order_status", "notify", "audit", "payments"} <= set(functions)
-    assert functions["payments"].retry["max_retry_count"] == "-1"
+    assert set(functions) == {"orders", "order_status", "notify", "audit", "payments",
+                              "http_payments", "maintenance"}
+    retry = functions["payments"].retry
+    assert (retry.strategy, retry.max_retry_count) == ("exponential_backoff", -1)
+    assert [retry.interval(n) for n in (1, 2, 7)] == [5.0, 10.0, 300.0]
+    assert functions["orders"].retry is None
     assert resolve(functions["orders"].trigger["queueName"], {"ORDERS_QUEUE_NAME": "q"}) == "q"
-    from function_app import app  # still indexable by the worker (and other tests)
+    assert all(status.ok for status in worker_host().loads.values())
 
-    assert app.get_functions.__self__ is app
+
+def test_every_delivery_is_an_invocation_request_into_the_worker(stack, monkeypatch):
+    config, workload, _ = small("order", "h0", messages=12, events=30)
+    invoked: Counter[str] = Counter()
+    real_invoke = WorkerHost.invoke
+
+    def spy(self, function, *args, **kwargs):
+        invoked[function] += 1
+        return real_invoke(self, function, *args, **kwargs)
+
+    monkeypatch.setattr(WorkerHost, "invoke", spy)
+    result = run_scenario(config, endpoints_of(stack), plan=ScriptedPlan({}), workload=workload)
+    assert result.ok, result.check.invariants
+    service_bus = {name: n for name, n in result.stats.deliveries.items() if name != "payments"}
+    assert {name: invoked[name] for name in service_bus} == service_bus
+    assert invoked["payments"] == result.stats.batches > 0
+    settled = sum(n for outcome, n in result.stats.outcomes.items()
+                  if outcome.split(": ")[1].startswith(("complete", "deadletter", "abandon")))
+    assert settled == sum(service_bus.values())  # every delivery settled through the gRPC server
 
 
 def test_crash_after_the_commit_is_redelivered_after_the_lock_expires_and_absorbed(stack):
