@@ -58,6 +58,13 @@ class WriteOp:
     body: dict[str, Any] = field(default_factory=dict)
     etag: str | None = None  # replace/patch/delete only when the document is unchanged
     patch: tuple[dict[str, Any], ...] = ()  # Cosmos patch operations
+    record: IdempotencyRecord | None = None  # a marker of a group: the backend encodes it
+
+    @classmethod
+    def marker(cls, record: IdempotencyRecord) -> WriteOp:
+        """A further marker in a group commit: created, or replaced under its etag (takeover)."""
+        return cls("replace" if record.etag else "create", record.id, etag=record.etag,
+                   record=record)
 
 
 class RecordStore(abc.ABC):
@@ -131,6 +138,33 @@ class DocumentStore(abc.ABC):
         marker write fails; OperationFailedError when a business write fails.
         Nothing is written in either case.
         """
+
+    def commit_group(self, markers: Sequence[IdempotencyRecord],
+                     operations: Sequence[WriteOp]) -> list[IdempotencyRecord]:
+        """Write several markers of one partition, in order, then `operations`, in one transaction.
+
+        All commit or nothing does. RecordExistsError / RecordChangedError say
+        which marker failed in their `index`; OperationFailedError's index
+        counts `operations` only. Built on `commit` (the further markers travel
+        as `WriteOp.marker` operations), so every backend, and any wrapper that
+        forwards `commit`, commits groups the same way. Returns the markers;
+        only the first carries its new etag.
+        """
+        first, *rest = markers
+        if any(marker.partition_key != first.partition_key for marker in rest):
+            raise ValueError("a group commit holds the markers of one partition")
+        try:
+            committed = self.commit(first, [*(WriteOp.marker(m) for m in rest), *operations])
+        except OperationFailedError as error:
+            if error.index >= len(rest):
+                raise OperationFailedError(error.index - len(rest), error.status_code) from error
+            index = error.index + 1
+            if error.status_code == 409:
+                raise RecordExistsError(markers[index].id, index=index) from error
+            if error.status_code in (404, 412):
+                raise RecordChangedError(markers[index].id, index=index) from error
+            raise
+        return [committed, *(marker.evolve(etag=None) for marker in rest)]
 
 
 class IdempotencyStore(RecordStore, DocumentStore, abc.ABC):

@@ -94,6 +94,8 @@ class CosmosIdempotencyStore(IdempotencyStore):
                                   partition=document[self._pk_field], etag=document.get("_etag"))
 
     def _business_document(self, partition: str, op: WriteOp) -> dict[str, Any]:
+        if op.record is not None:  # a further marker of a group commit, with its ttl
+            return {**self._record_document(op.record), "id": op.id, self._pk_field: partition}
         check_flat(op.body)
         return {**op.body, "id": op.id, self._pk_field: partition}
 

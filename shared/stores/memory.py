@@ -13,6 +13,7 @@ import copy
 import itertools
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 from shared.exceptions import RecordChangedError
@@ -116,7 +117,10 @@ class InMemoryIdempotencyStore(IdempotencyStore):
                   marker_body: dict[str, Any] | None, operations: Sequence[WriteOp]) -> list[str]:
         """Apply every write or none: work on a copy, swap it in at the end."""
         for op in operations:
-            check_flat(op.body)
+            if op.record is None:
+                check_flat(op.body)
+        operations = [replace(op, body=record_fields(op.record)) if op.record is not None else op
+                      for op in operations]  # further markers of a group commit
         check_transaction_size(len(operations) + (marker is not None))
         with self._lock:
             self._count()

@@ -104,10 +104,13 @@ class TableIdempotencyStore(IdempotencyStore):
         return record_from_fields(_plain(entity), record_id=entity["RowKey"],
                                   partition=entity["PartitionKey"], etag=_etag(entity.metadata))
 
-    @staticmethod
-    def _transaction_op(partition: str, op: WriteOp) -> tuple[Any, ...]:
-        check_flat(op.body)
-        entity = _typed({**op.body, "PartitionKey": partition, "RowKey": op.id})
+    @classmethod
+    def _transaction_op(cls, partition: str, op: WriteOp) -> tuple[Any, ...]:
+        if op.record is not None:  # a further marker of a group commit
+            entity = {**cls._record_entity(op.record), "PartitionKey": partition, "RowKey": op.id}
+        else:
+            check_flat(op.body)
+            entity = _typed({**op.body, "PartitionKey": partition, "RowKey": op.id})
         conditional = {"etag": op.etag, "match_condition": _IF_UNCHANGED} if op.etag else {}
         if op.kind == "create":
             return ("create", entity)

@@ -346,3 +346,148 @@ def test_nested_business_bodies_are_refused_with_a_clear_error(idem):
     with pytest.raises(ValueError, match="nested"):
         idem.run_atomic(key(), request_hash("x"), lambda tx: tx.create("d", {"lines": [1]}),
                         partition="p")
+
+
+# -- group commits -----------------------------------------------------------------------
+def group_marker(idem: Idempotency, name: str, partition: str = "acct", result: object = None
+                 ) -> IdempotencyRecord:
+    return idem._marker(key(name, "ledger"), request_hash(name), partition=partition
+                        ).evolve(result=result)
+
+
+def test_group_commit_writes_every_marker_and_the_business_write_at_once(idem, store):
+    markers = [group_marker(idem, f"e{n}", result={"balance": n}) for n in range(3)]
+    committed = store.commit_group(markers, [WriteOp("create", "balance", {"balance": 2})])
+    assert [m.id for m in committed] == [m.id for m in markers]
+    assert committed[0].etag is not None
+    for marker in markers:
+        stored_marker = store.get_record("acct", marker.id)
+        assert stored_marker.result == marker.result and stored_marker.state is RecordState.COMPLETED
+    assert store.read_document("acct", "balance").body["balance"] == 2
+
+
+@pytest.mark.parametrize("position", [0, 1, 2])
+def test_group_commit_names_the_marker_that_exists_and_writes_nothing(idem, store, position):
+    markers = [group_marker(idem, f"e{n}") for n in range(3)]
+    store.commit(markers[position], [])  # committed before, e.g. by an earlier batch
+    from shared.exceptions import RecordExistsError
+
+    with pytest.raises(RecordExistsError) as raised:
+        store.commit_group(markers, [WriteOp("create", "balance", {"balance": 1})])
+    assert raised.value.index == position
+    assert store.read_document("acct", "balance") is None
+    others = [m for n, m in enumerate(markers) if n != position]
+    assert all(store.get_record("acct", m.id) is None for m in others)
+
+
+def test_group_commit_replaces_an_expired_marker_under_its_etag_and_names_a_stale_one(
+        idem, store, clock):
+    old = store.commit(group_marker(idem, "e1", result="old"), [])
+    clock.advance(TTL.total_seconds() + 1)
+    takeover = idem._marker(key("e1", "ledger"), request_hash("e1"), partition="acct", over=old)
+    store.commit_group([group_marker(idem, "e0"), takeover.evolve(result="new")], [])
+    assert store.get_record("acct", takeover.id).result == "new"
+    from shared.exceptions import RecordChangedError
+
+    with pytest.raises(RecordChangedError) as raised:  # the same etag again: changed since
+        store.commit_group([group_marker(idem, "e2"), takeover.evolve(result="late")], [])
+    assert raised.value.index == 1
+    assert store.get_record("acct", group_marker(idem, "e2").id) is None
+
+
+def test_group_commit_reports_a_failed_business_write_by_its_own_index(idem, store):
+    from shared.exceptions import OperationFailedError
+
+    markers = [group_marker(idem, f"e{n}") for n in range(3)]
+    with pytest.raises(OperationFailedError) as raised:
+        store.commit_group(markers, [WriteOp("create", "a", {"v": 1}),
+                                     WriteOp("replace", "missing", {"v": 1}, etag='W/"1"')])
+    assert raised.value.index == 1 and raised.value.status_code in (404, 412)
+    assert all(store.get_record("acct", m.id) is None for m in markers)
+
+
+def test_group_commit_holds_at_most_a_transaction(idem, store):
+    markers = [group_marker(idem, f"e{n}") for n in range(100)]
+    with pytest.raises(ValueError, match="at most 100"):
+        store.commit_group(markers, [WriteOp("create", "balance", {"balance": 1})])
+    store.commit_group(markers[:99], [WriteOp("create", "balance", {"balance": 1})])
+    assert store.get_record("acct", markers[98].id) is not None
+
+
+def group_messages(names: list[str], contents: list[str] | None = None) -> list:
+    from shared.handler import GroupMessage
+
+    return [GroupMessage(key(name, "ledger"), request_hash(content))
+            for name, content in zip(names, contents or names, strict=True)]
+
+
+def counter_build(tx, indexes):
+    """One counter document: +1 per message; the result is the count after each one."""
+    document = tx.read("counter")
+    count = int(document.body["count"]) if document else 0
+    results = []
+    for _ in indexes:
+        count += 1
+        results.append({"count": count})
+    if document is None:
+        tx.create("counter", {"count": count})
+    else:
+        tx.replace("counter", {"count": count}, etag=document.etag)
+    return results
+
+
+def test_run_atomic_group_commits_markers_with_per_message_results(idem, store):
+    outcomes = idem.run_atomic_group(group_messages(["a", "b", "c"]), counter_build,
+                                     partition="acct")
+    assert [o.status for o in outcomes] == [OutcomeStatus.PROCESSED] * 3
+    assert [o.result for o in outcomes] == [{"count": 1}, {"count": 2}, {"count": 3}]
+    assert store.get_record("acct", key("b", "ledger").encoded).result == {"count": 2}
+    assert store.read_document("acct", "counter").body["count"] == 3
+
+
+def test_run_atomic_group_resolves_duplicates_and_conflicts_and_commits_the_rest(idem, store):
+    idem.run_atomic_group(group_messages(["a", "c"]), counter_build, partition="acct")
+    messages = group_messages(["a", "b", "c", "d", "b"], ["a", "b", "other", "d", "b2"])
+    outcomes = idem.run_atomic_group(messages, counter_build, partition="acct")
+    assert [o.status for o in outcomes] == [
+        OutcomeStatus.DUPLICATE, OutcomeStatus.PROCESSED, OutcomeStatus.CONFLICT,
+        OutcomeStatus.PROCESSED, OutcomeStatus.CONFLICT]  # the last: "b" again, other content
+    assert outcomes[0].result == {"count": 1}  # the first result, as recorded then
+    assert [outcomes[1].result, outcomes[3].result] == [{"count": 3}, {"count": 4}]
+    assert store.read_document("acct", "counter").body["count"] == 4
+
+
+def test_run_atomic_group_splits_a_group_larger_than_a_transaction(idem, store):
+    names = [f"m{n}" for n in range(150)]
+    outcomes = idem.run_atomic_group(group_messages(names), counter_build, partition="acct")
+    assert all(o.status is OutcomeStatus.PROCESSED for o in outcomes)
+    assert [o.result["count"] for o in outcomes] == list(range(1, 151))
+    assert store.read_document("acct", "counter").body["count"] == 150
+    again = idem.run_atomic_group(group_messages(names), counter_build, partition="acct")
+    assert all(o.status is OutcomeStatus.DUPLICATE for o in again)
+    assert store.read_document("acct", "counter").body["count"] == 150
+
+
+def test_run_atomic_group_takes_expired_markers_over(idem, store, clock):
+    idem.run_atomic_group(group_messages(["a"]), counter_build, partition="acct")
+    clock.advance(TTL.total_seconds() + 1)
+    outcomes = idem.run_atomic_group(group_messages(["b", "a"]), counter_build, partition="acct")
+    assert [o.status for o in outcomes] == [OutcomeStatus.PROCESSED, OutcomeStatus.PROCESSED]
+    assert outcomes[1].record.attempts == 2
+    assert store.read_document("acct", "counter").body["count"] == 3
+
+
+def test_run_atomic_group_rereads_after_a_concurrent_business_write(idem, store):
+    builds = []
+
+    def build(tx, indexes):
+        results = counter_build(tx, indexes)
+        if not builds:  # someone else writes the counter between our read and commit
+            store.write_documents("acct", [WriteOp("create", "counter", {"count": 10})])
+        builds.append(len(indexes))
+        return results
+
+    outcomes = idem.run_atomic_group(group_messages(["a", "b"]), build, partition="acct")
+    assert [o.result for o in outcomes] == [{"count": 11}, {"count": 12}]
+    assert builds == [2, 2]
+    assert store.read_document("acct", "counter").body["count"] == 12
