@@ -1,4 +1,5 @@
-"""The benchmark harness at a tiny size, on the session's local servers.
+"""The benchmark harness at a tiny size, on the session's local servers (and, in latency
+mode, behind relays that add round-trip time).
 
 Timing is not asserted (CI machines vary); the store request counts are
 deterministic and are: they are the figures the README quotes.
@@ -6,11 +7,20 @@ deterministic and are: they are the figures the README quotes.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from azure.cosmos import PartitionKey
 
 from benchmarks.counting import RequestCounter, counted_cosmos_client, counted_table_store
 from benchmarks.harness import Endpoints, run_benchmark
+from benchmarks.latency import LatencySizes, Probe, RttNotVerifiedError, check_probes, run_latency
+from benchmarks.latency_report import app_shape
+from benchmarks.latency_report import markdown as latency_markdown
+from benchmarks.latency_report import rows as rows_latency
+from benchmarks.latency_report import targets as latency_targets
+from benchmarks.latency_report import write_outputs as write_latency_outputs
+from benchmarks.latency_variants import build_payment_workload
 from benchmarks.report import markdown, rows, targets, write_outputs
 from benchmarks.variants import VARIANTS
 from benchmarks.workload import Sizes
@@ -110,3 +120,75 @@ def test_counting_is_exact_on_both_sdks(stack, cosmos_database, table_service):
     finally:
         client.close()
         cosmos_database.delete_container(container.id)
+
+
+# -- latency mode (issue 12): relays in front of both servers, tiny sizes ----------------------
+LATENCY_SIZES = LatencySizes(events=12, batch_size=6, accounts=(3,), warmup_events=6,
+                             concurrency=4, probe_reads=5)
+RTT_MS = 2.0
+
+
+@pytest.fixture(scope="module")
+def latency(stack):
+    endpoints = Endpoints(stack.table_connection_string, stack.cosmos_endpoint, stack.cosmos_key,
+                          stack.cosmos_verify)
+    return run_latency(endpoints, LATENCY_SIZES, (RTT_MS,), seed=5)
+
+
+def test_latency_mode_measured_the_added_rtt_on_both_backends(latency):
+    assert {p.backend for p in latency.probes} == {"table", "cosmos"}
+    for probe in latency.probes:
+        assert probe.nominal_ms == RTT_MS
+        assert probe.added_ms > 0, probe  # through the relay, not around it
+
+
+@pytest.mark.parametrize("backend", ["table", "cosmos"])
+def test_latency_mode_request_counts_are_exact(latency, backend):
+    workload = build_payment_workload(events=LATENCY_SIZES.events, accounts=3,
+                                      batch_size=LATENCY_SIZES.batch_size, seed=5,
+                                      warmup_events=LATENCY_SIZES.warmup_events)
+    events = [len(b) for b in workload.batches]
+    accounts = [len(workload.accounts_in(b)) for b in workload.batches]
+    last_events, last_accounts = events[-1], accounts[-1]
+
+    def result(name):
+        found = latency.result(RTT_MS, 3, backend, name)
+        assert found is not None, name
+        assert found.batch_events == events and found.batch_accounts == accounts
+        assert found.meta_requests == 0 and found.retried_calls == 0
+        assert found.balance_mismatches == 0 and found.balances_checked == 3
+        return found
+
+    # mark read + (balance read + marker/balance transaction) per event + mark write
+    per_event = result("per-event")
+    assert per_event.batch_requests == [2 + 2 * n for n in events]
+    assert per_event.replay_requests == 1
+    sequential = result("no-dedup-seq")  # balance read + write per event; a replay applies again
+    assert sequential.batch_requests == [2 * n for n in events]
+    assert sequential.replay_requests == 2 * last_events
+    limit = result("no-dedup-grouped")  # one read + one write per account per batch
+    assert limit.batch_requests == [2 * a for a in accounts]
+    assert limit.replay_requests == 2 * last_accounts
+    # The app: per event (before grouped commits) or 1 mark read + 2 per account + 1 mark write.
+    app = result("app")
+    shapes = {"per-event": [2 + 2 * n for n in events], "grouped": [2 + 2 * a for a in accounts]}
+    assert app.batch_requests in shapes.values(), app.batch_requests
+    assert app.replay_requests == 1
+    assert app_shape(latency) in shapes
+
+
+def test_latency_mode_report_and_outputs(latency, tmp_path):
+    assert [r.events for r in rows_latency(latency)] == [LATENCY_SIZES.events] * 8
+    written = write_latency_outputs(latency, tmp_path)
+    text = written["markdown"].read_text()
+    assert text == latency_markdown(latency)
+    assert "| Backend | Accounts | RTT ms (measured) |" in text
+    assert json.loads(written["json"].read_text())["probes"]
+    replay = {(t.text, t.backend): t.met for t in latency_targets(latency) if "replayed" in t.text}
+    assert replay and all(replay.values())
+
+
+def test_an_rtt_that_did_not_show_up_in_point_reads_stops_the_run():
+    check_probes([Probe("cosmos", 5.0, direct_ms=1.2, relayed_ms=4.0, reads=5)])  # 2.8 ms: fine
+    with pytest.raises(RttNotVerifiedError, match="endpoint discovery"):
+        check_probes([Probe("cosmos", 5.0, direct_ms=1.2, relayed_ms=1.3, reads=5)])

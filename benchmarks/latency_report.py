@@ -1,0 +1,261 @@
+"""Figures, targets (issue 12) and the markdown / JSON outputs of a latency-mode run."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.latency import LatencyResult, LatencyRun
+from benchmarks.latency_variants import APP, LIMIT, PER_EVENT
+from benchmarks.report import machine
+
+TARGET_RTT_MS = 5.0
+
+
+@dataclass
+class LatencyRow:
+    rtt_ms: float
+    added_ms: float  # measured through the relay (point reads), this backend
+    accounts: int
+    backend: str
+    name: str
+    label: str
+    events: int
+    events_per_second: float
+    requests_per_event: float
+    cpu_ms_per_event: float
+    replay_events: int
+    replay_requests: int
+    vs_limit: float  # events/s over the no-dedup grouped limit's, same scenario
+    vs_per_event: float  # events/s over the per-event dedup path's, same scenario
+    balances_ok: bool
+    meta_requests: int
+    retried_calls: int
+
+
+def _ratio(value: float, base: LatencyResult | None) -> float:
+    if base is None or not base.seconds:
+        return math.nan
+    return value / base.events_per_second
+
+
+def rows(run: LatencyRun) -> list[LatencyRow]:
+    out = []
+    for r in run.results:
+        probe = run.probe(r.rtt_ms, r.backend)
+        out.append(LatencyRow(
+            rtt_ms=r.rtt_ms, added_ms=probe.added_ms if probe else math.nan, accounts=r.accounts,
+            backend=r.backend, name=r.name, label=r.label, events=r.events,
+            events_per_second=r.events_per_second,
+            requests_per_event=r.requests / r.events if r.events else math.nan,
+            cpu_ms_per_event=r.cpu_seconds * 1000 / r.events if r.events else math.nan,
+            replay_events=r.replay_events, replay_requests=r.replay_requests,
+            vs_limit=_ratio(r.events_per_second, run.result(r.rtt_ms, r.accounts, r.backend, LIMIT)),
+            vs_per_event=_ratio(r.events_per_second,
+                                run.result(r.rtt_ms, r.accounts, r.backend, PER_EVENT)),
+            balances_ok=r.balances_checked > 0 and r.balance_mismatches == 0,
+            meta_requests=r.meta_requests, retried_calls=r.retried_calls))
+    return out
+
+
+def app_shape(run: LatencyRun) -> str:
+    """What the app's batches cost, in store requests, read from the counts (not assumed).
+
+    Per event: 1 mark read + 2 per event + 1 mark write. Grouped: 1 mark read
+    + 2 per account (balance read, one transaction of the markers + the balance)
+    + 1 mark write (more when a group exceeds 99 events and is split).
+    """
+    shapes = set()
+    for r in run.results:
+        if r.name != APP:
+            continue
+        for requests, events, accounts in zip(r.batch_requests, r.batch_events, r.batch_accounts,
+                                              strict=True):
+            per_event, grouped = 2 + 2 * events, 2 + 2 * accounts
+            shapes.add("per-event" if requests == per_event else
+                       "grouped" if requests == grouped else "other")
+    if shapes == {"per-event"}:
+        return "per-event"
+    if shapes == {"grouped"}:
+        return "grouped"
+    return "mixed" if shapes else "not run"
+
+
+@dataclass
+class Target:
+    text: str
+    backend: str
+    measured: str
+    met: bool
+
+
+def _target_rtt(run: LatencyRun) -> float | None:
+    return min(run.rtts, key=lambda r: abs(r - TARGET_RTT_MS)) if run.rtts else None
+
+
+def targets(run: LatencyRun) -> list[Target]:
+    """Issue 12's targets, at the RTT nearest 5 ms; few- and many-account scenarios."""
+    rtt = _target_rtt(run)
+    if rtt is None or not run.sizes.accounts:
+        return []
+    found = {(r.rtt_ms, r.accounts, r.backend, r.name): r for r in rows(run)}
+    few, many = min(run.sizes.accounts), max(run.sizes.accounts)
+    at = f"{rtt:g} ms RTT"
+    speedup = {"cosmos": (12.0, 3.5), "table": (5.0, 2.5)}
+    out: list[Target] = []
+    for backend in run.backends:
+        app = found.get((rtt, few, backend, APP))
+        if app is not None:
+            if (rtt, few, backend, LIMIT) in found:
+                out.append(Target(f"{at}, {few} accounts: dedup path >= 0.85x the no-dedup grouped "
+                                  "limit", backend, f"{app.vs_limit:.2f}x", app.vs_limit >= 0.85))
+            if (rtt, few, backend, PER_EVENT) in found:
+                need = speedup.get(backend, (12.0, 3.5))[0]
+                out.append(Target(f"{at}, {few} accounts: dedup path >= {need:g}x the per-event "
+                                  "sequential path", backend, f"{app.vs_per_event:.2f}x",
+                                  app.vs_per_event >= need))
+            out.append(Target(f"{at}, {few} accounts: <= 0.45 store requests per event", backend,
+                              f"{app.requests_per_event:.3f}", app.requests_per_event <= 0.45))
+        many_app = found.get((rtt, many, backend, APP))
+        if many != few and many_app is not None and (rtt, many, backend, PER_EVENT) in found:
+            need = speedup.get(backend, (12.0, 3.5))[1]
+            out.append(Target(f"{at}, {many} accounts: dedup path >= {need:g}x the per-event "
+                              "sequential path", backend, f"{many_app.vs_per_event:.2f}x",
+                              many_app.vs_per_event >= need))
+        replays = [r for r in rows(run) if r.name == APP and r.backend == backend]
+        if replays:
+            worst = max(r.replay_requests for r in replays)
+            out.append(Target("replayed, checkpointed batch: 1 store request", backend,
+                              f"at most {worst} (batches of {replays[0].replay_events})", worst == 1))
+    return out
+
+
+def _num(value: float, digits: int = 0) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:.{digits}f}"
+
+
+def _x(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.2f}x"
+
+
+def _rtt_cell(row: LatencyRow) -> str:
+    return f"{row.rtt_ms:g} ({row.added_ms:.1f})"
+
+
+SUMMARY = ("Backend", "Accounts", "RTT ms (measured)", "Dedup per event (old), ev/s",
+           "No dedup sequential, ev/s", "No dedup grouped (limit), ev/s", "App, ev/s",
+           "App vs limit", "App vs old", "App req/event", "App CPU/event", "App replay req")
+FULL = ("RTT ms (measured)", "Accounts", "Backend", "Variant", "Events/s", "Req/event",
+        "Client CPU/event", "Replayed batch: req", "vs limit", "vs per-event", "Balances")
+
+
+def summary_rows(run: LatencyRun) -> list[list[str]]:
+    found = {(r.rtt_ms, r.accounts, r.backend, r.name): r for r in rows(run)}
+    out = []
+    for backend in run.backends:
+        for accounts in run.sizes.accounts:
+            for rtt in run.rtts:
+                def eps(name: str, key: tuple[float, int, str] = (rtt, accounts, backend)) -> str:
+                    row = found.get((*key, name))
+                    return _num(row.events_per_second) if row else "n/a"
+                app = found.get((rtt, accounts, backend, APP))
+                ref = app or next((r for k, r in found.items() if k[:3] == (rtt, accounts, backend)),
+                                  None)
+                if ref is None:
+                    continue
+                out.append([
+                    backend, str(accounts), _rtt_cell(ref), eps(PER_EVENT), eps("no-dedup-seq"),
+                    eps(LIMIT), eps(APP),
+                    _x(app.vs_limit) if app else "n/a", _x(app.vs_per_event) if app else "n/a",
+                    _num(app.requests_per_event, 2) if app else "n/a",
+                    f"{app.cpu_ms_per_event:.2f} ms" if app else "n/a",
+                    str(app.replay_requests) if app else "n/a"])
+    return out
+
+
+def full_rows(run: LatencyRun) -> list[list[str]]:
+    return [[_rtt_cell(r), str(r.accounts), r.backend, r.label, _num(r.events_per_second),
+             _num(r.requests_per_event, 2), f"{r.cpu_ms_per_event:.2f} ms",
+             f"{r.replay_requests} / {r.replay_events} events", _x(r.vs_limit), _x(r.vs_per_event),
+             "ok" if r.balances_ok else "**wrong**"] for r in rows(run)]
+
+
+def _table(headers: tuple[str, ...], body: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|",
+            *("| " + " | ".join(cells) + " |" for cells in body)]
+
+
+def _load(values: tuple[float, float, float]) -> str:
+    return "/".join(f"{v:.1f}" for v in values)
+
+
+def header(run: LatencyRun) -> str:
+    s = run.sizes
+    probes = "; ".join(f"{p.nominal_ms:g} ms {p.backend}: +{p.added_ms:.2f} ms (direct "
+                       f"{p.direct_ms:.2f} ms)" for p in run.probes)
+    return (f"Latency benchmark run {run.started_at} on {machine()}; load average (1/5/15 min) "
+            f"{_load(run.load_before)} before, {_load(run.load_after)} after; seed {run.seed}; "
+            f"{s.events} payment events in batches of {s.batch_size} over "
+            f"{' / '.join(str(a) for a in s.accounts)} accounts, then a replay of the last batch "
+            f"after a host restart; limit concurrency {s.concurrency}; {run.seconds:.0f} s. "
+            f"Added RTT measured with {s.probe_reads} point reads each way (median through the "
+            f"relay minus median direct): {probes}. App's store requests per batch: "
+            f"{app_shape(run)}.")
+
+
+def markdown(run: LatencyRun) -> str:
+    lines = [header(run), "", *_table(SUMMARY, summary_rows(run)), "", "All variants:", "",
+             *_table(FULL, full_rows(run)), "", "Notes:", "",
+             "- RTT: nominal, with the added round trip measured by point reads in brackets "
+             "(it includes the relay's own hop).",
+             "- Events/s: events over the wall time of the measured batches, one consumer; ratios "
+             "are to other variants of the same backend, account count and RTT in the same run "
+             "(interleaved per batch).",
+             "- Req/event: data-plane store requests counted in the azure-core pipeline (exact); "
+             "client CPU: the benchmark process's CPU time per event (relays and servers are "
+             "other processes).",
+             "- Replayed batch: the last batch again after a simulated host restart; without "
+             "dedup it is applied twice (counted in the balances check).",
+             "", "Targets (issue 12):", ""]
+    for target in targets(run):
+        lines.append(f"- {target.text} ({target.backend}): {target.measured}: "
+                     f"{'met' if target.met else '**missed**'}")
+    return "\n".join(lines) + "\n"
+
+
+def text_table(run: LatencyRun) -> str:
+    data = [list(SUMMARY), *summary_rows(run)]
+    widths = [max(len(r[i]) for r in data) for i in range(len(SUMMARY))]
+    out = []
+    for index, row in enumerate(data):
+        out.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)))
+        if index == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def to_json(run: LatencyRun) -> dict[str, Any]:
+    return {
+        "started_at": run.started_at, "machine": machine(), "seed": run.seed,
+        "seconds": run.seconds, "sizes": asdict(run.sizes), "rtts_ms": list(run.rtts),
+        "load_before": run.load_before, "load_after": run.load_after,
+        "probes": [{**asdict(p), "added_ms": p.added_ms} for p in run.probes],
+        "app_shape": app_shape(run),
+        "rows": [asdict(r) for r in rows(run)],
+        "targets": [asdict(t) for t in targets(run)],
+        "raw": [asdict(r) for r in run.results],
+    }
+
+
+def write_outputs(run: LatencyRun, out_dir: Path) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md = out_dir / "latency.md"
+    md.write_text(markdown(run), encoding="utf-8")
+    js = out_dir / "latency.json"
+    js.write_text(json.dumps(to_json(run), indent=2, default=str), encoding="utf-8")
+    return {"markdown": md, "json": js}
