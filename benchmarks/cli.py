@@ -51,8 +51,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="payment events per scenario")
     lat.add_argument("--accounts", default=",".join(str(a) for a in LatencySizes().accounts),
                      help="comma-separated account counts, one scenario each")
-    lat.add_argument("--concurrency", type=int, default=LatencySizes().concurrency,
-                     help="threads of the no-dedup grouped limit")
+    lat.add_argument("--concurrency", type=int, default=None,
+                     help="threads of the no-dedup grouped limit (default: the app's bound on "
+                          "concurrent account groups, PaymentService.max_concurrency)")
     return p
 
 

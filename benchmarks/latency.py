@@ -29,7 +29,7 @@ import statistics
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -52,10 +52,13 @@ from benchmarks.latency_variants import (
     balance_of,
     build_payment_workload,
 )
+from functions.services import build_services
 from functions.settings import Settings
 from local_stack.relay import Relay
+from shared import InMemoryIdempotencyStore
 
 PARTITION = "0"
+DEFAULT_CONCURRENCY = 16
 WARMUP_PARTITION = "warmup"
 
 
@@ -69,7 +72,8 @@ class LatencySizes:
     batch_size: int = 100
     accounts: tuple[int, ...] = (20, 200)
     warmup_events: int = 100
-    concurrency: int = 32  # bounded thread pool of the no-dedup grouped limit
+    # Threads of the no-dedup grouped limit; None: the app's own bound (PaymentService.max_concurrency)
+    concurrency: int | None = None
     probe_reads: int = 30  # point reads per path (direct, relayed) when checking the RTT
 
 
@@ -314,6 +318,13 @@ class _Stores:
                 admin.close()
 
 
+def app_concurrency(settings: Settings, default: int = DEFAULT_CONCURRENCY) -> int:
+    """The bound the app puts on concurrent account groups (`default` when it has none)."""
+    services = build_services(settings, stores=lambda _role: InMemoryIdempotencyStore())
+    value = getattr(services.payments, "max_concurrency", None)
+    return value if isinstance(value, int) and value > 0 else default
+
+
 def settings_for(backend: str, endpoints: Endpoints) -> Settings:
     """App settings pointing at the relayed endpoints, every other setting at its default."""
     return Settings.from_env({
@@ -355,7 +366,8 @@ def run_scenario(direct: Endpoints, relayed: Endpoints, *, rtt_ms: float, accoun
     workload = build_payment_workload(events=sizes.events, accounts=accounts,
                                       batch_size=sizes.batch_size, seed=seed,
                                       warmup_events=sizes.warmup_events)
-    stores = _Stores(direct, relayed, pool_size=max(64, sizes.concurrency))
+    concurrency = sizes.concurrency or DEFAULT_CONCURRENCY
+    stores = _Stores(direct, relayed, pool_size=max(64, concurrency))
     slots: list[_Slot] = []
     try:
         for backend in backends:
@@ -363,7 +375,7 @@ def run_scenario(direct: Endpoints, relayed: Endpoints, *, rtt_ms: float, accoun
             for name in variants:
                 cls = LATENCY_VARIANTS[name]
                 made, counters = stores.stores(backend, cls.roles)
-                variant = cls(backend, made, settings=settings, concurrency=sizes.concurrency)
+                variant = cls(backend, made, settings=settings, concurrency=concurrency)
                 slots.append(_Slot(variant, counters, LatencyResult(
                     rtt_ms, accounts, backend, name, cls.label, cls.dedup)))
         progress(f"rtt {rtt_ms:g} ms, {accounts} accounts: {len(slots)} variants ready; warming up")
@@ -416,6 +428,8 @@ def run_latency(direct: Endpoints, sizes: LatencySizes, rtts: tuple[float, ...],
                 backends: tuple[str, ...] = BACKENDS, variants: tuple[str, ...] | None = None,
                 progress: Callable[[str], None] = lambda _: None) -> LatencyRun:
     names = tuple(variants or LATENCY_VARIANTS)
+    if sizes.concurrency is None:
+        sizes = replace(sizes, concurrency=app_concurrency(settings_for(backends[0], direct)))
     ports = {"table": table_port(direct.table_connection_string),
              "cosmos": cosmos_port(direct.cosmos_endpoint)}
     started = time.perf_counter()

@@ -202,7 +202,8 @@ def header(run: LatencyRun) -> str:
             f"{_load(run.load_before)} before, {_load(run.load_after)} after; seed {run.seed}; "
             f"{s.events} payment events in batches of {s.batch_size} over "
             f"{' / '.join(str(a) for a in s.accounts)} accounts, then a replay of the last batch "
-            f"after a host restart; limit concurrency {s.concurrency}; {run.seconds:.0f} s. "
+            f"after a host restart; no-dedup grouped limit on {s.concurrency} threads; "
+            f"{run.seconds:.0f} s. "
             f"Added RTT measured with {s.probe_reads} point reads each way (median through the "
             f"relay minus median direct): {probes}. App's store requests per batch: "
             f"{app_shape(run)}.")
