@@ -1,15 +1,18 @@
 """The function app: registers each consumer's blueprint (Python v2 programming model).
 
-Under the Functions host, startup validates every setting (including the dedup
-retention rule): a bad value fails indexing with a message naming it, instead
-of failing each invocation later. Telemetry goes to Application Insights when
-APPLICATIONINSIGHTS_CONNECTION_STRING is set.
+Importing it validates every setting (including the dedup retention rule and
+the lease/lock rule): a bad value fails indexing with a message naming it,
+instead of failing each invocation later. Not gated on FUNCTIONS_WORKER_RUNTIME:
+Flex Consumption does not set it, and after a Flex specialization the worker
+keeps only the variables the host passes. Telemetry goes to Application
+Insights when APPLICATIONINSIGHTS_CONNECTION_STRING is set, through the app's
+one OpenTelemetry exporter (host.json telemetryMode OpenTelemetry; see
+infra/README.md, "Telemetry: one export path").
 """
 
 from __future__ import annotations
 
 import functools
-import os
 
 import azure.functions as func
 
@@ -17,9 +20,8 @@ from functions import http_payments, maintenance, notifications, order_status, o
 from functions.settings import Settings
 from shared.observability import configure_observability
 
-if os.environ.get("FUNCTIONS_WORKER_RUNTIME"):  # set by the host, absent in tests
-    Settings.from_env()
-    configure_observability()  # Application Insights export when its connection string is set
+Settings.from_env()
+configure_observability()
 
 app = func.FunctionApp()
 

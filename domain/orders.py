@@ -91,9 +91,9 @@ class OrderService:
             key = DedupKey.from_message_id(CONSUMER, message.message_id)
             order = parse_order(message)
         except InvalidKeyError as error:
-            return self._reject("InvalidMessageId", str(error), context)
+            return Decision.deadletter("InvalidMessageId", str(error))
         except InvalidMessageError as error:
-            return self._reject(error.reason, error.detail, context)
+            return Decision.deadletter(error.reason, error.detail)
         digest = request_hash(order.immutable_fields())
         document_id = store_safe_id(order.order_id)
         order_document = {"orderId": order.order_id, "customerId": order.customer_id,
@@ -119,9 +119,3 @@ class OrderService:
                            else f"transient failure, {decision.action.value}", error, extra=context)
             return decision
         return decision_for(outcome)
-
-    def _reject(self, reason: str, detail: str, context: dict[str, Any]) -> Decision:
-        self.idempotency.telemetry.parked(consumer=CONSUMER, reason=reason,
-                                          event="MessageDeadLettered",
-                                          context={**context, "error": detail})
-        return Decision.deadletter(reason, detail)

@@ -8,9 +8,11 @@ from typing import Any
 import azure.functions as func
 
 from domain.messages import InboundEvent, InboundMessage
+from functions.services import services
 from shared.cloudevents import as_text
 from shared.observability import message_span
-from shared.settlement import Decision, MessageActions, settle
+from shared.settlement import Action, Decision, MessageActions, settle
+from shared.telemetry import EVENT_CONFLICT, EVENT_DEAD_LETTERED
 
 
 def message_body(message: Any) -> bytes:
@@ -91,4 +93,12 @@ def consume(name: str, handle: Callable[[InboundMessage], Decision], message: An
     with message_span(name, properties=view.application_properties, message_id=view.message_id,
                       correlation_id=view.correlation_id,
                       attributes={"messaging.delivery_count": view.delivery_count}):
-        settle(handle(view), message, actions)
+        decision = handle(view)
+        if decision.action is Action.DEADLETTER and decision.reason != EVENT_CONFLICT:
+            # One alert event per dead-letter the app decides (a conflict has its own).
+            services().telemetry.parked(
+                consumer=name, reason=decision.reason or "", event=EVENT_DEAD_LETTERED,
+                context={"message_id": view.message_id, "correlation_id": view.correlation_id,
+                         "delivery_count": view.delivery_count,
+                         "error": (decision.description or "")[:500]})
+        settle(decision, message, actions)

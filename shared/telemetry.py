@@ -38,6 +38,7 @@ EVENT_DUPLICATE = "DuplicateDetected"
 EVENT_CONFLICT = "IdempotencyKeyConflict"
 EVENT_IN_PROGRESS = "DedupInProgress"
 EVENT_PARKED = "EventParked"
+EVENT_DEAD_LETTERED = "MessageDeadLettered"
 EVENT_REPLAY_SKIPPED = "ReplaySkipped"
 
 OUTCOME_PARKED = "parked"  # the `outcome` attribute of a parked message on dedup.messages

@@ -10,11 +10,13 @@ account, and against Azure Table Storage, set:
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import urllib3
@@ -28,6 +30,13 @@ from shared.stores import (
     InMemoryIdempotencyStore,
     TableIdempotencyStore,
 )
+
+# `function_app` validates its settings on import, as under the host: tests run with the
+# committed sample settings (each test that needs other values builds its own Settings).
+_SAMPLE = json.loads((Path(__file__).parent.parent / "local.settings.sample.json").read_text())
+for _name, _value in _SAMPLE["Values"].items():
+    if _value:  # an empty APPLICATIONINSIGHTS_CONNECTION_STRING would break the exporter's tests
+        os.environ.setdefault(_name, _value)
 
 urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
 warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
