@@ -11,7 +11,16 @@ invariant checker reads the same ledger (`sent.json`) either way:
 * **notifications** (topic `notifications`, subscriptions notify and audit);
 * **payments**: CloudEvents on the `payments` event hub, structured and
   binary mode, most with the account as partition key, a few reusing a
-  source+id with another amount (must be parked) and a few invalid.
+  source+id with another amount (must be parked) and a few invalid;
+* **hostile input** (`Item.case` names it), once per case in every workload
+  of 50 messages / 50 events or more: bodies nested 5,000 deep, NaN and
+  Infinity in hashed fields, lone surrogates (escaped in the JSON) in ids and
+  fields, integers past 2^53 and 2^63, a float that overflows, missing keys,
+  for every Service Bus consumer and for payments in both CloudEvents modes;
+  with `oversize_bytes`, one order and one payment event of that size. Each
+  must be rejected with a reason on its first delivery (`expect` names the
+  reason the product is expected to give; the checker accepts any rejection
+  reason, see `simulator.check.is_operational`).
 
 Each logical message may get producer-retry copies: some right after the
 first send (inside Service Bus' duplicate-detection window, so the broker
@@ -24,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -47,6 +57,7 @@ class Item:
     partition_key: str | None = None
     variant: int = 0  # > 0: another body under a key already used (a conflict)
     expect: str = "effect"  # effect | deadletter:<Reason> | park:<Reason> | conflict
+    case: str | None = None  # the hostile-input case, e.g. "deep-nesting" (None: ordinary)
     copies: list[float] = field(default_factory=list)  # delays of producer-retry copies
     at: float = 0.0  # virtual seconds after the start of the run
 
@@ -63,10 +74,15 @@ class Item:
         """The harness id of the logical message (what dedup must see once)."""
         return f"{self.kind}:{self.key}"
 
+    @property
+    def invalid(self) -> bool:
+        """Input that can never succeed: it must be rejected (dead-lettered or parked)."""
+        return self.expect.startswith(("deadletter:", "park:"))
+
     def json_body(self) -> Any:
         try:
             return json.loads(self.body)
-        except ValueError:
+        except (ValueError, RecursionError):  # hostile bodies: malformed or nested too deep
             return None
 
     def to_json(self) -> dict[str, Any]:
@@ -264,19 +280,32 @@ class _Generator:
 def generate(*, seed: int, messages: int, events: int, duplicate_rate: float = 0.25,
              run_id: str | None = None, duplicate_detection_window: float = 600.0,
              duration: float | None = None, names: Names | None = None,
-             invalid_rate: float = 0.004, conflict_rate: float = 0.004) -> Workload:
-    """A deterministic workload of `messages` Service Bus messages and `events` events."""
+             invalid_rate: float = 0.004, conflict_rate: float = 0.004, hostile: bool = True,
+             oversize_bytes: int = 0) -> Workload:
+    """A deterministic workload of `messages` Service Bus messages and `events` events.
+
+    With `hostile` (and at least HOSTILE_MINIMUM messages / events), every hostile-input
+    case once, counted within `messages` and `events`; `oversize_bytes` > 0 adds one order
+    and one payment event of that size (a real broker refuses them at send on its Standard
+    tier, so the producer CLI leaves them out).
+    """
     run_id = run_id or f"r{stable_seed('run', seed) % 0xFFFFFF:06x}"
     gen = _Generator(seed, run_id, duplicate_rate, duplicate_detection_window, names or Names())
     rng = gen.rng
     items: list[Item] = []
 
+    oversize = max(0, oversize_bytes)
+    hostile_sb = hostile_service_bus(gen, oversize) if hostile and messages >= HOSTILE_MINIMUM else []
+    hostile_eh = hostile_payments(gen, oversize) if hostile and events >= HOSTILE_MINIMUM else []
+    hostile_count = Counter(item.kind for item in hostile_sb)
     n_status = round(messages * 0.25)
     n_notify = round(messages * 0.35)
     n_orders_total = messages - n_status - n_notify
+    n_status -= hostile_count["order_status"]
+    n_notify -= hostile_count["notification"]
     n_bad = max(1, round(n_orders_total * invalid_rate)) if messages >= 50 else 0
     n_conflicts = max(1, round(n_orders_total * conflict_rate)) if messages >= 50 else 0
-    n_orders = max(0, n_orders_total - n_bad - n_conflicts)
+    n_orders = max(0, n_orders_total - n_bad - n_conflicts - hostile_count["order"])
     orders = [gen.order(n) for n in range(n_orders)]
     items += orders
     conflict_sources = rng.sample(orders, min(n_conflicts, len(orders)))
@@ -292,13 +321,14 @@ def generate(*, seed: int, messages: int, events: int, duplicate_rate: float = 0
 
     n_bad_events = max(1, round(events * invalid_rate)) if events >= 50 else 0
     n_event_conflicts = max(1, round(events * conflict_rate)) if events >= 50 else 0
-    n_payments = max(0, events - n_bad_events - n_event_conflicts)
+    n_payments = max(0, events - n_bad_events - n_event_conflicts - len(hostile_eh))
     accounts = max(4, n_payments // 40)
     payments = [gen.payment(n, accounts) for n in range(n_payments)]
     items += payments
     items += [gen.conflicting_payment(p) for p in rng.sample(payments, min(n_event_conflicts,
                                                                          len(payments)))]
     items += [gen.bad_payment(n) for n in range(n_bad_events)]
+    items += hostile_sb + hostile_eh
 
     # Spread the first sends evenly over the run in a seeded order; a conflicting variant
     # goes after its original, and status versions mostly in order (a few swapped).
@@ -317,7 +347,7 @@ def _order_status_versions(items: list[Item], rng: random.Random) -> None:
     """Send each order's status versions in order of version, except a few swapped pairs."""
     by_order: dict[str, list[Item]] = {}
     for item in items:
-        if item.kind == "order_status":
+        if item.kind == "order_status" and not item.invalid:
             by_order.setdefault(json.loads(item.body)["orderId"], []).append(item)
     for group in by_order.values():
         times = sorted(item.at for item in group)
@@ -326,3 +356,178 @@ def _order_status_versions(items: list[Item], rng: random.Random) -> None:
             times[0], times[1] = times[1], times[0]
         for item, at in zip(group, times, strict=True):
             item.at = at
+
+
+# -- hostile input ---------------------------------------------------------------------------
+HOSTILE_MINIMUM = 100  # messages / events below which a workload carries no hostile cases
+DEEP = "[" * 5000 + "]" * 5000  # 10,000 bytes: a RecursionError for a recursive decoder
+LONE_SURROGATE = "\ud800"  # json.dumps escapes it as \\ud800: valid UTF-8 bytes on the wire
+_RAW = "__raw_json_%d__"
+
+
+def _json_with(value: Any, **raw: str) -> str:
+    """JSON text of `value` in which the strings `__raw_json_<n>__` named in `raw` are
+    replaced by raw JSON text (deep nesting, 1e400): what no encoder writes on purpose."""
+    text = json.dumps(value)  # NaN / Infinity come out as the bare words; surrogates escaped
+    for name, replacement in raw.items():
+        text = text.replace(json.dumps(name), replacement)
+    return text
+
+
+def _padded(value: dict[str, Any], size: int) -> str:
+    """`value` as JSON with a `padding` string that brings it to `size` bytes."""
+    text = json.dumps({**value, "padding": ""})
+    return json.dumps({**value, "padding": "x" * max(0, size - len(text))})
+
+
+def hostile_service_bus(gen: _Generator, oversize_bytes: int = 0) -> list[Item]:
+    """Hostile orders, order-status events and notifications, one per case."""
+    run, names = gen.run_id, gen.names
+    items: list[Item] = []
+
+    def add(kind: str, entity: str, case: str, reason: str, body: str, key: str) -> None:
+        copies = gen.copies() if case != "oversize" else []
+        items.append(Item(kind, entity, key, body, message_id=key, expect=f"deadletter:{reason}",
+                          case=case, copies=copies))
+
+    def order(n: int, **fields: Any) -> tuple[str, dict[str, Any]]:
+        order_id = f"{run}-HOS-O-{n:03d}"
+        line = {"sku": "SKU-001", "quantity": 1, "unitPrice": 1.5}
+        line.update({k[5:]: v for k, v in fields.items() if k.startswith("line_")})
+        body = {"orderId": order_id, "customerId": "C-0001", "currency": "EUR", "lines": [line]}
+        body.update({k: v for k, v in fields.items() if not k.startswith("line_")})
+        return order_id, body
+
+    orders: list[tuple[str, str, Any, dict[str, str]]] = [
+        ("deep-nesting", "TooDeeplyNested", None, {}),
+        ("deep-nesting-in-field", "TooDeeplyNested", {"lines": _RAW % 0}, {_RAW % 0: DEEP}),
+        ("nan", "InvalidNumber", {"line_unitPrice": float("nan")}, {}),
+        ("infinity", "InvalidNumber", {"line_unitPrice": float("inf")}, {}),
+        ("float-overflow", "NumberOutOfRange", {"line_unitPrice": _RAW % 0}, {_RAW % 0: "1e400"}),
+        ("surrogate-in-id", "InvalidText", "surrogate-id", {}),
+        ("surrogate-in-field", "InvalidText", {"customerId": "C-" + LONE_SURROGATE}, {}),
+        ("int-2^53+1", "NumberOutOfRange", {"line_quantity": 2**53 + 1}, {}),
+        ("int-10^30", "NumberOutOfRange", {"line_quantity": 10**30}, {}),
+        ("int-2^63", "NumberOutOfRange", {"line_quantity": 2**63}, {}),
+        ("missing-keys", "InvalidOrder", "missing", {}),
+    ]
+    for n, (case, reason, fields, raw) in enumerate(orders):
+        order_id, body = order(n)
+        if case == "deep-nesting":
+            text = DEEP
+        elif fields == "surrogate-id":
+            text = json.dumps({**body, "orderId": order_id + LONE_SURROGATE})
+        elif fields == "missing":
+            text = json.dumps({"orderId": order_id})
+        else:
+            order_id, body = order(n, **fields)
+            text = _json_with(body, **raw)
+        add("order", names.orders_queue, case, reason, text, order_id)
+    if oversize_bytes:
+        order_id, body = order(len(orders))
+        add("order", names.orders_queue, "oversize", "PayloadTooLarge",
+            _padded(body, oversize_bytes), order_id)
+
+    def status(n: int) -> tuple[str, dict[str, Any]]:
+        message_id = f"{run}-HOS-S-{n:03d}"  # its own order id: an effect would be visible
+        return message_id, {"orderId": message_id, "version": 1, "status": "paid", "updatedBy": "sim"}
+
+    for n, (case, reason, change) in enumerate([
+            ("deep-nesting", "TooDeeplyNested", None),
+            ("nan", "InvalidNumber", {"version": float("nan")}),
+            ("surrogate-in-field", "InvalidText", {"updatedBy": "sim" + LONE_SURROGATE}),
+            ("int-2^63", "NumberOutOfRange", {"version": 2**63}),
+            ("missing-keys", "InvalidStatusEvent", "missing")]):
+        message_id, body = status(n)
+        text = (DEEP if change is None else json.dumps({"orderId": message_id})
+                if change == "missing" else json.dumps({**body, **change}))
+        add("order_status", names.status_queue, case, reason, text, message_id)
+
+    for n, (case, reason, change) in enumerate([
+            ("deep-nesting", "TooDeeplyNested", None),
+            ("nan", "InvalidNumber", {"priority": float("nan")}),
+            ("surrogate-in-field", "InvalidText", {"to": "customer" + LONE_SURROGATE + "@example.org"}),
+            ("not-an-object", "MalformedJson", "list")]):
+        message_id = f"{run}-HOS-N-{n:03d}"
+        body = {"notificationId": message_id, "to": "customer-1@example.org",
+                "template": "order-accepted"}
+        text = (DEEP if change is None else json.dumps([body]) if change == "list"
+                else json.dumps({**body, **change}))
+        add("notification", names.topic, case, reason, text, message_id)
+    return items
+
+
+def hostile_payments(gen: _Generator, oversize_bytes: int = 0) -> list[Item]:
+    """Hostile payment events, structured and binary CloudEvents, one per case."""
+    run = gen.run_id
+    source = f"/sim/{run}/payments/hostile"
+    account = f"{run}-ACC-HOSTILE"  # an account no valid event touches
+    items: list[Item] = []
+
+    def add(n: int, case: str, reason: str, body: str, properties: dict[str, Any] | None = None,
+            content_type: str = CLOUDEVENTS_JSON) -> None:
+        event_id = f"{run}-hos-{n:03d}"  # the key is the harness's: the body may hold another id
+        copies = gen.copies() if "oversize" not in case else []
+        items.append(Item("payment", gen.names.hub, cloudevent_key(source, event_id), body,
+                          content_type=content_type, properties=properties or {},
+                          expect=f"park:{reason}", case=case, copies=copies))
+
+    def envelope(n: int, **attributes: Any) -> dict[str, Any]:
+        value = {"specversion": "1.0", "id": f"{run}-hos-{n:03d}", "source": source,
+                 "type": "payment.credit", "datacontenttype": "application/json",
+                 "data": {"accountId": account, "amountCents": 100}}
+        value.update(attributes)
+        return value
+
+    # Parked events are matched to what was sent by their body's hash: no two bodies alike.
+    structured: list[tuple[str, str, Any]] = [
+        ("deep-nesting", "TooDeeplyNested", DEEP),
+        ("deep-nesting-in-data", "TooDeeplyNested", ({"data": _RAW % 0}, {_RAW % 0: DEEP})),
+        ("deep-nesting-in-extension", "TooDeeplyNested",
+         ({"traceext": _RAW % 0}, {_RAW % 0: DEEP})),
+        ("nan", "InvalidNumber", ({"data": {"accountId": account, "amountCents": float("nan")}}, {})),
+        ("float-overflow", "NumberOutOfRange",
+         ({"data": {"accountId": account, "amountCents": _RAW % 0}}, {_RAW % 0: "1e400"})),
+        ("surrogate-in-id", "InvalidText", ({"id": f"{run}-hos-id" + LONE_SURROGATE}, {})),
+        ("surrogate-in-account", "InvalidText",
+         ({"data": {"accountId": account + LONE_SURROGATE, "amountCents": 100}}, {})),
+        ("int-2^53+1", "NumberOutOfRange",
+         ({"data": {"accountId": account, "amountCents": 2**53 + 1}}, {})),
+        ("int-2^63", "NumberOutOfRange", ({"data": {"accountId": account, "amountCents": 2**63}}, {})),
+        ("missing-data", "InvalidPayment", ({"data": None}, {})),
+        ("missing-amount", "InvalidPayment", ({"data": {"accountId": account}}, {})),
+    ]
+    n = 0
+    for case, reason, spec in structured:
+        if isinstance(spec, str):
+            body = spec
+        else:
+            attributes, raw = spec
+            value = envelope(n, **attributes)
+            if value["data"] is None:  # the missing-data case
+                del value["data"]
+            body = _json_with(value, **raw)
+        add(n, f"structured:{case}", reason, body)
+        n += 1
+    if oversize_bytes:
+        add(n, "structured:oversize", "PayloadTooLarge", _padded(envelope(n), oversize_bytes))
+        n += 1
+
+    binary: list[tuple[str, str, str, bool]] = [
+        ("deep-nesting", "TooDeeplyNested", DEEP + "\n", True),
+        ("infinity", "InvalidNumber",
+         json.dumps({"accountId": account, "amountCents": float("inf")}), True),
+        ("surrogate-in-account", "InvalidText",
+         json.dumps({"accountId": account + LONE_SURROGATE, "amountCents": 100}), True),
+        ("int-10^30", "NumberOutOfRange", json.dumps({"accountId": account, "amountCents": 10**30}),
+         True),
+        ("missing-id", "MissingCloudEventAttributes",
+         json.dumps({"accountId": account, "amountCents": 100}), False),
+    ]
+    for case, reason, body, with_id in binary:
+        properties = {"ce_specversion": "1.0", "ce_source": source, "ce_type": "payment.credit"}
+        if with_id:
+            properties["ce_id"] = f"{run}-hos-{n:03d}"
+        add(n, f"binary:{case}", reason, body, properties, content_type="application/json")
+        n += 1
+    return items

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
+
+import pytest
 
 from simulator.workload import LEDGER_FORMAT, cloudevent_key, generate, load_ledger
 
@@ -47,7 +50,7 @@ def test_ids_are_unique_per_logical_message_and_carry_the_run_id():
 
 def test_binary_mode_cloudevents_carry_their_attributes_as_properties():
     w = generate(seed=7, messages=0, events=400, run_id="r4")
-    binary = [i for i in w.items if i.properties]
+    binary = [i for i in w.items if i.properties and not i.invalid]
     assert binary, "some events use the binary content mode"
     for item in binary:
         assert {"ce_id", "ce_source", "ce_type", "ce_specversion"} <= set(item.properties)
@@ -64,7 +67,7 @@ def test_sends_are_time_ordered_and_include_every_copy():
 def test_status_versions_mostly_go_out_in_order():
     w = generate(seed=9, messages=2000, events=0, run_id="r6")
     by_order = {}
-    for item in sorted(w.by_kind("order_status"), key=lambda i: i.at):
+    for item in sorted((i for i in w.by_kind("order_status") if not i.invalid), key=lambda i: i.at):
         by_order.setdefault(item.json_body()["orderId"], []).append(item.json_body()["version"])
     in_order = sum(v == sorted(v) for v in by_order.values())
     assert in_order >= 0.8 * len(by_order) and in_order < len(by_order)
@@ -76,3 +79,92 @@ def test_ledger_round_trip():
     meta, items = load_ledger(data)
     assert meta["format"] == LEDGER_FORMAT and meta["runId"] == "r7" and meta["hub"] == "payments"
     assert [i.to_json() for i in items] == [i.to_json() for i in w.items]
+
+
+def _depth(text):
+    depth = deepest = 0
+    for char in text:  # no strings hold brackets in these bodies
+        depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(char, 0)
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def _recursive_depth(value):
+    if isinstance(value, list):
+        return 1 + max((_recursive_depth(v) for v in value), default=0)
+    if isinstance(value, dict):
+        return 1 + max((_recursive_depth(v) for v in value.values()), default=0)
+    return 0
+
+
+def _hostile(workload):
+    return {(i.kind, i.case): i for i in workload.items if i.case}
+
+
+def test_hostile_cases_are_in_every_workload_of_a_hundred_messages_and_events():
+    w = generate(seed=12, messages=300, events=300, run_id="h1", oversize_bytes=300_000)
+    kinds = Counter(i.kind for i in w.items)  # counted within the totals, not on top
+    assert kinds["order"] + kinds["order_status"] + kinds["notification"] == 300
+    assert kinds["payment"] == 300
+    hostile = _hostile(w)
+    assert {case for kind, case in hostile if kind == "order"} >= {
+        "deep-nesting", "deep-nesting-in-field", "nan", "infinity", "float-overflow",
+        "surrogate-in-id", "surrogate-in-field", "int-2^53+1", "int-10^30", "int-2^63",
+        "missing-keys", "oversize"}
+    assert {case for kind, case in hostile if kind == "payment"} >= {
+        "structured:deep-nesting", "structured:deep-nesting-in-data",
+        "structured:deep-nesting-in-extension", "structured:nan", "structured:surrogate-in-id",
+        "structured:surrogate-in-account", "structured:int-2^53+1", "structured:int-2^63",
+        "structured:missing-data", "structured:oversize", "binary:deep-nesting", "binary:infinity",
+        "binary:surrogate-in-account", "binary:int-10^30", "binary:missing-id"}
+    assert {kind for kind, _ in hostile} == {"order", "order_status", "notification", "payment"}
+    for (kind, case), item in hostile.items():
+        assert item.invalid, (kind, case)
+        assert item.expect.startswith("park:" if kind == "payment" else "deadletter:")
+        assert item.body.isascii(), (kind, case)  # surrogates travel escaped, as valid UTF-8
+        assert "h1" in item.key
+    assert not any(i.case for i in w.items if not i.invalid)
+
+
+def test_hostile_bodies_are_what_they_claim():
+    w = generate(seed=13, messages=200, events=200, run_id="h2", oversize_bytes=250_000)
+    hostile = _hostile(w)
+    deep = hostile[("order", "deep-nesting")].body
+    assert deep.startswith("[" * 5000) and len(deep.encode()) < 16 * 1024
+    for key in (("order", "deep-nesting"), ("order", "deep-nesting-in-field"),
+                ("payment", "structured:deep-nesting"), ("payment", "binary:deep-nesting"),
+                ("payment", "structured:deep-nesting-in-data"),
+                ("payment", "structured:deep-nesting-in-extension"),
+                ("notification", "deep-nesting"), ("order_status", "deep-nesting")):
+        assert _depth(hostile[key].body) >= 5000, key
+        with pytest.raises(RecursionError):  # what any recursive walk of it does
+            _recursive_depth(json.loads(hostile[key].body))
+    assert math.isnan(json.loads(hostile[("order", "nan")].body)["lines"][0]["unitPrice"])
+    assert json.loads(hostile[("payment", "binary:infinity")].body)["amountCents"] == math.inf
+    assert json.loads(hostile[("order", "float-overflow")].body)["lines"][0]["unitPrice"] == math.inf
+    assert json.loads(hostile[("payment", "structured:surrogate-in-account")].body)["data"][
+        "accountId"].endswith("\ud800")
+    assert json.loads(hostile[("order", "surrogate-in-id")].body)["orderId"].endswith("\ud800")
+    assert json.loads(hostile[("payment", "structured:int-2^53+1")].body)["data"][
+        "amountCents"] == 2**53 + 1
+    assert json.loads(hostile[("payment", "binary:int-10^30")].body)["amountCents"] == 10**30
+    assert json.loads(hostile[("order", "int-2^63")].body)["lines"][0]["quantity"] == 2**63
+    assert "data" not in json.loads(hostile[("payment", "structured:missing-data")].body)
+    assert "ce_id" not in hostile[("payment", "binary:missing-id")].properties
+    assert len(hostile[("order", "oversize")].body_bytes) == 250_000
+    assert len(hostile[("payment", "structured:oversize")].body_bytes) == 250_000
+    assert not hostile[("order", "oversize")].copies  # a few instances of the big ones only
+    # Parked events are matched by their body's hash: every payment body is unique.
+    payments = [i for i in w.items if i.kind == "payment"]
+    assert len({i.body_sha256 for i in payments}) == len(payments)
+
+
+def test_hostile_cases_only_when_asked_and_large_enough():
+    assert not any(i.case for i in generate(seed=14, messages=99, events=99, run_id="h3").items)
+    assert not any(i.case for i in generate(seed=14, messages=500, events=500, run_id="h3",
+                                            hostile=False).items)
+    w = generate(seed=14, messages=500, events=500, run_id="h3")
+    assert any(i.case for i in w.items)
+    assert not any(i.case in ("oversize", "structured:oversize") for i in w.items)
+    _, items = load_ledger(json.loads(json.dumps(w.ledger())))
+    assert [i.case for i in items] == [i.case for i in w.items]
