@@ -13,6 +13,7 @@ infra/README.md, "Telemetry: one export path").
 from __future__ import annotations
 
 import functools
+import logging
 
 import azure.functions as func
 
@@ -21,6 +22,10 @@ from functions.settings import Settings
 from shared.observability import configure_observability
 
 Settings.from_env()
+# The duplicate-rate alert counts INFO events (DuplicateDetected): let the app's own loggers pass
+# INFO whatever level the worker leaves on the root logger.
+for _package in ("shared", "domain", "functions"):
+    logging.getLogger(_package).setLevel(logging.INFO)
 configure_observability()
 
 app = func.FunctionApp()
