@@ -3,6 +3,12 @@
 Parked entries are keyed deterministically (a replay parks the same entry
 again, not a second one) and hold the payload, the reason and where the
 message came from, so a person can resolve and resubmit it.
+
+Resolving is recorded on the entry itself: `mark` appends who did what, when
+and with which outcome to the entry's history and, for a final decision
+(replayed, discarded), closes it. Listing needs a way to enumerate documents,
+which the store interfaces leave to each backend: pass `lister` (a function
+returning the documents of one partition, or of all when given None).
 """
 
 from __future__ import annotations
@@ -10,25 +16,83 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from shared.keys import store_safe_id
 from shared.records import IdempotencyRecord, RecordState
-from shared.stores.base import DocumentStore, RecordStore, WriteOp
+from shared.stores.base import Document, DocumentStore, RecordStore, WriteOp, update_document
 from shared.telemetry import Telemetry
 
 MAX_INLINE_PAYLOAD_CHARS = 30_000  # a Table string property holds 32K UTF-16 chars
+MAX_HISTORY = 50  # resolution attempts kept on an entry (the newest)
+#: Lists the documents of one partition (a store-safe consumer id), or of every partition (None).
+EntryLister = Callable[[str | None], Iterable[Document]]
+
+
+@dataclass(frozen=True)
+class ParkedEntry:
+    """One parked message as stored, with what people did about it."""
+
+    consumer: str
+    entry_id: str
+    reason: str
+    error: str
+    payload: str
+    payload_bytes: int
+    payload_sha256: str
+    payload_truncated: bool
+    context: dict[str, Any]
+    parked_at: float
+    resolved: bool = False
+    resolution: str | None = None  # the final action: e.g. "replayed", "discarded"
+    resolved_by: str | None = None
+    resolved_at: float | None = None
+    outcome: str | None = None  # what the last action led to
+    note: str | None = None
+    history: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    etag: str | None = None
+
+    @property
+    def payload_intact(self) -> bool:
+        """The stored text is byte for byte what was parked (not truncated, not re-decoded)."""
+        return (not self.payload_truncated and
+                hashlib.sha256(self.payload.encode("utf-8")).hexdigest() == self.payload_sha256)
+
+    @classmethod
+    def from_document(cls, document: Document) -> ParkedEntry:
+        body = document.body
+
+        def loads(name: str, default: Any) -> Any:
+            try:
+                value = json.loads(body.get(name) or "null")
+            except ValueError:
+                return default
+            return default if value is None else value
+
+        return cls(
+            consumer=str(body.get("consumer", "")), entry_id=str(body.get("entryId", document.id)),
+            reason=str(body.get("reason", "")), error=str(body.get("error", "")),
+            payload=str(body.get("payload", "")), payload_bytes=int(body.get("payloadBytes", 0)),
+            payload_sha256=str(body.get("payloadSha256", "")),
+            payload_truncated=bool(body.get("payloadTruncated", False)),
+            context=loads("context", {}), parked_at=float(body.get("parkedAt", 0.0)),
+            resolved=bool(body.get("resolved", False)), resolution=body.get("resolution"),
+            resolved_by=body.get("resolvedBy"), resolved_at=body.get("resolvedAt"),
+            outcome=body.get("outcome"), note=body.get("note"),
+            history=tuple(loads("history", [])), etag=document.etag)
 
 
 class ParkingLot:
     """Writes parked entries to a store partitioned by consumer."""
 
     def __init__(self, store: DocumentStore, *, telemetry: Telemetry | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, lister: EntryLister | None = None) -> None:
         self._store = store
         self._telemetry = telemetry or Telemetry()
         self._clock = clock
+        self._lister = lister
 
     def park(self, *, consumer: str, entry_id: str, reason: str, payload: bytes | str,
              error: str = "", alert: bool = True, context: Mapping[str, Any] | None = None) -> str:
@@ -79,3 +143,47 @@ class ParkingLot:
     def get(self, consumer: str, entry_id: str) -> dict[str, Any] | None:
         document = self._store.read_document(store_safe_id(consumer), store_safe_id(entry_id))
         return document.body if document else None
+
+    def entry(self, consumer: str, entry_id: str) -> ParkedEntry | None:
+        """One entry with its resolution state and etag, or None."""
+        document = self._store.read_document(store_safe_id(consumer), store_safe_id(entry_id))
+        return ParkedEntry.from_document(document) if document else None
+
+    def entries(self, consumer: str | None = None, *, include_resolved: bool = False
+                ) -> list[ParkedEntry]:
+        """Entries of one consumer (or all), oldest first; open ones only unless asked."""
+        if self._lister is None:
+            raise TypeError("this ParkingLot cannot list entries: build it with a lister")
+        partition = None if consumer is None else store_safe_id(consumer)
+        found = [ParkedEntry.from_document(d) for d in self._lister(partition)]
+        return sorted((e for e in found if include_resolved or not e.resolved),
+                      key=lambda e: (e.parked_at, e.consumer, e.entry_id))
+
+    def mark(self, consumer: str, entry_id: str, *, action: str, by: str, outcome: str,
+             note: str = "", resolved: bool) -> ParkedEntry:
+        """Record an action on the entry (who, when, outcome, note) under its etag.
+
+        `resolved=True` closes the entry with `action` as its resolution; False
+        keeps it open (a failed attempt). Raises KeyError when there is no such
+        entry; retried when someone else changed it meanwhile.
+        """
+        now = float(self._clock())
+        step = {"action": action, "by": by, "at": now, "outcome": outcome[:2000], "note": note[:2000]}
+
+        def change(current: Document | None) -> dict[str, Any]:
+            if current is None:
+                raise KeyError(f"no parked entry {entry_id!r} for {consumer!r}")
+            body = dict(current.body)
+            history = ParkedEntry.from_document(current).history
+            body["history"] = json.dumps([*history, step][-MAX_HISTORY:], default=str)
+            body["outcome"] = step["outcome"]
+            if note:
+                body["note"] = step["note"]
+            if resolved:
+                body.update(resolved=True, resolution=action, resolvedBy=by, resolvedAt=now)
+            return body
+
+        written = update_document(self._store, store_safe_id(consumer), store_safe_id(entry_id),
+                                  change)
+        assert written is not None  # change() never leaves the entry as it is
+        return ParkedEntry.from_document(written)
