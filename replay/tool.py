@@ -1,0 +1,565 @@
+"""The replay tool's logic: list, show, replay and discard, with identity kept and marks written.
+
+Identity rule: a replay never gives a message a new identity. A dead-lettered
+Service Bus message is resubmitted with its original MessageId (and body,
+content type, correlation id, properties); a parked Event Hubs event is run
+through the same domain code as the trigger under its CloudEvent source+id;
+a parked notification is re-delivered under its MessageId. So the consumer's
+dedup absorbs a replay whose effect had in fact happened, and replaying the
+same entry twice never creates a second effect.
+
+Every action is recorded in the parking lot: on the parked entry itself, or,
+for a dead-lettered message (which leaves the queue once completed), on a
+journal entry under the same consumer (`deadletter/<entity>/<sequence>`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from domain.messages import InboundMessage, InvalidMessageError
+from domain.payments import CONSUMER as PAYMENTS
+from domain.payments import Payment, payment_from
+from functions.services import Services
+from replay.deadletters import (
+    DeadLetteredMessage,
+    DeadLetterSource,
+    EntityRef,
+    NotInDeadLetterQueueError,
+    ResubmitDroppedError,
+)
+from shared import (
+    DedupKey,
+    IdempotencyError,
+    InvalidKeyError,
+    OutcomeStatus,
+    RecordState,
+    store_safe_id,
+)
+from shared.cloudevents import InvalidEventError, parse_cloudevent
+from shared.parking import ParkedEntry, ParkingLot
+from shared.settlement import Action
+
+CONFLICT = "IdempotencyKeyConflict"
+NOTIFICATION_CONSUMERS = ("notify", "audit")
+# How each Service Bus consumer deduplicates, which decides how long a resubmission is absorbed:
+# "marker": the business document is the marker and never expires (orders); "record": a dedup
+# record that expires after DEDUP_TTL_SECONDS (notify, audit); "natural": versioned upserts.
+DEDUP_STYLE = {"orders": "marker", "order_status": "natural", "notify": "record", "audit": "record"}
+
+
+def app_entities(env: Mapping[str, str]) -> list[EntityRef]:
+    """The Service Bus entities the app's triggers read, named by its binding settings."""
+    topic = env.get("NOTIFICATIONS_TOPIC_NAME") or "notifications"
+    return [EntityRef("orders", env.get("ORDERS_QUEUE_NAME") or "orders"),
+            EntityRef("order_status", env.get("ORDER_STATUS_QUEUE_NAME") or "order-status"),
+            EntityRef("notify", topic, env.get("NOTIFY_SUBSCRIPTION_NAME") or "notify"),
+            EntityRef("audit", topic, env.get("AUDIT_SUBSCRIPTION_NAME") or "audit")]
+
+
+class ReplayError(Exception):
+    """A command cannot run as asked (unknown id, missing note); the message says why."""
+
+
+@dataclass
+class Item:
+    """One thing an operator can act on: a parked entry or a dead-lettered message."""
+
+    id: str
+    source: str  # "parked" | "deadletter"
+    consumer: str
+    reason: str
+    detail: str
+    key: str | None
+    since: float | None  # parked at / enqueued at (epoch seconds)
+    state: str  # "open", or the resolution: "replayed", "discarded"
+    entry: ParkedEntry | None = None  # the parked entry, or the dead-letter journal entry
+    message: DeadLetteredMessage | None = None
+
+    def age(self, now: float) -> float | None:
+        return None if self.since is None else max(0.0, now - self.since)
+
+    def to_json(self, now: float, *, full: bool = False) -> dict[str, Any]:
+        data: dict[str, Any] = {"id": self.id, "source": self.source, "consumer": self.consumer,
+                                "reason": self.reason, "key": self.key, "since": self.since,
+                                "ageSeconds": self.age(now), "state": self.state,
+                                "detail": self.detail}
+        entry = self.entry
+        if entry is not None and (entry.resolved or entry.history):
+            data.update(resolution=entry.resolution, resolvedBy=entry.resolved_by,
+                        resolvedAt=entry.resolved_at, outcome=entry.outcome, note=entry.note)
+        if full:
+            if self.message is not None:
+                m = self.message
+                data["message"] = {
+                    "entity": m.entity.path, "sequenceNumber": m.sequence_number,
+                    "messageId": m.message_id, "contentType": m.content_type,
+                    "correlationId": m.correlation_id, "subject": m.subject,
+                    "applicationProperties": m.application_properties,
+                    "deliveryCount": m.delivery_count,
+                    "body": m.body.decode("utf-8", "replace")}
+            if entry is not None:
+                data["parked"] = {"entryId": entry.entry_id, "parkedAt": entry.parked_at,
+                                  "error": entry.error, "context": entry.context,
+                                  "payload": entry.payload, "payloadBytes": entry.payload_bytes,
+                                  "payloadTruncated": entry.payload_truncated,
+                                  "history": list(entry.history)}
+        return data
+
+
+@dataclass
+class Result:
+    """What one replay or discard did."""
+
+    id: str
+    status: str  # replayed | discarded | skipped | refused | failed | would-replay
+    outcome: str
+    effect: str | None = None  # processed | duplicate | resubmitted | ... (when known)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "status": self.status, "outcome": self.outcome, "effect": self.effect}
+
+
+@dataclass
+class Filters:
+    consumer: str | None = None
+    reason: str | None = None
+    source: str | None = None  # parked | deadletter
+    state: str = "open"  # open | replayed | discarded | all
+    older_than: float | None = None  # seconds
+    newer_than: float | None = None
+
+    def accepts(self, item: Item, now: float) -> bool:
+        age = item.age(now)
+        return ((self.consumer is None or item.consumer == self.consumer)
+                and (self.reason is None or item.reason == self.reason)
+                and (self.source is None or item.source == self.source)
+                and (self.state == "all" or item.state == self.state)
+                and (self.older_than is None or (age is not None and age >= self.older_than))
+                and (self.newer_than is None or (age is not None and age <= self.newer_than)))
+
+
+@dataclass
+class Options:
+    """Operator decisions a replay may need, spelled out on the command line."""
+
+    confirm_not_sent: bool = False  # notifications: a person checked it was NOT sent
+    past_retention: bool = False  # replay although dedup records may have expired
+    dry_run: bool = False
+
+
+def _journal_id(message: DeadLetteredMessage) -> str:
+    return f"deadletter/{message.entity.path}/{message.sequence_number}"
+
+
+def _is_journal(entry: ParkedEntry) -> bool:
+    return entry.context.get("source") == "deadletter"
+
+
+@dataclass
+class ReplayTool:
+    services: Services
+    parking: ParkingLot  # with a lister (replay.stores.document_lister)
+    dead_letters: DeadLetterSource | None
+    operator: str
+    clock: Callable[[], float]
+    entities: Sequence[EntityRef] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.dead_letters is not None and not self.entities:
+            self.entities = list(self.dead_letters.entities)
+
+    # -- reading ---------------------------------------------------------------------
+    def now(self) -> float:
+        return float(self.clock())
+
+    def _entity(self, consumer: str) -> EntityRef | None:
+        return next((e for e in self.entities if e.consumer == consumer), None)
+
+    def _parked_item(self, entry: ParkedEntry) -> Item:
+        return Item(id=f"parked:{entry.consumer}/{entry.entry_id}", source="parked",
+                    consumer=entry.consumer, reason=entry.reason, detail=entry.error,
+                    key=self._parked_key(entry), since=entry.parked_at,
+                    state=(entry.resolution or "open") if entry.resolved else "open", entry=entry)
+
+    @staticmethod
+    def _parked_key(entry: ParkedEntry) -> str | None:
+        if entry.context.get("message_id"):
+            return str(entry.context["message_id"])
+        if entry.consumer == PAYMENTS:
+            try:
+                event = parse_cloudevent(entry.payload.encode("utf-8"),
+                                         entry.context.get("properties") or {},
+                                         entry.context.get("content_type"))
+                return DedupKey.from_cloudevent(PAYMENTS, event.source, event.id).key
+            except (InvalidEventError, InvalidKeyError):
+                return None
+        return None
+
+    def _dead_letter_item(self, message: DeadLetteredMessage, journal: ParkedEntry | None) -> Item:
+        return Item(id=f"dlq:{message.entity.consumer}/{message.sequence_number}",
+                    source="deadletter", consumer=message.entity.consumer, reason=message.reason,
+                    detail=message.description, key=message.message_id, since=message.enqueued_at,
+                    state="open", entry=journal, message=message)
+
+    def _journal_item(self, entry: ParkedEntry) -> Item:
+        context = entry.context
+        return Item(id=f"dlq:{entry.consumer}/{context.get('sequence_number')}", source="deadletter",
+                    consumer=entry.consumer, reason=entry.reason, detail=entry.error,
+                    key=context.get("message_id"), since=context.get("enqueued_at"),
+                    state=(entry.resolution or "open") if entry.resolved else "open", entry=entry)
+
+    def items(self, filters: Filters | None = None) -> list[Item]:
+        """Parked entries and dead-lettered messages (and the journal of past actions)."""
+        filters = filters or Filters()
+        now = self.now()
+        entries = ([] if filters.source == "deadletter" and filters.state == "open"
+                   else self.parking.entries(filters.consumer, include_resolved=True))
+        journals = {(e.consumer, e.entry_id): e for e in entries if _is_journal(e)}
+        found: list[Item] = [self._parked_item(e) for e in entries if not _is_journal(e)]
+        live: set[tuple[str, str]] = set()
+        if self.dead_letters is not None and filters.source in (None, "deadletter"):
+            for entity in self.entities:
+                if filters.consumer not in (None, entity.consumer):
+                    continue
+                for message in self.dead_letters.peek(entity):
+                    location = (entity.consumer, _journal_id(message))
+                    live.add(location)
+                    found.append(self._dead_letter_item(message, journals.get(location)))
+        found += [self._journal_item(e) for location, e in journals.items() if location not in live]
+        selected = [item for item in found if filters.accepts(item, now)]
+        return sorted(selected, key=lambda i: (i.since or 0.0, i.consumer, i.id))
+
+    def find(self, item_id: str) -> Item:
+        """One item by id: `parked:<consumer>/<entry id>` or `dlq:<consumer>/<sequence number>`."""
+        kind, _, rest = item_id.partition(":")
+        consumer, _, tail = rest.partition("/")
+        if kind == "parked" and consumer and tail:
+            entry = self.parking.entry(consumer, tail)
+            if entry is None or _is_journal(entry):
+                raise ReplayError(f"no parked entry {item_id}")
+            return self._parked_item(entry)
+        if kind == "dlq" and consumer and tail.isdigit():
+            entity = self._entity(consumer)
+            if entity is None:
+                raise ReplayError(f"{consumer!r} is not a Service Bus consumer of this app "
+                                  f"({', '.join(e.consumer for e in self.entities) or 'none known'})")
+            sequence = int(tail)
+            journal_id = f"deadletter/{entity.path}/{sequence}"
+            journal = self.parking.entry(consumer, journal_id)
+            if self.dead_letters is not None:
+                for message in self.dead_letters.peek(entity):
+                    if message.sequence_number == sequence:
+                        return self._dead_letter_item(message, journal)
+            if journal is not None:
+                return self._journal_item(journal)
+            if self.dead_letters is None:
+                raise ReplayError(f"{item_id}: the dead-letter queues are not connected "
+                                  "(pass --servicebus-connection or --servicebus-namespace)")
+            raise ReplayError(f"{item_id} is not in the dead-letter queue of {entity.path}")
+        raise ReplayError(f"unknown id {item_id!r}: expected parked:<consumer>/<entry id> or "
+                          "dlq:<consumer>/<sequence number>")
+
+    # -- what the stores already hold ----------------------------------------------
+    def _record_state(self, consumer: str, message_id: str) -> str | None:
+        """Whether the consumer's dedup already recorded this message: completed, in
+        progress, closed as parked, or None (not recorded / nothing to look up)."""
+        try:
+            if consumer == "orders":
+                store = self.services.orders.idempotency.store
+                document_id = store_safe_id(message_id)
+                record = store.get_record(document_id, document_id)
+            elif consumer in NOTIFICATION_CONSUMERS:
+                key = DedupKey.from_message_id(consumer, message_id)
+                record = self._notifications(consumer).idempotency.store.get_record(
+                    key.encoded, key.encoded)
+            else:
+                return None
+        except InvalidKeyError:
+            return None
+        if record is None or record.is_expired(self.now()):
+            return None
+        if record.state is RecordState.IN_PROGRESS:
+            return "in progress"
+        if isinstance(record.result, dict) and "parked" in record.result:
+            return f"closed as parked ({record.result['parked']})"
+        return "completed"
+
+    def _notifications(self, consumer: str) -> Any:
+        return self.services.notify if consumer == "notify" else self.services.audit
+
+    def _ttl(self) -> float:
+        return self.services.settings.ttl.total_seconds()
+
+    # -- commands --------------------------------------------------------------------
+    def show(self, item_id: str) -> tuple[Item, dict[str, Any]]:
+        """The item and what the consumer's dedup already holds for it."""
+        item = self.find(item_id)
+        facts: dict[str, Any] = {}
+        if item.source == "deadletter" and item.key:
+            facts["dedup"] = self._record_state(item.consumer, item.key) or (
+                "versioned upsert: replays of older versions change nothing"
+                if DEDUP_STYLE.get(item.consumer) == "natural" else "no effect recorded")
+        elif item.entry is not None and item.consumer == PAYMENTS:
+            payment = self._payment(item.entry)
+            if isinstance(payment, Payment):
+                facts["dedup"] = "completed" if self._ledger_marker(payment) else "no effect recorded"
+            else:
+                facts["invalid"] = payment
+        elif item.entry is not None and item.key and item.consumer in NOTIFICATION_CONSUMERS:
+            facts["dedup"] = self._record_state(item.consumer, item.key) or "no record"
+        return item, facts
+
+    def replay(self, item_ids: Iterable[str] = (), *, filters: Filters | None = None,
+               options: Options | None = None) -> list[Result]:
+        """Replay the given ids, or every open item the filters select."""
+        options = options or Options()
+        ids = list(item_ids)
+        targets = [self.find(i) for i in ids] if ids else self.items(filters or Filters())
+        return [self._replay_one(item, options) for item in targets]
+
+    def discard(self, item_id: str, note: str) -> Result:
+        if not note.strip():
+            raise ReplayError("discard needs --note saying why (it is kept on the entry)")
+        item = self.find(item_id)
+        if item.state != "open":
+            return self._already(item)
+        if item.message is not None:
+            journal = self._ensure_journal(item.message, item.entry)
+            assert self.dead_letters is not None
+            try:
+                self.dead_letters.complete(item.message)
+            except NotInDeadLetterQueueError as error:
+                return Result(item.id, "failed", str(error))
+            self.parking.mark(item.consumer, journal.entry_id, action="discarded", by=self.operator,
+                              outcome="dead-lettered copy completed without resubmitting",
+                              note=note, resolved=True)
+            return Result(item.id, "discarded", "removed from the dead-letter queue; note kept")
+        assert item.entry is not None
+        self.parking.mark(item.consumer, item.entry.entry_id, action="discarded", by=self.operator,
+                          outcome="discarded", note=note, resolved=True)
+        return Result(item.id, "discarded", "entry closed; note kept")
+
+    # -- replay, per kind ----------------------------------------------------------------
+    @staticmethod
+    def _already(item: Item) -> Result:
+        entry = item.entry
+        who = f" by {entry.resolved_by}" if entry and entry.resolved_by else ""
+        what = f": {entry.outcome}" if entry and entry.outcome else ""
+        return Result(item.id, "skipped", f"already {item.state}{who}{what}; nothing done")
+
+    def _replay_one(self, item: Item, options: Options) -> Result:
+        if item.state != "open":
+            return self._already(item)
+        if item.reason == CONFLICT:
+            return Result(item.id, "refused",
+                          "a different message was already applied under this key: a replay would "
+                          "be refused again. Discard it with a note, or have the producer send the "
+                          "new content under a new id")
+        try:
+            if item.message is not None:
+                return self._resubmit(item, item.message, options)
+            assert item.entry is not None
+            if item.consumer == PAYMENTS:
+                return self._replay_payment(item, item.entry, options)
+            if item.consumer in NOTIFICATION_CONSUMERS:
+                return self._replay_notification(item, item.entry, options)
+            return Result(item.id, "refused", f"no replay path for consumer {item.consumer!r}: "
+                          "resolve it by hand, then discard it with a note")
+        except IdempotencyError as error:
+            self._mark_failed(item, f"store error: {error}")
+            return Result(item.id, "failed", f"store error, nothing recorded as done: {error}")
+
+    def _mark_failed(self, item: Item, outcome: str) -> None:
+        if item.entry is not None:
+            self.parking.mark(item.consumer, item.entry.entry_id, action="replay-failed",
+                              by=self.operator, outcome=outcome, resolved=False)
+
+    def _done(self, item: Item, entry_id: str, outcome: str, effect: str) -> Result:
+        self.parking.mark(item.consumer, entry_id, action="replayed", by=self.operator,
+                          outcome=outcome, resolved=True)
+        return Result(item.id, "replayed", outcome, effect)
+
+    # Service Bus -------------------------------------------------------------------------
+    def _resubmit(self, item: Item, message: DeadLetteredMessage, options: Options) -> Result:
+        assert self.dead_letters is not None
+        if not message.message_id:
+            return Result(item.id, "refused", "the message has no MessageId: without its identity "
+                          "the consumer cannot deduplicate a resubmission (it would be dead-lettered "
+                          "again); discard it and have the producer send it with one")
+        age = item.age(self.now()) or 0.0
+        window = self.dead_letters.duplicate_detection_window
+        if age < window:
+            return Result(item.id, "refused",
+                          f"sent {age:.0f} s ago: inside the {window:.0f} s duplicate-detection "
+                          f"window the broker would drop a copy with MessageId {message.message_id}; "
+                          f"replay it in {window - age:.0f} s")
+        style = DEDUP_STYLE.get(item.consumer)
+        if style == "record" and age >= self._ttl() and not options.past_retention:
+            return Result(item.id, "refused",
+                          f"older than the dedup records' retention ({self._ttl():.0f} s): if it was "
+                          "processed, its record may be gone and a copy would act again. Check, then "
+                          "pass --past-retention")
+        prior = self._record_state(item.consumer, message.message_id)
+        expected = ("the consumer will absorb it as a duplicate" if prior == "completed"
+                    else "the consumer's dedup decides on delivery")
+        fanout = ""
+        if message.entity.is_topic:
+            others = [e.consumer for e in self.entities
+                      if e.queue_or_topic == message.entity.queue_or_topic
+                      and e.consumer != item.consumer]
+            if others:
+                fanout = (f"; the topic copies it to {', '.join(others)} too, whose dedup absorbs "
+                          "it (same MessageId)")
+        target = ("topic " if message.entity.is_topic else "queue ") + message.entity.queue_or_topic
+        if options.dry_run:
+            return Result(item.id, "would-replay", f"would resubmit to {target} with MessageId "
+                          f"{message.message_id}; {expected}{fanout}")
+        journal = self._ensure_journal(message, item.entry)
+        try:
+            self.dead_letters.resubmit_and_complete(message)
+        except NotInDeadLetterQueueError as error:
+            self.parking.mark(item.consumer, journal.entry_id, action="replay-failed",
+                              by=self.operator, outcome=str(error), resolved=False)
+            return Result(item.id, "failed", str(error))
+        except ResubmitDroppedError as error:
+            self.parking.mark(item.consumer, journal.entry_id, action="replay-failed",
+                              by=self.operator, outcome=str(error), resolved=False)
+            return Result(item.id, "failed", str(error))
+        outcome = (f"resubmitted to {target} with MessageId {message.message_id} (dedup before: "
+                   f"{prior or 'no effect recorded'}; {expected}){fanout}; dead-lettered copy "
+                   "completed")
+        return self._done(item, journal.entry_id, outcome, "resubmitted")
+
+    def _ensure_journal(self, message: DeadLetteredMessage, known: ParkedEntry | None) -> ParkedEntry:
+        if known is not None:
+            return known
+        entry_id = _journal_id(message)
+        existing = self.parking.entry(message.entity.consumer, entry_id)
+        if existing is not None:
+            return existing
+        self.parking.park(
+            consumer=message.entity.consumer, entry_id=entry_id, reason=message.reason,
+            payload=message.body, error=message.description, alert=False,
+            context={"source": "deadletter", "entity": message.entity.path,
+                     "sequence_number": message.sequence_number, "message_id": message.message_id,
+                     "enqueued_at": message.enqueued_at, "content_type": message.content_type,
+                     "correlation_id": message.correlation_id,
+                     "application_properties": message.application_properties,
+                     "delivery_count": message.delivery_count})
+        created = self.parking.entry(message.entity.consumer, entry_id)
+        assert created is not None
+        return created
+
+    # Event Hubs payments ------------------------------------------------------------------
+    def _payment(self, entry: ParkedEntry) -> Payment | str:
+        """The parked event as the domain's Payment (same parsing as the trigger), or why not."""
+        if not entry.payload_intact:
+            return ("the payload was truncated or altered when parked (sha256 differs): re-send "
+                    "the event from its source instead")
+        context = entry.context
+        try:
+            event = parse_cloudevent(entry.payload.encode("utf-8"), context.get("properties") or {},
+                                     context.get("content_type"))
+            key = DedupKey.from_cloudevent(PAYMENTS, event.source, event.id)
+            return payment_from(key, event.type, event.data)
+        except InvalidEventError as error:
+            return f"still invalid: {error.reason}: {error.detail}"
+        except InvalidKeyError as error:
+            return f"still invalid: no CloudEvent id/source to deduplicate on ({error})"
+        except InvalidMessageError as error:
+            return f"still invalid: {error.reason}: {error.detail}"
+
+    def _ledger_marker(self, payment: Payment) -> bool:
+        store = self.services.payments.ledger.store
+        record = store.get_record(store_safe_id(payment.account_id), payment.key.encoded)
+        return record is not None and not record.is_expired(self.now())
+
+    def _replay_payment(self, item: Item, entry: ParkedEntry, options: Options) -> Result:
+        payment = self._payment(entry)
+        if not isinstance(payment, Payment):
+            if not options.dry_run:
+                self._mark_failed(item, payment)
+            return Result(item.id, "failed", payment)
+        recorded = self._ledger_marker(payment)
+        age = item.age(self.now()) or 0.0
+        margin = self.services.settings.window.margin.total_seconds()
+        if not recorded and age >= self._ttl() - margin and not options.past_retention:
+            return Result(item.id, "refused",
+                          f"parked {age:.0f} s ago, near or past the ledger markers' retention "
+                          f"({self._ttl():.0f} s): if it had been applied, its marker may be gone "
+                          "and a replay would apply it again. Check the balance, then pass "
+                          "--past-retention")
+        if options.dry_run:
+            return Result(item.id, "would-replay",
+                          f"would apply {payment.key.key} to {payment.account_id} "
+                          f"({'duplicate: already applied' if recorded else 'not applied yet'})")
+        outcome = self.services.payments.apply(payment, {
+            "replay": True, "entry_id": entry.entry_id, "operator": self.operator,
+            "partition_id": entry.context.get("partition_id"),
+            "sequence_number": entry.context.get("sequence_number")})
+        if outcome.status is OutcomeStatus.PROCESSED:
+            return self._done(item, entry.entry_id,
+                              f"applied: {payment.amount_cents:+d} cents to {payment.account_id}, "
+                              f"balance {outcome.result['balanceCents']}", "processed")
+        if outcome.status is OutcomeStatus.DUPLICATE:
+            return self._done(item, entry.entry_id,
+                              "duplicate: the event had already been applied; nothing changed",
+                              "duplicate")
+        status = outcome.status.value
+        self._mark_failed(item, f"not applied: {status}")
+        return Result(item.id, "failed", f"not applied: {status}")
+
+    # Notifications ---------------------------------------------------------------------------
+    def _replay_notification(self, item: Item, entry: ParkedEntry, options: Options) -> Result:
+        service = self._notifications(item.consumer)
+        message_id = entry.context.get("message_id")
+        if not message_id or not entry.payload_intact or "dedup_store" in entry.context:
+            return Result(item.id, "refused",
+                          "no message to re-deliver (parked by the maintenance sweep with its key "
+                          "only, or the payload was truncated): ask the producer to re-send it, "
+                          "then discard this entry with a note")
+        if not service.api_honours_key and not options.confirm_not_sent:
+            return Result(item.id, "refused",
+                          "the notification API does not honour Idempotency-Key, so a replay sends "
+                          "the notification again. Check the API's records: if it was NOT sent, "
+                          "replay with --confirm-not-sent; if it was, discard with a note")
+        key = DedupKey.from_message_id(item.consumer, str(message_id))
+        store = service.idempotency.store
+        record = store.get_record(key.encoded, key.encoded)
+        if record is not None and record.state is RecordState.IN_PROGRESS:
+            return Result(item.id, "refused", "a delivery of this message holds it in progress "
+                          "right now; try again after its lease")
+        closed = (record is not None and isinstance(record.result, dict)
+                  and "parked" in record.result)
+        if options.dry_run:
+            return Result(item.id, "would-replay",
+                          f"would {'re-open the closed record and ' if closed else ''}re-deliver "
+                          f"{message_id} to {item.consumer}")
+        if closed:
+            assert record is not None
+            store.delete_record_if_unchanged(record)  # a change meanwhile: RecordChangedError
+        decision = service.handle(InboundMessage(
+            message_id=str(message_id), body=entry.payload.encode("utf-8"),
+            correlation_id=entry.context.get("correlation_id"), content_type="application/json"))
+        confirmed = " (operator confirmed it was not sent)" if options.confirm_not_sent else ""
+        if decision.action is Action.COMPLETE and decision.outcome == "parked":
+            outcome = "parked again: the outcome of this attempt is unknown too"
+            self._mark_failed(item, outcome)
+            return Result(item.id, "failed", outcome)
+        if decision.action is Action.COMPLETE:
+            effect = decision.outcome or "processed"
+            text = ("sent" if effect in ("processed", "taken_over")
+                    else "duplicate: already sent, nothing sent now")
+            return self._done(item, entry.entry_id,
+                              f"{text}{confirmed}{'; closed record re-opened' if closed else ''}",
+                              effect)
+        self._mark_failed(item, f"{decision.action.value}: {decision.reason}: {decision.description}")
+        return Result(item.id, "failed", f"not sent: {decision.reason}: {decision.description}")
+
+
+def results_json(results: Sequence[Result]) -> str:
+    return json.dumps([r.to_json() for r in results], indent=2)
