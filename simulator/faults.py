@@ -18,12 +18,23 @@ the same way (`FaultySender`). What a fault does follows a real failure:
 * **lock expiry mid-processing** takes the Service Bus lock back and waits
   until another consumer has the redelivered copy, then lets the first one
   finish: two consumers work on one message at once;
-* a **store outage** stops the server process for a stretch (SIGSTOP, data
-  kept; the SDK times out) or, for servers the harness did not start, makes
-  the wrapped stores fail for that stretch.
+* a **store outage** stops the server process for a stretch of wall time
+  (SIGSTOP, data kept; the SDK times out), or makes the wrapped stores fail
+  fast (503) for a stretch of the simulation's virtual time (the mode for
+  servers the harness did not start, and for sustained fail-fast outages).
 
-Two harness-only variants prove the checks can fail: `DedupOffStore` (every
-claim looks new) and `NonAtomicStore` (marker and effect in separate steps).
+Two outage modes model the two ways a store goes away. **pause**: requests
+hang until the client times out (a stalled server, a network partition); its
+clock is the wall clock, because the SDK's timeouts are. **fail-fast**: every
+request fails at once with 503 (throttling storms, a failover); its clock is
+the simulation's, the same clock that spaces redeliveries, lock expiries and
+the host's retry backoff, so a 20 s outage lasts as long, relative to them,
+as it would in production.
+
+Harness-only variants prove the checks can fail: `DedupOffStore` (every
+claim looks new), `NonAtomicStore` (marker and effect in separate steps) and
+`FaultyStore(transient_as_permanent=True)` (a store client that reports a
+transient failure as a permanent rejection, so the app refuses valid messages).
 """
 
 from __future__ import annotations
@@ -44,7 +55,7 @@ from typing import Any
 
 from domain.notifications import HttpResponse, NotificationRetryError
 from shared import IdempotencyStore, StoreUnavailableError, store_safe_id
-from shared.exceptions import RecordExistsError
+from shared.exceptions import IdempotencyError, RecordExistsError, StoreRequestError
 from shared.records import IdempotencyRecord
 from shared.stores.base import Document, WriteOp
 
@@ -218,23 +229,50 @@ class invocation:
 
 
 # -- outages ---------------------------------------------------------------------------
+OUTAGE_MODES = ("auto", "pause", "fail-fast")
+
+
 class OutageController:
-    """Store outages for a stretch: pause a server process, or fail the wrapped stores."""
+    """Store outages for a stretch: pause a server process, or fail the wrapped stores.
+
+    `mode`: `auto` pauses a server the harness started and otherwise fails the
+    wrapped stores for `duration` wall seconds (the chaos runs' short outages);
+    `pause` insists on pausing the process; `fail-fast` fails every call to the
+    server's stores at once with 503 for `duration` seconds of `clock` (the
+    simulation's virtual clock).
+    """
 
     def __init__(self, log: FaultLog, *, processes: dict[str, int] | None = None,
-                 duration: float = 2.5) -> None:
+                 duration: float = 2.5, mode: str = "auto",
+                 clock: Callable[[], float] | None = None) -> None:
+        if mode not in OUTAGE_MODES:
+            raise ValueError(f"unknown outage mode {mode!r}; one of {OUTAGE_MODES}")
         self.log = log
         self.processes = processes or {}  # server name -> pid of a server the harness started
         self.duration = duration
-        self._until: dict[str, float] = {}
+        self.mode = mode
+        self.clock = clock
+        self._until: dict[str, tuple[Callable[[], float], float]] = {}  # fail fast until
+        self._paused_until: dict[str, float] = {}  # monotonic
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self.history: list[tuple[str, str, float]] = []
+        # Store calls that failed because of an outage: "server: function" -> calls.
+        self.failed_calls: Counter[str] = Counter()
 
     def blocked(self, server: str) -> bool:
-        """True while a proxy outage of `server` lasts."""
-        until = self._until.get(server)
-        return until is not None and time.monotonic() < until
+        """True while a fail-fast (proxy) outage of `server` lasts."""
+        entry = self._until.get(server)
+        return entry is not None and entry[0]() < entry[1]
+
+    def active(self, server: str) -> bool:
+        """True while any outage of `server` lasts (fail-fast or paused)."""
+        paused = self._paused_until.get(server)
+        return self.blocked(server) or (paused is not None and time.monotonic() < paused)
+
+    def record_failure(self, server: str, function: str) -> None:
+        with self._lock:
+            self.failed_calls[f"{server}: {function}"] += 1
 
     @staticmethod
     def _alive(pid: int | None) -> bool:
@@ -249,12 +287,21 @@ class OutageController:
     def start(self, server: str) -> None:
         self.log.fired(FaultKind.OUTAGE)
         pid = self.processes.get(server)
-        mode = "pause" if self._alive(pid) else "proxy"
+        if self.mode == "fail-fast":
+            mode = "fail-fast"
+        elif self._alive(pid):
+            mode = "pause"
+        elif self.mode == "pause":
+            raise RuntimeError(f"cannot pause {server}: the harness did not start it")
+        else:
+            mode = "proxy"
         with self._lock:
             self.history.append((server, mode, self.duration))
-        if mode == "proxy":
-            self._until[server] = time.monotonic() + self.duration
+        if mode != "pause":
+            clock = self.clock if mode == "fail-fast" and self.clock is not None else time.monotonic
+            self._until[server] = (clock, clock() + self.duration)
             return
+        self._paused_until[server] = time.monotonic() + self.duration
         thread = threading.Thread(target=self._pause, args=(pid,), daemon=True,
                                   name=f"outage-{server}")
         self._threads.append(thread)
@@ -329,11 +376,19 @@ class FaultyStore(_Forwarding):
     """Injects the current invocation's fault at the chosen store call."""
 
     def __init__(self, inner: IdempotencyStore, *, label: str, server: str,
-                 outages: OutageController | None = None) -> None:
+                 outages: OutageController | None = None,
+                 transient_as_permanent: bool = False) -> None:
         super().__init__(inner)
         self.label = label
         self.server = server
         self.outages = outages
+        # Counter-proof: a 429/503 (fault or outage) surfaces as a permanent rejection (400).
+        self.transient_as_permanent = transient_as_permanent
+
+    def _unavailable(self, message: str, status: int) -> IdempotencyError:
+        if self.transient_as_permanent:
+            return StoreRequestError(f"{message}, misread as a permanent rejection", status_code=400)
+        return StoreUnavailableError(message, status_code=status)
 
     def _run(self, action: Callable[[], Any], *, write: bool) -> Any:
         inv = current()
@@ -347,14 +402,23 @@ class FaultyStore(_Forwarding):
         if inv.planned(FaultKind.TRANSIENT) and inv.calls >= inv.fault.at:  # type: ignore[union-attr]
             inv.fire()
             status = random.Random(inv.calls).choice((429, 503))
-            raise StoreUnavailableError(f"simulated {status} from {self.label}", status_code=status)
+            raise self._unavailable(f"simulated {status} from {self.label}", status)
         if inv.planned(FaultKind.LOCK_EXPIRY) and inv.calls >= inv.fault.at:  # type: ignore[union-attr]
             inv.fire()
             if inv.lock_expiry is not None:
                 inv.lock_expiry()
-        if self.outages is not None and self.outages.blocked(self.server):
-            raise StoreUnavailableError(f"simulated outage of {self.server}", status_code=503)
-        result = action()
+        outages = self.outages
+        during = outages is not None and outages.active(self.server)
+        if outages is not None and outages.blocked(self.server):
+            outages.record_failure(self.server, inv.name)
+            raise self._unavailable(f"simulated outage of {self.server}", 503)
+        try:
+            result = action()
+        except StoreUnavailableError:
+            if during:  # a call made while the server was paused: it timed out
+                assert outages is not None
+                outages.record_failure(self.server, inv.name)
+            raise
         if write:
             inv.writes += 1
             at = inv.fault.at if inv.fault else 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from shared import DedupKey, Idempotency, OutcomeStatus, StoreUnavailableError, WriteOp, request_hash
+from shared.exceptions import StoreRequestError
+from simulator.clock import SimClock
 from simulator.faults import (
     DedupOffStore,
     FakeNotificationApi,
@@ -117,6 +119,45 @@ def test_proxy_outage_fails_calls_for_its_stretch(store):
     with invocation(inv), pytest.raises(StoreUnavailableError):
         wrapped.write_documents("p5", [WriteOp("upsert", "d", {"v": 1})])
     assert outages.history == [("azurite", "proxy", 60)]
+
+
+def test_fail_fast_outage_lasts_its_stretch_of_the_simulations_clock(store):
+    clock = SimClock(1000.0)
+    log = FaultLog()
+    outages = OutageController(log, duration=20, mode="fail-fast", clock=clock)
+    wrapped = FaultyStore(store, label="t", server="cosmos", outages=outages)
+    outages.start("cosmos")
+    with invocation(Invocation("payments", None, log)):
+        for _ in range(3):  # no wall time passes in between: the clock decides
+            with pytest.raises(StoreUnavailableError) as raised:
+                wrapped.read_document("p6", "d")
+            assert raised.value.status_code == 503
+        clock.advance(19.9)
+        with pytest.raises(StoreUnavailableError):
+            wrapped.read_document("p6", "d")
+        clock.advance(0.2)
+        assert wrapped.read_document("p6", "d") is None  # over: the store answers again
+    assert outages.history == [("cosmos", "fail-fast", 20)]
+    assert outages.failed_calls == {"cosmos: payments": 4}
+    assert not outages.active("cosmos")
+
+
+def test_pause_mode_refuses_a_server_the_harness_did_not_start():
+    outages = OutageController(FaultLog(), mode="pause")
+    with pytest.raises(RuntimeError):
+        outages.start("cosmos")
+    with pytest.raises(ValueError):
+        OutageController(FaultLog(), mode="sometimes")
+
+
+def test_transient_as_permanent_misreads_a_503_as_a_rejection(store):
+    log = FaultLog()
+    wrapped = FaultyStore(store, label="t", server="t", transient_as_permanent=True)
+    with invocation(Invocation("orders", Fault(FaultKind.TRANSIENT), log)), \
+            pytest.raises(StoreRequestError) as raised:
+        wrapped.read_document("p7", "d")
+    assert raised.value.status_code == 400 and not isinstance(raised.value, StoreUnavailableError)
+    assert log.counts() == {FaultKind.TRANSIENT.value: 1}
 
 
 def test_fault_plan_is_deterministic_per_seed_and_respects_rates():
