@@ -13,8 +13,29 @@ Invariants:
   the sum of its applied events, one accepted notification per subscription
   (distinct Idempotency-Keys when the API honours them, raw calls when not);
 * nothing lost: every message is effected, dead-lettered or parked, with a reason;
+* every valid message effected: valid = not invalid input and not a key
+  conflict; a valid message that is not effected, or whose copy was
+  dead-lettered or parked although it was effected, fails the run whatever the
+  reason (MaxDeliveryCountExceeded, StaleInProgress, ProcessingFailed,
+  Transient, UnexpectedError, ...). One exception, `OutcomeUnknown`, below;
+* invalid input rejected with a reason on its first delivery: dead-lettered or
+  parked with a reason that says what is wrong with the input (any reason that
+  `is_operational` does not flag), once per copy sent, and no delivery of it
+  before the rejection that raised, abandoned or left it unsettled (host
+  crashes and lock losses the harness injected excepted);
+* no exception reached the host other than a transient store failure, and no
+  Event Hubs batch retried until the host gave up (in production its partition
+  would stall: the retry policy is unbounded);
 * every key conflict (same id, other content) is dead-lettered or parked;
 * no dedup record left in progress (after reconciliation).
+
+`OutcomeUnknown` is the notifications' honest "the call may or may not have
+landed" when the API does not honour Idempotency-Key and a timeout hid the
+answer: re-sending could notify twice, so a person decides. With such an API
+(`Evidence.api_honours_key` false) those parkings are allowed and listed apart
+(with whether the API's log shows the call landed); with an API that honours
+the key the app can always re-send safely, so an `OutcomeUnknown` counts as
+not effected like any other reason.
 
 Also a command for real deployments (Docker emulators or Azure), after the
 producer CLI sent a workload:
@@ -29,7 +50,7 @@ import json
 import os
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +61,35 @@ from simulator.workload import Item, load_ledger
 
 CONFLICT = "IdempotencyKeyConflict"
 CHANNELS = ("notify", "audit")
+OUTCOME_UNKNOWN = "OutcomeUnknown"
+# The consumers (function names) that receive each kind of message.
+CONSUMERS = {"order": ("orders",), "order_status": ("order_status",), "notification": CHANNELS,
+             "payment": ("payments",)}
+
+# Dead-letter / parking reasons that say something went wrong in processing (a failure, a
+# timeout, a lost race), not what is wrong with the input: never a rejection of bad input.
+OPERATIONAL_REASONS = frozenset({
+    "MaxDeliveryCountExceeded", "TTLExpiredException", "StaleInProgress", "ProcessingFailed",
+    OUTCOME_UNKNOWN, "Transient", "UnexpectedError", "InProgress", "LeaseLost", "StoreRejected",
+    "StoreUnavailable"})
+_OPERATIONAL_MARKERS = ("Transient", "Unavailable", "Timeout", "TimedOut", "Throttl", "Unexpected",
+                        "Stale", "InProgress", "LockLost", "LeaseLost", "MaxDeliveryCount",
+                        "Failed", "Exception", "Error")
+# Exceptions that may reach the host: a store or API failure worth retrying (the Event Hubs
+# function raises them so the retry policy re-runs the batch).
+_TRANSIENT_MARKERS = ("Unavailable", "Timeout", "TimedOut", "Throttl", "Transient", "Retry",
+                      "Exhausted", "LeaseLost", "NotSent")
+
+
+def is_operational(reason: str | None) -> bool:
+    """True for a reason that is no rejection of the input (empty, or a processing failure)."""
+    return not reason or reason in OPERATIONAL_REASONS or any(
+        marker in reason for marker in _OPERATIONAL_MARKERS)
+
+
+def is_transient_error(name: str) -> bool:
+    """True for an exception name that a retry can fix (may reach the host)."""
+    return any(marker in name for marker in _TRANSIENT_MARKERS)
 
 
 @dataclass(frozen=True)
@@ -51,6 +101,7 @@ class DeadLetter:
     variant: int
     reason: str
     description: str = ""
+    delivery_count: int = 0  # the delivery that dead-lettered it (0: not known)
 
 
 @dataclass
@@ -63,6 +114,11 @@ class Evidence:
     # Service Bus messages (logical, variant) of which the broker accepted no copy: its
     # duplicate detection dropped them (same MessageId inside the window), so no consumer saw them.
     broker_dropped: set[tuple[str, int]] = field(default_factory=set)
+    # The host's view (simulator only; None with real brokers): delivery outcomes by
+    # (function, logical, variant), e.g. "deadletter (MalformedJson)", "crash", "raised X";
+    # and Event Hubs batches the host retried until it gave up.
+    outcomes: dict[tuple[str, str, int], Counter[str]] | None = None
+    stalled_batches: int | None = None
 
 
 @dataclass
@@ -96,6 +152,18 @@ class CheckResult:
     parked: Counter[str] = field(default_factory=Counter)  # "consumer: reason"
     conflicts: Counter[str] = field(default_factory=Counter)  # handled / not handled
     not_effected_but_handled: Counter[str] = field(default_factory=Counter)  # "kind: reason"
+    # Valid messages (not invalid input, not a key conflict): "kind: why" per logical message
+    # (per subscription for notifications).
+    valid_not_effected: Counter[str] = field(default_factory=Counter)
+    valid_also_refused: Counter[str] = field(default_factory=Counter)  # effected, yet a copy refused
+    outcome_unknown: Counter[str] = field(default_factory=Counter)  # allowed: landed / not landed
+    # Invalid input: the rejection reasons seen; and "kind: problem" where it was not rejected
+    # with a reason on its first delivery.
+    invalid: Counter[str] = field(default_factory=Counter)  # invalid messages by kind
+    rejection_reasons: Counter[str] = field(default_factory=Counter)
+    invalid_not_rejected: Counter[str] = field(default_factory=Counter)
+    host_exceptions: Counter[str] = field(default_factory=Counter)  # "function: Name" per delivery
+    stalled_batches: int = 0
     resent_same_key: int = 0
     accounts_checked: int = 0
     in_progress: int = 0
@@ -119,6 +187,12 @@ class CheckResult:
             "partialEffects": dict(self.partial), "balanceMismatches": self.balance_mismatches[:20],
             "deadLettered": dict(self.dead_lettered), "parked": dict(self.parked),
             "conflicts": dict(self.conflicts), "resentWithSameKey": self.resent_same_key,
+            "validNotEffected": dict(self.valid_not_effected),
+            "validAlsoRefused": dict(self.valid_also_refused),
+            "outcomeUnknownAllowed": dict(self.outcome_unknown),
+            "invalidInput": dict(self.invalid), "rejectionReasons": dict(self.rejection_reasons),
+            "invalidNotRejected": dict(self.invalid_not_rejected),
+            "hostExceptions": dict(self.host_exceptions), "stalledBatches": self.stalled_batches,
             "inProgress": self.in_progress, "unverified": dict(self.unverified),
             "accountsChecked": self.accounts_checked,
             "examples": dict(self.examples),
@@ -216,6 +290,10 @@ class Checker:
     def _dead_letters(self, consumer: str, item: Item) -> list[DeadLetter]:
         return self._dead.get((consumer, item.logical, item.variant), [])
 
+    def _parked_of(self, item: Item) -> list[dict[str, Any]]:
+        """Parked entries of a payment event (any copy): matched by the body's hash."""
+        return self._parked_by_sha.get(item.body_sha256, [])
+
     def _handled(self, consumer: str, item: Item, parked: list[dict[str, Any]]) -> str | None:
         """The reason a not-effected message was handled with (dead-letter or parking), or None."""
         for letter in self._dead_letters(consumer, item):
@@ -243,6 +321,39 @@ class Checker:
         self.result.lost[kind] += 1
         self.result.example("lost", what + ("" if self.evidence.dead_letters is not None
                                             else " (dead-letter queues not read)"))
+
+    def _refusals(self, consumer: str, item: Item, parked: list[dict[str, Any]]) -> list[str]:
+        """Every reason a copy of `item` was dead-lettered or parked with at `consumer`."""
+        return ([f"dead-lettered: {letter.reason or '(no reason)'}"
+                 for letter in self._dead_letters(consumer, item)]
+                + [f"parked: {row.get('reason') or '(no reason)'}" for row in parked])
+
+    def _allowed_unknown(self, refusal: str) -> bool:
+        """An OutcomeUnknown parking, allowed only when the API ignores Idempotency-Key."""
+        return refusal.endswith(f": {OUTCOME_UNKNOWN}") and not self.evidence.api_honours_key
+
+    def _valid_not_effected(self, kind: str, consumer: str, variants: list[Item],
+                            parked: Callable[[Item], list[dict[str, Any]]], what: str) -> None:
+        """A valid logical message with no effect: why (the first refusal, or lost)."""
+        refusals = [r for v in variants for r in self._refusals(consumer, v, parked(v))]
+        if refusals and all(self._allowed_unknown(r) for r in refusals):
+            self.result.outcome_unknown["parked OutcomeUnknown, no effect found"] += 1
+            return
+        why = next((r for r in refusals if not self._allowed_unknown(r)),
+                   "no effect, not dead-lettered, not parked")
+        self.result.valid_not_effected[f"{kind}: {why}"] += 1
+        self.result.example("valid not effected", f"{what} ({why})")
+
+    def _valid_effected(self, kind: str, consumer: str, item: Item, parked: list[dict[str, Any]],
+                        what: str) -> None:
+        """A valid message that was effected: no copy of it may have been refused meanwhile."""
+        refusals = self._refusals(consumer, item, parked)
+        if any(self._allowed_unknown(r) for r in refusals):
+            self.result.outcome_unknown["parked OutcomeUnknown, the effect landed"] += 1
+        others = [r for r in refusals if not self._allowed_unknown(r)]
+        if others:
+            self.result.valid_also_refused[f"{kind}: {others[0]}"] += 1
+            self.result.example("valid effected but also refused", f"{what} ({others[0]})")
 
     def _conflict(self, consumer: str, item: Item, parked: list[dict[str, Any]]) -> None:
         """A variant that was not applied: it must have been refused with a reason."""
@@ -291,6 +402,7 @@ class Checker:
                     self.result.example("partial", f"order {key}: {lines[key]} lines, no order")
                 for variant in valid:
                     self._not_effected("order", "orders", variant, [], f"order {key}")
+                self._valid_not_effected("order", "orders", valid, lambda _: [], f"order {key}")
                 continue
             self.result.effects["order"] += 1
             document = stored[0]
@@ -309,6 +421,8 @@ class Checker:
                 self.result.double_effects["order line"] += lines[order_id] - expected_lines
             if applied is None:
                 self.result.partial["order content matches no message sent"] += 1
+            else:
+                self._valid_effected("order", "orders", applied, [], f"order {key}")
             for variant in valid:
                 if variant is not applied:
                     self._conflict("orders", variant, [])
@@ -319,17 +433,28 @@ class Checker:
         stored = {str(row.get("orderId")): row for row in rows}
         by_order: dict[str, list[Item]] = defaultdict(list)
         for item in self.items:
-            if item.kind == "order_status":
-                by_order[item.json_body()["orderId"]].append(item)
+            if item.kind != "order_status":
+                continue
+            if item.invalid:  # hostile input: its own order id, which must stay unwritten
+                self.result.logical["order_status"] += 1
+                if item.key in stored:
+                    self.result.double_effects["order status (invalid input effected)"] += 1
+                    self.result.example("double effect", f"status {item.key}: invalid input applied")
+                self._not_effected("order_status", "order_status", item, [], f"status {item.key}")
+                continue
+            by_order[item.json_body()["orderId"]].append(item)
         for order_id, events in by_order.items():
             self.result.logical["order_status"] += len(events)
             version = int(stored[order_id]["version"]) if order_id in stored else 0
             for event in events:
+                what = f"status {event.key}: stored version {version}"
                 if version >= event.json_body()["version"]:
                     self.result.effects["order_status"] += 1
+                    self._valid_effected("order_status", "order_status", event, [], what)
                 else:
-                    self._not_effected("order_status", "order_status", event, [],
-                                       f"status {event.key}: stored version {version}")
+                    self._not_effected("order_status", "order_status", event, [], what)
+                    self._valid_not_effected("order_status", "order_status", [event],
+                                             lambda _: [], what)
 
     # -- payments -----------------------------------------------------------------------------
     def check_payments(self) -> None:
@@ -362,6 +487,8 @@ class Checker:
                     self._not_effected("payment", "payments", variant,
                                        self._parked_by_sha.get(variant.body_sha256, []),
                                        f"payment {key}")
+                self._valid_not_effected("payment", "payments", valid, self._parked_of,
+                                         f"payment {key}")
                 continue
             self.result.effects["payment"] += 1
             applied = None
@@ -372,6 +499,8 @@ class Checker:
             if applied is None:
                 self.result.partial["payment content matches no event sent"] += 1
                 continue
+            self._valid_effected("payment", "payments", applied, self._parked_of(applied),
+                                 f"payment {key}")
             content = _payment_content(applied)
             assert content is not None
             sign = 1 if content["type"] == "payment.credit" else -1
@@ -398,6 +527,10 @@ class Checker:
             per[(call.channel, call.notification_id)].append(call)
         for key, variants in notifications.items():
             item = variants[0]
+            if item.invalid:  # hostile input: no call may carry its id
+                self._invalid_notification(key, item, sum(len(per.get((c, key), []))
+                                                          for c in CHANNELS))
+                continue
             for channel in CHANNELS:
                 self.result.logical[f"notification ({channel})"] += 1
                 seen = per.get((channel, key), [])
@@ -409,26 +542,102 @@ class Checker:
                     self.result.example("double effect",
                                         f"{channel} {key}: {effects} notifications accepted "
                                         f"({len(keys)} distinct keys, {len(seen)} calls)")
+                parked = self._parked_by_entry.get((channel, key), [])
                 if effects >= 1:
                     self.result.effects[f"notification ({channel})"] += 1
+                    self._valid_effected("notification", channel, item, parked, f"{channel} {key}")
                 else:
-                    parked = self._parked_by_entry.get((channel, key), [])
                     self._not_effected("notification", channel, item, parked, f"{channel} {key}")
+                    self._valid_not_effected("notification", channel, [item],
+                                             lambda _, p=parked: p, f"{channel} {key}")
 
     def _notifications_from_records(self, notifications: dict[str, list[Item]]) -> None:
         """Without the API's log (a real deployment): the dedup records say what was sent."""
+        records: dict[str, dict[str, dict[str, Any]]] = {}
         for channel in CHANNELS:
             rows = scan(self.stores.notifications, f"{channel}|{self.run_id}")
-            records = {str(r["idemKey"]): r for r in rows if _is_record(r)}
-            for key, variants in notifications.items():
+            records[channel] = {str(r["idemKey"]): r for r in rows if _is_record(r)}
+        for key, variants in notifications.items():
+            item = variants[0]
+            if item.invalid:
+                self._invalid_notification(key, item, sum(key in records[c] for c in CHANNELS))
+                continue
+            for channel in CHANNELS:
                 self.result.logical[f"notification ({channel})"] += 1
-                record = records.get(key)
-                if record is not None and record.get("idemState") == "completed":
+                record = records[channel].get(key)
+                parked = self._parked_by_entry.get((channel, key), [])
+                what = f"{channel} {key}"
+                if (record is not None and record.get("idemState") == "completed"
+                        and not (isinstance(record.get("idemResult"), str)
+                                 and "parked" in record["idemResult"])):
                     self.result.effects[f"notification ({channel}, recorded)"] += 1
+                    self._valid_effected("notification", channel, item, parked, what)
                 else:
-                    parked = self._parked_by_entry.get((channel, key), [])
-                    self._not_effected("notification", channel, variants[0], parked,
-                                       f"{channel} {key}")
+                    self._not_effected("notification", channel, item, parked, what)
+                    self._valid_not_effected("notification", channel, [item],
+                                             lambda _, p=parked: p, what)
+
+    def _invalid_notification(self, key: str, item: Item, effects: int) -> None:
+        """Hostile input on the topic: never sent; rejected on each subscription."""
+        self.result.logical["notification (invalid input)"] += 1
+        if effects:
+            self.result.double_effects["notification (invalid input effected)"] += 1
+            self.result.example("double effect", f"notification {key}: invalid input sent")
+        for channel in CHANNELS:
+            self._not_effected("notification", channel, item,
+                               self._parked_by_entry.get((channel, key), []), f"{channel} {key}")
+
+    # -- invalid input -------------------------------------------------------------------------
+    def check_invalid_input(self) -> None:
+        """Each invalid message: rejected with a reason on its first delivery, once per copy."""
+        outcomes = self.evidence.outcomes
+        for item in self.items:
+            if not item.invalid:
+                continue
+            self.result.invalid[item.kind] += 1
+            label = f"{item.kind} {item.case or item.expect.split(':', 1)[1]}"
+            if (item.logical, item.variant) in self.evidence.broker_dropped:
+                continue  # never delivered
+            for consumer in CONSUMERS[item.kind]:
+                letters = self._dead_letters(consumer, item)
+                parked = (self._parked_of(item) if item.kind == "payment"
+                          else self._parked_by_entry.get((consumer, item.key), []))
+                reasons = [letter.reason for letter in letters] + [str(row.get("reason") or "")
+                                                                   for row in parked]
+                if not reasons and self.evidence.dead_letters is None and item.kind != "payment":
+                    continue  # the dead-letter queues were not read: listed as unverified
+                problem = None
+                operational = [r or "(no reason)" for r in reasons if is_operational(r)]
+                if not reasons:
+                    problem = "not rejected"
+                elif operational:
+                    problem = f"refused as {operational[0]}, not as invalid input"
+                elif item.kind == "payment" and len(parked) != 1 + len(item.copies):
+                    problem = f"parked {len(parked)} times for {1 + len(item.copies)} copies sent"
+                elif outcomes is not None and item.kind != "payment":
+                    seen = outcomes.get((consumer, item.logical, item.variant), Counter())
+                    before = sorted(o for o in seen if not o.startswith("deadletter")
+                                    and o not in ("crash", "lock lost"))
+                    if before:  # crashes and lost locks are the harness's faults, not the app's
+                        problem = f"delivered again after: {', '.join(before)}"
+                elif any(letter.delivery_count > 1 for letter in letters):
+                    problem = ("dead-lettered at delivery "
+                               f"{max(letter.delivery_count for letter in letters)}")
+                for reason in reasons:
+                    if not is_operational(reason):
+                        self.result.rejection_reasons[reason] += 1
+                if problem is not None:
+                    self.result.invalid_not_rejected[f"{label}: {problem}"] += 1
+                    self.result.example("invalid input not rejected on its first delivery",
+                                        f"{consumer} {item.key}: {label}: {problem}")
+
+    def check_host(self) -> None:
+        """Exceptions that reached the host, and batches retried until the host gave up."""
+        for (function, _, _), seen in (self.evidence.outcomes or {}).items():
+            for outcome, n in seen.items():
+                if outcome.startswith("raised "):
+                    self.result.host_exceptions[f"{function}: {outcome[7:]}"] += n
+        self.result.stalled_batches = self.evidence.stalled_batches or 0
 
     # -- records ----------------------------------------------------------------------------------
     def check_in_progress(self) -> None:
@@ -449,6 +658,8 @@ class Checker:
         self.check_order_status()
         self.check_payments()
         self.check_notifications()
+        self.check_invalid_input()
+        self.check_host()
         if check_in_progress:
             self.check_in_progress()
         result = self.result
@@ -456,6 +667,11 @@ class Checker:
         lost = sum(result.lost.values())
         partial = sum(result.partial.values())
         unhandled = result.conflicts.get("not dead-lettered or parked", 0)
+        not_effected = sum(result.valid_not_effected.values())
+        also_refused = sum(result.valid_also_refused.values())
+        not_rejected = sum(result.invalid_not_rejected.values())
+        escaped = {k: n for k, n in result.host_exceptions.items()
+                   if not is_transient_error(k.split(": ", 1)[1])}
         result.invariants = [
             Invariant("exactly one effect per message (no double effects)", doubles == 0,
                       f"{doubles} double effects {dict(result.double_effects)}" if doubles else ""),
@@ -467,14 +683,56 @@ class Checker:
                       f"{partial} {dict(result.partial)}" if partial else ""),
             Invariant("nothing lost (effected, dead-lettered or parked with a reason)", lost == 0,
                       f"{lost} lost {dict(result.lost)}" if lost else ""),
+            Invariant("every valid message effected (none dead-lettered or parked instead)",
+                      not_effected == 0 and also_refused == 0, valid_detail(result)),
+            Invariant("invalid input rejected with a reason on its first delivery",
+                      not_rejected == 0,
+                      f"{not_rejected} not rejected {dict(result.invalid_not_rejected)}"
+                      if not_rejected else f"{sum(result.rejection_reasons.values())} rejections"),
             Invariant("every key conflict dead-lettered or parked", unhandled == 0,
                       f"{unhandled} conflicts neither dead-lettered nor parked" if unhandled else ""),
         ]
+        if self.evidence.outcomes is not None:
+            result.invariants.append(Invariant(
+                "no exception reached the host but transient failures; no partition stalled",
+                not escaped and result.stalled_batches == 0,
+                "; ".join(part for part in (
+                    f"exceptions {escaped}" if escaped else "",
+                    f"{result.stalled_batches} batches retried until the host gave up"
+                    if result.stalled_batches else "") if part)))
         if check_in_progress:
             result.invariants.append(Invariant(
                 "no record left in progress after reconciliation", result.in_progress == 0,
                 f"{result.in_progress} records in progress" if result.in_progress else ""))
         return result
+
+
+def valid_line(result: CheckResult, *, api_honours_key: bool = True) -> str:
+    """The report line: valid messages not effected, and how OutcomeUnknown was counted."""
+    not_effected = sum(result.valid_not_effected.values())
+    also = sum(result.valid_also_refused.values())
+    unknown = sum(result.outcome_unknown.values())
+    line = f"valid messages not effected: {not_effected}"
+    if also:
+        line += f"; effected but also dead-lettered/parked: {also}"
+    if api_honours_key:
+        line += " (OutcomeUnknown counted as not effected: the API honours Idempotency-Key)"
+    else:
+        line += (f" (not counted: {unknown} OutcomeUnknown parkings, effect unknown and routed to a "
+                 "person because the API ignores Idempotency-Key"
+                 + (f": {dict(result.outcome_unknown)}" if unknown else "") + ")")
+    return line
+
+
+def valid_detail(result: CheckResult) -> str:
+    parts = []
+    if result.valid_not_effected:
+        parts.append(f"{sum(result.valid_not_effected.values())} not effected "
+                     f"{dict(result.valid_not_effected)}")
+    if result.valid_also_refused:
+        parts.append(f"{sum(result.valid_also_refused.values())} effected but also refused "
+                     f"{dict(result.valid_also_refused)}")
+    return "; ".join(parts)
 
 
 def _payment_content(item: Item) -> dict[str, Any] | None:
@@ -548,17 +806,20 @@ def read_dead_letters(client: Any, items: list[Item], *,
                     if item is not None:
                         letters.append(DeadLetter(consumer, item.logical, item.variant,
                                                   str(message.dead_letter_reason or ""),
-                                                  str(message.dead_letter_error_description or "")))
+                                                  str(message.dead_letter_error_description or ""),
+                                                  int(getattr(message, "delivery_count", 0) or 0)))
     return letters
 
 
-def format_result(result: CheckResult) -> str:
+def format_result(result: CheckResult, *, api_honours_key: bool = True) -> str:
     lines = ["Invariants (read from the stores):"]
     for inv in result.invariants:
         lines.append(f"  [{'PASS' if inv.ok else 'FAIL'}] {inv.name}"
                      + (f": {inv.detail}" if inv.detail else ""))
     lines.append(f"  logical messages: {dict(result.logical)}")
     lines.append(f"  effects found:    {dict(result.effects)}")
+    lines.append("  " + valid_line(result, api_honours_key=api_honours_key))
+    lines.append(f"  invalid input rejected, by reason: {dict(result.rejection_reasons)}")
     if result.unverified:
         lines.append("  meant to be dead-lettered, not verified (pass --servicebus-connection to "
                      f"read the dead-letter queues): {dict(result.unverified)}")
@@ -586,7 +847,8 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.sent, encoding="utf-8") as handle:
         meta, items = load_ledger(json.load(handle))
     stores, hub = stores_from_settings()
-    evidence = Evidence()
+    evidence = Evidence(api_honours_key=os.environ.get(
+        "NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY", "true").strip().lower() not in ("false", "0", "no"))
     if args.servicebus_connection or args.servicebus_namespace:
         from azure.servicebus import ServiceBusClient
 
@@ -605,7 +867,7 @@ def main(argv: list[str] | None = None) -> int:
             evidence.dead_letters = read_dead_letters(client, items, entities=entities)
     result = Checker(items, stores, run_id=meta["runId"], hub=meta.get("hub", hub),
                      evidence=evidence).run(check_in_progress=args.in_progress)
-    print(format_result(result))
+    print(format_result(result, api_honours_key=evidence.api_honours_key))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(result.to_json(), handle, indent=2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from simulator.check import valid_line
 from simulator.host import CAUSES
 from simulator.scenario import ScenarioResult
 
@@ -47,6 +48,17 @@ def summary(result: ScenarioResult) -> dict[str, Any]:
         "doubleEffects": doubles, "lost": sum(check.lost.values()),
         "partialEffects": sum(check.partial.values()),
         "balanceMismatches": len(check.balance_mismatches),
+        "validNotEffected": sum(check.valid_not_effected.values()),
+        "validNotEffectedByReason": dict(check.valid_not_effected),
+        "validAlsoRefused": sum(check.valid_also_refused.values()),
+        "validAlsoRefusedByReason": dict(check.valid_also_refused),
+        "outcomeUnknownAllowed": dict(check.outcome_unknown),
+        "invalidInput": dict(check.invalid),
+        "hostileCases": sum(1 for item in workload.items if item.case),
+        "rejectionReasons": dict(check.rejection_reasons),
+        "invalidNotRejected": dict(check.invalid_not_rejected),
+        "hostExceptions": dict(check.host_exceptions), "stalledBatches": check.stalled_batches,
+        "outageFailures": result.outage_failures,
         "deadLettered": dict(check.dead_lettered), "parked": dict(check.parked),
         "conflicts": dict(check.conflicts), "resentWithSameKey": check.resent_same_key,
         "faultsInjected": result.faults, "outages": result.outages,
@@ -93,8 +105,26 @@ def format_report(result: ScenarioResult) -> str:
         lines.append(f"    re-sent with the same Idempotency-Key (absorbed by the API): "
                      f"{_n(check.resent_same_key)}")
     lines.append(f"DOUBLE EFFECTS: {_n(s['doubleEffects'])}   LOST: {_n(s['lost'])}   "
+                 f"VALID NOT EFFECTED: {_n(s['validNotEffected'] + s['validAlsoRefused'])}   "
                  f"partial effects: {_n(s['partialEffects'])}   balance mismatches: "
                  f"{_n(s['balanceMismatches'])}")
+    lines.append(valid_line(check, api_honours_key=config.api_honours_key))
+    for reason, n in sorted({**check.valid_not_effected, **check.valid_also_refused}.items(),
+                            key=lambda kv: -kv[1]):
+        lines.append(f"    {reason}  {_n(n)}")
+    invalid = sum(check.invalid.values())
+    lines.append(f"Invalid input: {_n(invalid)} messages ({_n(s['hostileCases'])} hostile cases), "
+                 f"rejected with a reason on the first delivery: "
+                 f"{_n(invalid - sum(check.invalid_not_rejected.values()))}; reasons seen: "
+                 + (", ".join(f"{k} {_n(v)}" for k, v in sorted(check.rejection_reasons.items(),
+                                                                key=lambda kv: -kv[1])) or "none"))
+    for problem, n in sorted(check.invalid_not_rejected.items(), key=lambda kv: -kv[1]):
+        lines.append(f"    NOT REJECTED: {problem}  {_n(n)}")
+    if check.host_exceptions or check.stalled_batches:
+        lines.append("Exceptions that reached the host: "
+                     + (", ".join(f"{k} {_n(v)}" for k, v in sorted(check.host_exceptions.items()))
+                        or "none")
+                     + f"; batches retried until the host gave up: {_n(check.stalled_batches)}")
     lines.append("Dead-lettered by reason (broker dead-letter queues):")
     lines += _counter_lines(check.dead_lettered)
     lines.append("Parked by reason (parking table):")
@@ -104,6 +134,12 @@ def format_report(result: ScenarioResult) -> str:
                      + ", ".join(f"{k} {_n(v)}" for k, v in check.conflicts.items()))
     lines.append(f"Faults injected ({_n(sum(result.faults.values()))}):")
     lines += _counter_lines(result.faults)
+    if result.outages:
+        lines.append("Outages: " + ", ".join(f"{server} {mode} {seconds:g} s"
+                                            for server, mode, seconds in result.outages)
+                     + "; store calls failed by them: "
+                     + (", ".join(f"{k} {_n(v)}" for k, v in sorted(result.outage_failures.items()))
+                        or "none"))
     lat = s["latencyMs"]
 
     def pair(kind: str) -> str:

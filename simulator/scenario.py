@@ -13,6 +13,7 @@ run, maintenance reconciles with grace 0 and the checker reads the stores.
 from __future__ import annotations
 
 import time
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -55,9 +56,16 @@ class ScenarioConfig:
     max_batch: int = 100
     outages: int | None = None  # default: 2 when faults are on
     outage_seconds: float = 2.5
+    # auto: pause the server process (wall time); fail-fast: every call to the server's stores
+    # answers 503 for outage_seconds of virtual time (see simulator.faults.OutageController).
+    outage_mode: str = "auto"
+    outage_servers: tuple[str, ...] | None = None  # default: the backend's store, then Azurite
+    hostile: bool = True  # the hostile-input cases in the workload (see simulator.workload)
+    oversize_bytes: int = 10 * 1024 * 1024  # one order and one payment event this large (0: none)
     dedup_off: bool = False
     non_atomic: str | None = None  # effect-first | marker-first
     api_honours_key: bool = True
+    transient_as_permanent: bool = False  # counter-proof: 429/503 surface as a permanent 400
     lock_duration: int = 60
     max_delivery_count: int = 10
     lease_seconds: int = 54  # shorter than the 60 s lock, as the app requires
@@ -96,6 +104,8 @@ class ScenarioResult:
     checkpoint_lag: int
     outages: list[tuple[str, str, float]]
     maintenance_parked: int
+    outage_failures: dict[str, int] = field(default_factory=dict)  # "server: function" -> calls
+    evidence: Evidence | None = None  # what the checker was given besides the stores
 
     @property
     def ok(self) -> bool:
@@ -152,7 +162,8 @@ def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
         seed=config.seed, messages=config.messages, events=config.events,
         duplicate_rate=config.duplicate_rate, run_id=config.run_id,
         duplicate_detection_window=config.duplicate_detection_window, duration=config.duration,
-        names=Names(hub=settings_env["PAYMENTS_HUB_NAME"]))
+        names=Names(hub=settings_env["PAYMENTS_HUB_NAME"]), hostile=config.hostile,
+        oversize_bytes=config.oversize_bytes)
     clock = SimClock()
     api = FakeNotificationApi(honours_key=config.api_honours_key)
     faults = FaultLog()
@@ -160,7 +171,7 @@ def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
                              duplicate_rate=config.duplicate_rate,
                              non_atomic=config.non_atomic is not None)
     outages = OutageController(faults, processes=endpoints.processes,
-                               duration=config.outage_seconds)
+                               duration=config.outage_seconds, mode=config.outage_mode, clock=clock)
     settings = Settings.from_env(settings_env)
     real = real_stores(settings, **CLIENT_OPTIONS)
 
@@ -171,11 +182,12 @@ def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
         if config.non_atomic:
             inner = NonAtomicStore(inner, config.non_atomic)
         return FaultyStore(inner, label=_label(store, role), server=_server_of(store),
-                           outages=outages)
+                           outages=outages, transient_as_permanent=config.transient_as_permanent)
 
     services = build_services(settings, stores=faulty, sender=FaultySender(api), clock=clock,
                               sleep=clock.sleep)
-    servers = ["cosmos", "azurite"] if config.backend == "cosmos" else ["azurite"]
+    servers = list(config.outage_servers or (["cosmos", "azurite"] if config.backend == "cosmos"
+                                             else ["azurite"]))
     outage_count = config.outages if config.outages is not None else (2 if config.fault_rate > 0 else 0)
     host_config = HostConfig(consumers=config.consumers, partitions=config.partitions,
                              max_batch=config.max_batch, lock_duration=config.lock_duration,
@@ -201,14 +213,18 @@ def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
         maintenance = Maintenance(record_stores, readers.parking, grace_seconds=0, clock=clock)
         maintenance_parked = maintenance.run().parked
         check_started = time.perf_counter()
+        outcomes: dict[tuple[str, str, int], Counter[str]] = defaultdict(Counter)
+        for function, logical, variant, _copy, outcome, _detail in stats.trace:
+            outcomes[(function, logical, variant)][outcome] += 1
         evidence = Evidence(
             dead_letters=[DeadLetter(host.entity_function[entity.path].name, m.origin.logical,
                                      m.origin.variant, m.dead_letter_reason or "",
-                                     m.dead_letter_description or "")
+                                     m.dead_letter_description or "", m.delivery_count)
                           for entity in host.namespace.entities for m in entity.dead_letters],
             api_calls=list(api.calls), api_honours_key=config.api_honours_key,
             broker_dropped={(item.logical, item.variant) for item in workload.service_bus_items
-                            if (item.logical, item.variant) not in host.accepted})
+                            if (item.logical, item.variant) not in host.accepted},
+            outcomes=dict(outcomes), stalled_batches=stats.gave_up)
         stores = stores_of(unwrapped)
         check = Checker(workload.items, stores, run_id=config.run_id,
                         hub=settings_env["PAYMENTS_HUB_NAME"], evidence=evidence).run()
@@ -221,6 +237,7 @@ def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
             sent=dict(host.sent_copies), wall_seconds=time.perf_counter() - started,
             run_seconds=host.wall_seconds, check_seconds=check_seconds,
             virtual_seconds=clock() - host.t0, checkpoint_lag=lag, outages=outages.history,
-            maintenance_parked=maintenance_parked)
+            maintenance_parked=maintenance_parked, outage_failures=dict(outages.failed_calls),
+            evidence=evidence)
     finally:
         configure(None)

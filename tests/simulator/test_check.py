@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
+from dataclasses import replace
 
 import pytest
 from azure.data.tables import TableClient
 
 from shared import store_safe_id
-from simulator.check import Checker, Evidence, main, read_dead_letters, scan
+from shared.parking import ParkingLot
+from simulator.check import (
+    CONSUMERS,
+    Checker,
+    DeadLetter,
+    Evidence,
+    format_result,
+    is_operational,
+    main,
+    read_dead_letters,
+    scan,
+    valid_line,
+)
 from simulator.scenario import Endpoints, ScenarioConfig, app_settings, run_scenario
 from simulator.workload import generate
 
@@ -180,3 +194,148 @@ def test_scan_filters_by_partition_prefix(stack):
     stores, _ = stores_from_settings(env)
     rows = scan(stores.orders, result.config.run_id)
     assert rows and all(str(r["_partition"]).startswith(result.config.run_id) for r in rows)
+
+
+# -- every valid message effected; invalid input rejected on its first delivery -----------
+def checker_for(stack, result, evidence):
+    from simulator.check import stores_from_settings
+
+    env = app_settings(result.config, endpoints_of(stack))
+    stores, _ = stores_from_settings(env)
+    return Checker(result.workload.items, stores, run_id=result.config.run_id,
+                   hub=env["PAYMENTS_HUB_NAME"], evidence=evidence)
+
+
+def invariant(check, prefix):
+    return next(i for i in check.invariants if i.name.startswith(prefix))
+
+
+@pytest.mark.parametrize("backend", ["table", "cosmos"])
+def test_hostile_input_is_rejected_with_a_reason_on_its_first_delivery(stack, backend):
+    result = clean_run(stack, backend, "a")
+    check = result.check
+    hostile = [i for i in result.workload.items if i.case]
+    assert len(hostile) >= 35 and any(i.case == "oversize" for i in hostile)
+    assert check.invalid_not_rejected == {}, check.invalid_not_rejected
+    assert check.rejection_reasons and not any(is_operational(r) for r in check.rejection_reasons)
+    # Each hostile message was refused by its consumer(s) with a reason on the first delivery
+    # (a later one only after the host crashed before settling: the duplicate-provoking faults
+    # are on); none reached the host as an exception and no Event Hubs batch was retried.
+    evidence = result.evidence
+    for item in (i for i in hostile if i.kind != "payment"):
+        if (item.logical, item.variant) in evidence.broker_dropped:
+            continue
+        letters = [d for d in evidence.dead_letters
+                   if (d.logical, d.variant) == (item.logical, item.variant)]
+        assert {d.consumer for d in letters} == set(CONSUMERS[item.kind]), item.case
+        for letter in letters:
+            crashes = evidence.outcomes[(letter.consumer, item.logical, 0)]["crash"]
+            assert letter.delivery_count <= 1 + crashes, (item.case, letter)
+    assert check.host_exceptions == {} and result.stats.host_retries == 0
+    assert result.stats.gave_up == 0 and check.stalled_batches == 0
+    assert sum(check.valid_not_effected.values()) == 0 and not check.valid_also_refused
+
+
+def test_a_valid_notification_dead_lettered_is_not_effected_although_nothing_is_lost(stack):
+    result = clean_run(stack, "table", "a")
+    item = next(i for i in result.workload.items if i.kind == "notification" and not i.invalid)
+    evidence = replace(
+        result.evidence,
+        api_calls=[c for c in result.evidence.api_calls
+                   if (c.channel, c.notification_id) != ("audit", item.key)],
+        dead_letters=[*result.evidence.dead_letters,
+                      DeadLetter("audit", item.logical, 0, "MaxDeliveryCountExceeded", "", 10)])
+    check = checker_for(stack, result, evidence).run()
+    assert check.valid_not_effected == {"notification: dead-lettered: MaxDeliveryCountExceeded": 1}
+    assert sum(check.lost.values()) == 0  # "nothing lost" alone would have passed this
+    assert not invariant(check, "every valid message effected").ok
+    assert "valid messages not effected: 1" in format_result(check)
+
+
+def test_a_valid_payment_parked_after_its_effect_landed_fails_the_run(stack):
+    result = clean_run(stack, "table", "c")
+    item = next(i for i in result.workload.items if i.kind == "payment" and i.expect == "effect"
+                and not i.copies)
+    hub = f"payments-{result.config.run_id}"
+    checker = checker_for(stack, result, result.evidence)
+    ParkingLot(checker.stores.parked).park(consumer="payments", entry_id=f"{hub}/0/999999",
+                                           reason="ProcessingFailed", payload=item.body)
+    check = checker_for(stack, result, result.evidence).run()
+    assert check.valid_also_refused == {"payment: parked: ProcessingFailed": 1}
+    assert not invariant(check, "every valid message effected").ok
+
+
+def test_outcome_unknown_counts_unless_the_api_ignores_idempotency_keys(stack):
+    result = clean_run(stack, "table", "d")
+    sent, unsent = [i for i in result.workload.items
+                    if i.kind == "notification" and not i.invalid][1:3]
+    checker = checker_for(stack, result, result.evidence)
+    for item in (sent, unsent):
+        ParkingLot(checker.stores.parked).park(consumer="notify", entry_id=item.key,
+                                               reason="OutcomeUnknown", payload=item.body)
+    calls = [c for c in result.evidence.api_calls
+             if (c.channel, c.notification_id) != ("notify", unsent.key)]
+    honoured = checker_for(stack, result, replace(result.evidence, api_calls=calls)).run()
+    assert honoured.valid_not_effected == {"notification: parked: OutcomeUnknown": 1}
+    assert honoured.valid_also_refused == {"notification: parked: OutcomeUnknown": 1}
+    assert not invariant(honoured, "every valid message effected").ok
+    ignored = checker_for(stack, result, replace(result.evidence, api_calls=calls,
+                                                 api_honours_key=False)).run()
+    assert not ignored.valid_not_effected and not ignored.valid_also_refused
+    assert ignored.outcome_unknown == {"parked OutcomeUnknown, no effect found": 1,
+                                       "parked OutcomeUnknown, the effect landed": 1}
+    assert invariant(ignored, "every valid message effected").ok
+    assert "not counted: 2 OutcomeUnknown" in valid_line(ignored, api_honours_key=False)
+
+
+def test_invalid_input_refused_for_a_processing_reason_or_late_is_not_rejected(stack):
+    result = clean_run(stack, "table", "a")
+    evidence = result.evidence
+    deep, nan, missing = (next(i for i in result.workload.items
+                               if i.kind == "order" and i.case == case
+                               and (i.logical, 0) not in evidence.broker_dropped)
+                          for case in ("deep-nesting", "nan", "missing-keys"))
+    letters = []
+    for letter in evidence.dead_letters:
+        if letter.logical == deep.logical:  # the poison pill: retried until the broker gave up
+            letter = replace(letter, reason="MaxDeliveryCountExceeded", delivery_count=10)
+        letters.append(letter)
+    outcomes = dict(evidence.outcomes)
+    outcomes[("orders", nan.logical, 0)] = Counter({"raised RecursionError": 1, "abandon": 1,
+                                                    "deadletter (InvalidNumber)": 1})
+    check = checker_for(stack, result, replace(evidence, dead_letters=letters,
+                                               outcomes=outcomes)).run()
+    assert check.invalid_not_rejected == {
+        "order deep-nesting: refused as MaxDeliveryCountExceeded, not as invalid input": 1,
+        "order nan: delivered again after: abandon, raised RecursionError": 1}
+    assert not invariant(check, "invalid input rejected").ok
+    assert check.host_exceptions == {"orders: RecursionError": 1}
+    assert not invariant(check, "no exception reached the host").ok
+    # Without the host's view (real brokers), the dead letter's delivery count tells.
+    late = [replace(d, delivery_count=3) if d.logical == missing.logical else d
+            for d in evidence.dead_letters]
+    check = checker_for(stack, result, replace(evidence, dead_letters=late, outcomes=None)).run()
+    assert check.invalid_not_rejected["order missing-keys: dead-lettered at delivery 3"] == 1
+
+
+def test_transient_failures_may_reach_the_host_but_a_stalled_partition_may_not(stack):
+    result = clean_run(stack, "table", "a")
+    payment = next(i for i in result.workload.items if i.kind == "payment" and not i.invalid)
+    outcomes = {**result.evidence.outcomes,
+                ("payments", payment.logical, 0): Counter({"raised StoreUnavailableError": 2,
+                                                           "ok": 1})}
+    check = checker_for(stack, result, replace(result.evidence, outcomes=outcomes)).run()
+    assert invariant(check, "no exception reached the host").ok
+    check = checker_for(stack, result, replace(result.evidence, outcomes=outcomes,
+                                               stalled_batches=1)).run()
+    assert not invariant(check, "no exception reached the host").ok
+
+
+@pytest.mark.parametrize(("reason", "operational"), [
+    ("MalformedJson", False), ("TooDeeplyNested", False), ("InvalidPayment", False),
+    ("NumberOutOfRange", False), ("UnknownEventType", False), ("IdempotencyKeyConflict", False),
+    ("MaxDeliveryCountExceeded", True), ("StaleInProgress", True), ("ProcessingFailed", True),
+    ("OutcomeUnknown", True), ("Transient", True), ("UnexpectedError", True), ("", True),
+    ("StoreRejected", True), ("RecursionError", True)])
+def test_which_reasons_reject_input(reason, operational):
+    assert is_operational(reason) is operational
