@@ -25,7 +25,6 @@ import re
 import sys
 import time
 from collections.abc import Mapping
-from typing import Any
 
 from functions.services import build_services
 from functions.settings import Settings, SettingsError
@@ -127,8 +126,14 @@ def app_settings(path: str | None, env: Mapping[str, str] | None = None) -> dict
     return settings
 
 
-def dead_letter_source(args: argparse.Namespace, env: Mapping[str, str], credential: Any) -> Any:
-    """The app's Service Bus dead-letter queues, or None (with the reason on stderr)."""
+def dead_letter_source(args: argparse.Namespace, env: Mapping[str, str],
+                       client_id: str | None = None) -> ServiceBusDeadLetters | None:
+    """The app's Service Bus dead-letter queues, or None (with the reason on stderr).
+
+    A connection string (the Docker emulator) wins; otherwise the namespace with
+    DefaultAzureCredential (the app's user-assigned identity when AZURE_CLIENT_ID is set
+    and the tool runs in Azure; your `az login` / environment credential elsewhere).
+    """
     if args.no_servicebus:
         return None
     connection = args.servicebus_connection or env.get("SERVICEBUS_CONNECTION_STRING")
@@ -140,9 +145,13 @@ def dead_letter_source(args: argparse.Namespace, env: Mapping[str, str], credent
         print("note: no Service Bus connection (--servicebus-connection / --servicebus-namespace): "
               "dead-letter queues not read", file=sys.stderr)
         return None
+    credential = None
+    if not connection:
+        from azure.identity import DefaultAzureCredential
+
+        credential = DefaultAzureCredential(managed_identity_client_id=client_id)
     return ServiceBusDeadLetters.connect(
-        app_entities(env), connection_string=connection, namespace=namespace,
-        credential=None if connection else credential,
+        app_entities(env), connection_string=connection, namespace=namespace, credential=credential,
         duplicate_detection_window=args.duplicate_detection_window)
 
 
@@ -150,15 +159,9 @@ def build_tool(args: argparse.Namespace, env: Mapping[str, str]) -> ReplayTool:
     """The tool on the app's stores (built as the app builds them) and its dead-letter queues."""
     settings = Settings.from_env(env)
     services = build_services(settings)
-    credential = None
-    if not (args.servicebus_connection or env.get("SERVICEBUS_CONNECTION_STRING")
-            or env.get("ServiceBusConnection", "").startswith("Endpoint=")):
-        from azure.identity import DefaultAzureCredential
-
-        credential = DefaultAzureCredential(managed_identity_client_id=settings.azure_client_id)
     parked = services.stores["parked"]
     parking = ParkingLot(parked, telemetry=services.telemetry, lister=document_lister(parked))
-    return ReplayTool(services, parking, dead_letter_source(args, env, credential),
+    return ReplayTool(services, parking, dead_letter_source(args, env, settings.azure_client_id),
                       operator=args.operator or getpass.getuser(), clock=time.time)
 
 

@@ -58,10 +58,12 @@ def document_lister(store: IdempotencyStore) -> EntryLister:
 
         def cosmos(partition: str | None) -> Iterator[Document]:
             field = container.read()["partitionKey"]["paths"][0].lstrip("/")
-            if partition is None:
-                pages = container.query_items("SELECT * FROM c", enable_cross_partition_query=True)
-            else:
-                pages = container.query_items("SELECT * FROM c", partition_key=partition)
+            query, parameters = "SELECT * FROM c", []
+            if partition is not None:
+                query = "SELECT * FROM c WHERE c[@field] = @pk"
+                parameters = [{"name": "@field", "value": field}, {"name": "@pk", "value": partition}]
+            pages = container.query_items(query, parameters=parameters,
+                                          enable_cross_partition_query=True)
             for item in _drain("Cosmos DB", pages):
                 hidden = {*_COSMOS_SYSTEM, field} if field == "pk" else set(_COSMOS_SYSTEM)
                 body = {k: v for k, v in item.items() if k not in hidden}
