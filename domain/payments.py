@@ -1,18 +1,28 @@
 """Payments from Event Hubs: CloudEvents that credit or debit an account balance.
 
-A balance change is not naturally idempotent, so the dedup marker and the
+A balance change is not naturally idempotent, so the dedup markers and the
 balance update commit in one transaction in the account's partition (the
-balance replaced under its etag). A replayed batch is absorbed by the
-partition's high-water mark; a producer duplicate (same source+id at another
-sequence number) by the per-event key. The host checkpoints even when the
-function raises, so a failing event is retried here and then parked.
+balance replaced under its etag). A batch's new events are grouped by
+account: one transaction per account holds every event's marker (in sequence
+order, each with the balance after that event) and one balance write, and
+accounts are committed concurrently, up to a bound. A replayed batch is
+absorbed by the partition's high-water mark; a producer duplicate (same
+source+id at another sequence number) by the per-event key.
+
+Transient is not poison: a store outage, throttling or lost races never park
+a valid event. The batch raises instead (after waiting out a Retry-After), the
+host's retry policy runs it again before the checkpoint, and the mark and the
+keys absorb what was done. Only input that can never succeed (invalid, a key
+reused for other content) and events that hit a bug are parked.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +30,6 @@ from domain.messages import InboundEvent, InvalidMessageError, invalid_event, pa
 from shared import (
     DedupKey,
     Idempotency,
-    IdempotencyError,
     InvalidKeyError,
     Outcome,
     OutcomeStatus,
@@ -28,8 +37,11 @@ from shared import (
     store_safe_id,
 )
 from shared.cloudevents import CloudEvent, InvalidEventError, parse_cloudevent
+from shared.exceptions import ConcurrencyRetriesExhaustedError, retry_after
+from shared.handler import GroupMessage, Transaction
 from shared.parking import ParkingLot
 from shared.payload import exact_integer
+from shared.settlement import TRANSIENT_ERRORS
 from shared.watermark import PartitionWatermark
 
 CONSUMER = "payments"
@@ -39,6 +51,7 @@ EVENT_TYPES = {"payment.credit": 1, "payment.debit": -1}
 # an amount up to 10^15 cents; a balance within +-(2^53 - 1). Outside: refused, never rounded.
 MAX_AMOUNT_CENTS = 10**15
 MAX_EVENT_BYTES = 1024 * 1024
+MAX_RETRY_AFTER_SECONDS = 30.0  # the longest Retry-After honoured before the batch raises
 logger = logging.getLogger(__name__)
 
 
@@ -51,6 +64,7 @@ class BatchReport:
     replay_skipped: int = 0
     parked: dict[str, int] = field(default_factory=dict)
     watermark: int | None = None
+    accounts: int = 0  # groups committed (one or more transactions each)
 
     def park(self, reason: str) -> None:
         self.parked[reason] = self.parked.get(reason, 0) + 1
@@ -62,6 +76,14 @@ class Payment:
     account_id: str
     amount_cents: int  # signed: credit > 0, debit < 0
     content: dict[str, Any]
+
+
+Event = tuple[InboundEvent, Payment]
+#: A group's per-event results (an Exception: a bug for that event), or the transient error
+#: the whole group failed with.
+GroupResult = list[Outcome | Exception] | Exception
+SETTLED = frozenset({OutcomeStatus.PROCESSED, OutcomeStatus.TAKEN_OVER, OutcomeStatus.DUPLICATE,
+                     OutcomeStatus.CONFLICT})
 
 
 def payment_from(key: DedupKey, event_type: str, data: Any) -> Payment:
@@ -84,14 +106,20 @@ class PaymentService:
 
     def __init__(self, ledger: Idempotency, watermark: PartitionWatermark, parking: ParkingLot, *,
                  event_hub: str, missing_key_policy: str = "park", max_attempts: int = 3,
-                 backoff: float = 0.2, sleep: Callable[[float], None] = time.sleep) -> None:
+                 backoff: float = 0.2, max_concurrency: int = 16,
+                 max_retry_after: float = MAX_RETRY_AFTER_SECONDS,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        if max_concurrency < 1:
+            raise ValueError("max_concurrency must be at least 1")
         self.ledger = ledger
         self.watermark = watermark
         self.parking = parking
         self.event_hub = event_hub
         self.missing_key_policy = missing_key_policy
-        self.max_attempts = max_attempts
+        self.max_attempts = max_attempts  # tries per account group before the batch raises
         self.backoff = backoff
+        self.max_concurrency = max_concurrency  # account groups committed at the same time
+        self.max_retry_after = max_retry_after
         self.sleep = sleep
 
     # -- parsing --------------------------------------------------------------------------
@@ -124,73 +152,165 @@ class PaymentService:
         return payment_from(key, event.type, event.data)
 
     # -- effect ---------------------------------------------------------------------------
+    @staticmethod
+    def _post(tx: Transaction, account_id: str, amounts: Sequence[int]) -> list[dict[str, int]]:
+        """Add `amounts` to the account's balance in order: one write, the balance after each."""
+        account = tx.read(ACCOUNT_DOCUMENT)
+        balance = int(account.body["balanceCents"]) if account else 0
+        results = []
+        for amount in amounts:
+            balance += amount
+            results.append({"balanceCents": balance})
+        body = {"accountId": account_id, "balanceCents": balance, "kind": "account"}
+        if account is None:
+            tx.create(ACCOUNT_DOCUMENT, body)
+        else:
+            tx.replace(ACCOUNT_DOCUMENT, body, etag=account.etag)
+        return results
+
     def apply(self, payment: Payment, context: Mapping[str, Any] | None = None) -> Outcome:
-        """Marker + balance update in one transaction (etag-guarded; rebuilt on a race)."""
-        partition = store_safe_id(payment.account_id)
+        """One payment: marker + balance update in one transaction (etag-guarded; rebuilt on a
+        race). The HTTP path, and the fallback for a group that failed on a bad event."""
+        return self.ledger.run_atomic(
+            payment.key, request_hash(payment.content),
+            lambda tx: self._post(tx, payment.account_id, [payment.amount_cents])[0],
+            partition=store_safe_id(payment.account_id), context=context)
 
-        def build(tx: Any) -> dict[str, Any]:
-            account = tx.read(ACCOUNT_DOCUMENT)
-            balance = int(account.body["balanceCents"]) if account else 0
-            body = {"accountId": payment.account_id, "balanceCents": balance + payment.amount_cents,
-                    "kind": "account"}
-            if account is None:
-                tx.create(ACCOUNT_DOCUMENT, body)
-            else:
-                tx.replace(ACCOUNT_DOCUMENT, body, etag=account.etag)
-            return {"balanceCents": body["balanceCents"]}
-
-        return self.ledger.run_atomic(payment.key, request_hash(payment.content), build,
-                                      partition=partition, context=context)
+    def apply_group(self, payments: Sequence[Payment],
+                    contexts: Sequence[Mapping[str, Any] | None]) -> list[Outcome]:
+        """Payments of one account, in order: their markers and one balance write per
+        transaction, each marker keeping the balance after its payment."""
+        account = payments[0].account_id
+        messages = [GroupMessage(p.key, request_hash(p.content), context)
+                    for p, context in zip(payments, contexts, strict=True)]
+        return self.ledger.run_atomic_group(
+            messages, lambda tx, indexes: self._post(
+                tx, account, [payments[i].amount_cents for i in indexes]),
+            partition=store_safe_id(account))
 
     # -- batch ----------------------------------------------------------------------------
     def process_batch(self, events: list[InboundEvent], partition_id: str) -> BatchReport:
-        """Apply a batch from one partition; raises only when nothing could be recorded."""
+        """Apply a batch from one partition: one group per account, accounts concurrently.
+
+        The mark moves only after every group committed or was parked. When a
+        group failed for a transient reason, the batch raises once every group
+        has finished (after waiting out a Retry-After) so the host retries it.
+        """
         report = BatchReport()
         mark = self.watermark.read(partition_id)
-        fresh = [e for e in events if mark is None or e.sequence_number > mark.sequence_number]
+        fresh = sorted((e for e in events if mark is None or e.sequence_number > mark.sequence_number),
+                       key=lambda e: e.sequence_number)
         report.replay_skipped = len(events) - len(fresh)
         self.ledger.telemetry.replay_skipped(report.replay_skipped, consumer=CONSUMER,
                                              partition_id=partition_id)
-        for event in sorted(fresh, key=lambda e: e.sequence_number):
-            self._process_event(event, partition_id, report)
+        groups = self._groups(fresh, partition_id, report)
+        report.accounts = len(groups)
+        failure: Exception | None = None
+        for group, results in zip(groups, self._run_groups(groups, partition_id), strict=True):
+            if isinstance(results, Exception):
+                failure = failure or results
+                continue
+            for (event, payment), result in zip(group, results, strict=True):
+                self._record(event, payment, result, partition_id, report)
+        if failure is not None:
+            delay = retry_after(failure)
+            if delay:
+                self.sleep(min(delay, self.max_retry_after))
+            raise failure
         if fresh:
-            highest = max(e.sequence_number for e in fresh)
+            highest = fresh[-1].sequence_number
             report.watermark = self.watermark.advance(partition_id, highest, known=mark)
         elif mark is not None:
             report.watermark = mark.sequence_number
         return report
 
-    def _process_event(self, event: InboundEvent, partition_id: str, report: BatchReport) -> None:
-        context = {"partition_id": partition_id, "sequence_number": event.sequence_number,
-                   "event_hub": self.event_hub}
-        try:
-            payment = self._payment(event, partition_id)
-        except InvalidMessageError as error:
-            self._park(event, partition_id, error.reason, error.detail, report)
-            return
-        last_error: Exception | None = None
-        for attempt in range(1, self.max_attempts + 1):
+    def _groups(self, fresh: Sequence[InboundEvent], partition_id: str,
+                report: BatchReport) -> list[list[Event]]:
+        """Valid events by account, in sequence order; the rest parked with their reason."""
+        by_account: dict[str, list[Event]] = {}
+        for event in fresh:
             try:
-                status = self.apply(payment, {**context, "attempt": attempt}).status
-            except IdempotencyError as error:  # outage, throttling, lost races
-                last_error = error
-                if attempt < self.max_attempts:
-                    self.sleep(self.backoff * 2 ** (attempt - 1))
+                payment = self._payment(event, partition_id)
+            except InvalidMessageError as error:
+                self._park(event, partition_id, error.reason, error.detail, report)
                 continue
             except Exception as error:  # a bug for this event: park it, keep the partition moving
-                logger.exception("payments: unexpected error", extra=context)
+                logger.exception("payments: unexpected error", extra=self._context(event, partition_id))
                 self._park(event, partition_id, "UnexpectedError", repr(error), report)
-                return
-            if status is OutcomeStatus.PROCESSED:
-                report.applied += 1
-            elif status is OutcomeStatus.DUPLICATE:
-                report.duplicates += 1
-            elif status is OutcomeStatus.CONFLICT:
-                self._park(event, partition_id, "IdempotencyKeyConflict",
-                           f"{payment.key.key} was applied with different content", report)
-            return
-        self._park(event, partition_id, "ProcessingFailed",
-                   f"{self.max_attempts} attempts: {last_error}", report)
+                continue
+            by_account.setdefault(payment.account_id, []).append((event, payment))
+        return list(by_account.values())
+
+    def _run_groups(self, groups: Sequence[list[Event]], partition_id: str) -> list[GroupResult]:
+        """Every group's result, at most `max_concurrency` groups at a time.
+
+        Each group runs in a copy of the caller's context (trace, the worker's
+        invocation id), so its logs and spans stay with the invocation.
+        """
+        workers = min(self.max_concurrency, len(groups))
+        if workers <= 1:
+            return [self._settle_group(group, partition_id) for group in groups]
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="payments") as pool:
+            futures = [pool.submit(contextvars.copy_context().run, self._settle_group, group,
+                                   partition_id) for group in groups]
+            return [future.result() for future in futures]
+
+    def _settle_group(self, group: list[Event], partition_id: str) -> GroupResult:
+        """The group's per-event results, or the transient error it still failed with after
+        `max_attempts` tries (returned, not raised, so the other groups finish first)."""
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                return self._attempt_group(group, partition_id, attempt)
+            except TRANSIENT_ERRORS as error:
+                if attempt == self.max_attempts:
+                    return error
+                self.sleep(min(retry_after(error) or self.backoff * 2 ** (attempt - 1),
+                               self.max_retry_after))
+        raise AssertionError("unreachable: max_attempts is at least 1")
+
+    def _attempt_group(self, group: list[Event], partition_id: str,
+                       attempt: int) -> list[Outcome | Exception]:
+        contexts = [{**self._context(event, partition_id), "attempt": attempt} for event, _ in group]
+        try:
+            results: list[Outcome | Exception] = list(
+                self.apply_group([payment for _, payment in group], contexts))
+        except TRANSIENT_ERRORS:
+            raise
+        except Exception:  # not the store's availability: find the event it is about
+            logger.exception("payments: group failed; applying its events one by one",
+                             extra=contexts[0])
+            results = [self._apply_alone(payment, context)
+                       for (_, payment), context in zip(group, contexts, strict=True)]
+        held = [r for r in results if isinstance(r, Outcome) and r.status not in SETTLED]
+        if held:  # a live claim by someone else (not a ledger marker): retry the batch later
+            raise ConcurrencyRetriesExhaustedError(f"{held[0].key.encoded} is {held[0].status}")
+        return results
+
+    def _apply_alone(self, payment: Payment, context: Mapping[str, Any]) -> Outcome | Exception:
+        """One event of a failed group; an error that is not transient is returned, to park."""
+        try:
+            return self.apply(payment, context)
+        except TRANSIENT_ERRORS:
+            raise
+        except Exception as error:  # a bug for this event: park it, keep the partition moving
+            logger.exception("payments: unexpected error", extra=context)
+            return error
+
+    def _record(self, event: InboundEvent, payment: Payment, result: Outcome | Exception,
+                partition_id: str, report: BatchReport) -> None:
+        if isinstance(result, Exception):
+            self._park(event, partition_id, "UnexpectedError", repr(result), report)
+        elif result.status is OutcomeStatus.CONFLICT:
+            self._park(event, partition_id, "IdempotencyKeyConflict",
+                       f"{payment.key.key} was applied with different content", report)
+        elif result.status is OutcomeStatus.DUPLICATE:
+            report.duplicates += 1
+        else:
+            report.applied += 1
+
+    def _context(self, event: InboundEvent, partition_id: str) -> dict[str, Any]:
+        return {"partition_id": partition_id, "sequence_number": event.sequence_number,
+                "event_hub": self.event_hub}
 
     def _park(self, event: InboundEvent, partition_id: str, reason: str, detail: str,
               report: BatchReport) -> None:

@@ -1,9 +1,11 @@
 """`payments`: Event Hubs trigger, cardinality many.
 
 The host checkpoints after every batch even when the function raised, so the
-function raises only when it could not record anything durably (store and
-parking both down); the retry policy then re-runs the same batch before the
-checkpoint, and the high-water mark and per-event keys absorb what was done.
+function raises only when the batch must run again: a store failure that
+retrying fixes (outage, throttling, lost races; never a reason to park a valid
+event), or parking itself failed. The retry policy re-runs the same batch
+before the checkpoint, and the high-water mark and per-event keys absorb what
+was done.
 """
 
 from __future__ import annotations
@@ -33,4 +35,5 @@ def payments(events: typing.List[func.EventHubEvent]) -> None:  # noqa: UP006 - 
     logger.info("payments batch", extra={"event": "PaymentsBatch", "applied": report.applied,
                                          "duplicates": report.duplicates,
                                          "replay_skipped": report.replay_skipped,
+                                         "accounts": report.accounts,
                                          "parked": report.parked, "watermark": report.watermark})

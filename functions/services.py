@@ -116,7 +116,8 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
         PartitionWatermark(by_role["dedup"], consumer="payments", event_hub=settings.payments_hub,
                            consumer_group=settings.payments_consumer_group),
         parking, event_hub=settings.payments_hub, missing_key_policy=settings.missing_key_policy,
-        max_attempts=settings.payments_max_attempts, sleep=sleep)
+        max_attempts=settings.payments_max_attempts,
+        max_concurrency=settings.payments_max_concurrency, sleep=sleep)
 
     def notifications(consumer: str) -> NotificationService:
         return NotificationService(consumer, idem("notifications"), parking,

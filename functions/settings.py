@@ -47,6 +47,7 @@ APP_SETTINGS = (
     "DEDUP_RETENTION_MARGIN_SECONDS",
     "PAYMENTS_MISSING_KEY_POLICY",
     "PAYMENTS_MAX_ATTEMPTS",
+    "PAYMENTS_MAX_CONCURRENCY",
     "PAYMENTS_HUB_NAME",
     "PAYMENTS_CONSUMER_GROUP",
     "APPLICATIONINSIGHTS_CONNECTION_STRING",
@@ -125,6 +126,7 @@ class Settings:
     window: RedeliveryWindow
     missing_key_policy: str
     payments_max_attempts: int
+    payments_max_concurrency: int
     payments_hub: str
     payments_consumer_group: str
     azure_client_id: str | None
@@ -181,6 +183,7 @@ class Settings:
             window=window,
             missing_key_policy=policy,
             payments_max_attempts=_int(env, "PAYMENTS_MAX_ATTEMPTS", 3, 1),
+            payments_max_concurrency=_int(env, "PAYMENTS_MAX_CONCURRENCY", 16, 1),
             payments_hub=env.get("PAYMENTS_HUB_NAME", "payments") or "payments",
             payments_consumer_group=env.get("PAYMENTS_CONSUMER_GROUP", "$Default") or "$Default",
             azure_client_id=env.get("AZURE_CLIENT_ID") or None,

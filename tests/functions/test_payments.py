@@ -1,18 +1,40 @@
-"""`payments`: CloudEvents batches, checkpoint replay, producer duplicates, parking."""
+"""`payments`: CloudEvents batches, grouped commits per account, replay, duplicates, parking,
+and transient failures that retry the batch instead of parking valid events."""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
+from azure.core.exceptions import HttpResponseError
 
-from domain.payments import ACCOUNT_DOCUMENT
-from shared import StoreUnavailableError, store_safe_id
+from benchmarks.counting import (
+    RequestCounter,
+    counted_cosmos_client,
+    counted_cosmos_store,
+    counted_table_store,
+)
+from domain.payments import ACCOUNT_DOCUMENT, CONSUMER, MAX_RETRY_AFTER_SECONDS, BatchReport
+from functions.services import Services, build_services, configure
+from functions.settings import COSMOS_CONTAINERS, TABLE_FOR
+from shared import (
+    DedupKey,
+    IdempotencyStore,
+    InMemoryIdempotencyStore,
+    StoreUnavailableError,
+    store_safe_id,
+)
+from shared.exceptions import retry_after
 from simulator.host_inputs import SentEvent, event_hub_batch
-from tests.functions.conftest import function
+from tests.functions.conftest import function, settings_for
 
 SOURCE = "/payments/api"
+ALL_BACKENDS = ("memory", "table", "cosmos")
 
 
 def structured(event_id: str, account: str, cents: int, kind: str = "payment.credit") -> bytes:
@@ -30,15 +52,114 @@ def run(events: list[SentEvent], partition: str = "0"):
     function("payments")(events=event_hub_batch(events, partition_id=partition))
 
 
+def batch(services: Services, events: list[SentEvent], partition: str = "0") -> BatchReport:
+    """The batch through PaymentService directly, for its report."""
+    return services.payments.process_batch([_view(e, partition) for e in events], partition)
+
+
 def balance(services, account: str) -> int | None:
     document = services.stores["ledger"].read_document(store_safe_id(account), ACCOUNT_DOCUMENT)
     return None if document is None else document.body["balanceCents"]
+
+
+def marker_result(services, account: str, event_id: str) -> Any:
+    key = DedupKey.from_cloudevent(CONSUMER, SOURCE, event_id)
+    record = services.stores["ledger"].get_record(store_safe_id(account), key.encoded)
+    return None if record is None else record.result
+
+
+def parked(services, partition: str, sequence: int) -> dict | None:
+    return services.parking.get("payments", f"{services.settings.payments_hub}/{partition}/{sequence}")
 
 
 def account_id() -> str:
     return f"acct-{uuid.uuid4().hex[:8]}"
 
 
+def _view(event: SentEvent, partition: str = "0"):
+    from functions.adapters import event_views
+
+    return event_views(event_hub_batch([event], partition_id=partition))[0]
+
+
+# -- services on counted stores, for all three backends ----------------------------------------
+class Counted:
+    """Services whose stores count their data requests: the benchmark's wire counting on the
+    real servers (benchmarks/counting.py), the in-memory store's own tally in memory."""
+
+    def __init__(self, services: Services, count: Callable[[], int]) -> None:
+        self.services = services
+        self._count = count
+        self._start = count()
+
+    def requests(self) -> int:
+        """Data requests since the last call (or since the services were built)."""
+        now = self._count()
+        spent, self._start = now - self._start, now
+        return spent
+
+
+def _store_factory(stack, backend: str, closers: list) -> tuple[Callable[[str], IdempotencyStore],
+                                                                Callable[[], int]]:
+    suffix = uuid.uuid4().hex[:8]
+    built: dict[str, IdempotencyStore] = {}
+    if backend == "memory":
+        def memory(role: str) -> IdempotencyStore:
+            return built.setdefault(TABLE_FOR[role], InMemoryIdempotencyStore())
+
+        return memory, lambda: sum(s.requests for s in built.values())  # type: ignore[attr-defined]
+    tables = RequestCounter("table")
+
+    def table(role: str) -> IdempotencyStore:
+        name = f"{TABLE_FOR[role]}{suffix}"
+        if name not in built:
+            built[name] = counted_table_store(stack.table_connection_string, name, tables)
+            closers.append(built[name].close)
+        return built[name]
+
+    if backend == "table":
+        return table, tables.data
+    documents = RequestCounter("cosmos")
+    client = counted_cosmos_client(stack.cosmos_endpoint, stack.cosmos_key, documents,
+                                   verify=stack.cosmos_verify)
+    closers.append(client.close)
+
+    def cosmos(role: str) -> IdempotencyStore:
+        if role not in COSMOS_CONTAINERS:
+            return table(role)  # the parking lot lives in Table Storage, as in the app
+        return built.setdefault(role, counted_cosmos_store(
+            client, "functions-tests", f"{role}-{suffix}",
+            partition_key_path=COSMOS_CONTAINERS[role]))
+
+    return cosmos, lambda: documents.data() + tables.data()
+
+
+@pytest.fixture
+def counted_services(stack, api, clock) -> Iterator[Callable[..., Counted]]:
+    """Build counted services for a backend; `sleep` defaults to advancing the test clock."""
+    closers: list = []
+
+    def make(backend: str, *, sleep: Callable[[float], None] | None = None,
+             **overrides: str) -> Counted:
+        settings = settings_for(stack, "table" if backend == "memory" else backend, **overrides)
+        factory, count = _store_factory(stack, backend, closers)
+        services = build_services(settings, stores=factory, sender=api, clock=clock,
+                                  sleep=sleep or clock.advance)
+        configure(services)
+        return Counted(services, count)
+
+    yield make
+    configure(None)
+    for close in closers:
+        close()
+
+
+@pytest.fixture(params=ALL_BACKENDS)
+def any_backend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+# -- the batch -------------------------------------------------------------------------------
 def test_batch_applies_each_event_once(services):
     account = account_id()
     events = [SentEvent(structured(f"e{n}", account, 100), n) for n in range(1, 6)]
@@ -46,22 +167,126 @@ def test_batch_applies_each_event_once(services):
     assert balance(services, account) == 500
 
 
-def test_replayed_batch_is_skipped_by_the_high_water_mark_without_store_lookups(services):
+def test_new_events_cost_one_read_and_one_commit_per_account(counted_services, any_backend):
+    counted = counted_services(any_backend)
+    services = counted.services
+    accounts = [account_id() for _ in range(4)]
+    events = [SentEvent(structured(f"n{n}", accounts[n % 4], n), n) for n in range(1, 21)]
+    report = batch(services, events)
+    assert (report.applied, report.accounts, report.watermark) == (20, 4, 20)
+    # mark read + (balance read + one transaction) per account + mark write
+    assert counted.requests() == 1 + 2 * 4 + 1
+    for n in range(1, 21):  # each marker keeps the balance right after its own event
+        account = accounts[n % 4]
+        expected = sum(m for m in range(1, n + 1) if m % 4 == n % 4)
+        assert marker_result(services, account, f"n{n}") == {"balanceCents": expected}
+    assert [balance(services, a) for a in accounts] == [
+        sum(m for m in range(1, 21) if m % 4 == i) for i in range(4)]
+
+
+def test_replayed_batch_costs_one_request_and_changes_nothing(counted_services, any_backend):
+    counted = counted_services(any_backend)
+    services = counted.services
     account = account_id()
     events = [SentEvent(structured(f"e{n}", account, 100), n) for n in range(1, 6)]
-    run(events)
-    report = services.payments.process_batch(
-        [_view(e) for e in events], "0")  # the same batch again after a restart
+    batch(services, events)
+    counted.requests()
+    report = batch(services, events)  # the same batch again after a restart
     assert (report.applied, report.duplicates, report.replay_skipped) == (0, 0, 5)
+    assert counted.requests() == 1  # the high-water mark read
     assert balance(services, account) == 500
+
+
+def test_duplicates_inside_a_group_are_judged_and_the_rest_committed(counted_services,
+                                                                     any_backend):
+    counted = counted_services(any_backend)
+    services = counted.services
+    account, other = account_id(), account_id()
+    batch(services, [SentEvent(structured("d2", account, 20), 1)], partition="early")
+    counted.requests()
+    events = [SentEvent(structured("d1", account, 10), 1),
+              SentEvent(structured("d2", account, 20), 2),  # applied by an earlier batch
+              SentEvent(structured("d3", account, 30), 3),
+              SentEvent(structured("o1", other, 5), 4),
+              SentEvent(structured("d3", account, 30), 5)]  # a second copy in the same group
+    report = batch(services, events)
+    # 2 accounts x (read + commit) + the mark; the duplicate: its record read + one more commit
+    assert counted.requests() == 1 + 2 * 2 + 1 + 2
+    assert (report.applied, report.duplicates, report.parked) == (3, 2, {})
+    assert balance(services, account) == 60 and balance(services, other) == 5
+    assert marker_result(services, account, "d2") == {"balanceCents": 20}  # from the first time
+    assert marker_result(services, account, "d3") == {"balanceCents": 60}
+
+
+def test_reused_key_inside_a_group_is_parked_and_the_rest_applied(counted_services, any_backend):
+    counted = counted_services(any_backend)
+    services = counted.services
+    account = account_id()
+    batch(services, [SentEvent(structured("k1", account, 100), 1)], partition="early")
+    counted.requests()
+    events = [SentEvent(structured("k0", account, 1), 1),
+              SentEvent(structured("k1", account, 999), 2),  # applied before with 100
+              SentEvent(structured("k2", account, 2), 3),
+              SentEvent(structured("k2", account, 777), 4)]  # reused within the batch
+    report = batch(services, events)
+    # the mark, a read, the failed commit, k1's record, the commit; two parked entries; the mark
+    assert counted.requests() == 1 + 1 + 1 + 1 + 1 + 2 + 1
+    assert (report.applied, report.parked) == (2, {"IdempotencyKeyConflict": 2})
+    assert balance(services, account) == 103
+    assert parked(services, "0", 2)["reason"] == "IdempotencyKeyConflict"
+    assert parked(services, "0", 4)["reason"] == "IdempotencyKeyConflict"
+    assert parked(services, "0", 3) is None
+    assert services.payments.watermark.read("0").sequence_number == 4
+
+
+def test_more_than_a_transaction_for_one_account_is_split_in_order(counted_services, any_backend):
+    counted = counted_services(any_backend)
+    services = counted.services
+    account = account_id()
+    events = [SentEvent(structured(f"s{n}", account, n), n) for n in range(1, 151)]
+    report = batch(services, events)
+    # the mark, then 99 markers + the balance, then 51 + the balance (re-read), then the mark
+    assert counted.requests() == 1 + 2 + 2 + 1
+    assert report.applied == 150
+    assert balance(services, account) == sum(range(1, 151))
+    assert marker_result(services, account, "s99") == {"balanceCents": sum(range(1, 100))}
+    assert marker_result(services, account, "s100") == {"balanceCents": sum(range(1, 101))}
+
+
+def test_groups_run_concurrently_up_to_the_configured_limit(counted_services, any_backend):
+    counted = counted_services(any_backend, sleep=lambda _: None, PAYMENTS_MAX_CONCURRENCY="3")
+    services = counted.services
+    ledger = services.stores["ledger"]
+    real_commit = ledger.commit
+    lock = threading.Lock()
+    running, peak = [0], [0]
+
+    def slow_commit(*args, **kwargs):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        try:
+            time.sleep(0.05)  # long enough for every free worker to be in here at once
+            return real_commit(*args, **kwargs)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    ledger.commit = slow_commit  # type: ignore[method-assign]
+    accounts = [account_id() for _ in range(10)]
+    report = batch(services, [SentEvent(structured(f"c{n}", a, 1), n)
+                              for n, a in enumerate(accounts, start=1)])
+    assert report.applied == 10 and report.accounts == 10
+    assert peak[0] == 3
+    assert all(balance(services, a) == 1 for a in accounts)
 
 
 def test_partially_processed_batch_replayed_applies_only_the_rest(services):
     account = account_id()
     events = [SentEvent(structured(f"e{n}", account, 10 ** n), n) for n in range(1, 5)]
     for event in events[:2]:  # the host crashed after two effects, before the mark moved
-        services.payments._process_event(_view(event), "0", _report())
-    report = services.payments.process_batch([_view(e) for e in events], "0")
+        services.payments.apply(services.payments._payment(_view(event), "0"))
+    report = batch(services, events)
     assert (report.applied, report.duplicates) == (2, 2)
     assert balance(services, account) == 10 + 100 + 1000 + 10000
 
@@ -100,32 +325,10 @@ def test_bad_event_is_parked_with_its_reason_and_the_rest_is_applied(services, b
     run([SentEvent(structured("ok1", account, 5), 1), SentEvent(body, 2, properties),
          SentEvent(structured("ok2", account, 7), 3)], partition)
     assert balance(services, account) == 12
-    hub = services.settings.payments_hub
-    parked = services.parking.get("payments", f"{hub}/{partition}/2")
-    assert parked["reason"] == reason
-    assert parked["payloadBytes"] == len(body)
+    entry = parked(services, partition, 2)
+    assert entry["reason"] == reason
+    assert entry["payloadBytes"] == len(body)
     assert services.payments.watermark.read(partition).sequence_number == 3
-
-
-def test_failing_event_is_retried_then_parked_and_never_blocks_the_partition(services, monkeypatch):
-    account, cursed = account_id(), account_id()
-    real_apply = services.payments.apply
-    attempts = []
-
-    def flaky(payment, context=None):
-        if payment.account_id == cursed:
-            attempts.append(context["attempt"])
-            raise StoreUnavailableError("throttled")
-        return real_apply(payment, context)
-
-    monkeypatch.setattr(services.payments, "apply", flaky)
-    partition = uuid.uuid4().hex[:6]
-    run([SentEvent(structured("a", account, 1), 1), SentEvent(structured("b", cursed, 1), 2),
-         SentEvent(structured("c", account, 2), 3)], partition)
-    assert attempts == [1, 2, 3]
-    assert balance(services, account) == 3
-    parked = services.parking.get("payments", f"{services.settings.payments_hub}/{partition}/2")
-    assert parked["reason"] == "ProcessingFailed" and "throttled" in parked["error"]
 
 
 def test_reused_event_id_with_other_content_is_parked_as_a_conflict(services):
@@ -134,8 +337,7 @@ def test_reused_event_id_with_other_content_is_parked_as_a_conflict(services):
     run([SentEvent(structured("dup", account, 100), 1)], partition)
     run([SentEvent(structured("dup", account, 999), 2)], partition)
     assert balance(services, account) == 100
-    parked = services.parking.get("payments", f"{services.settings.payments_hub}/{partition}/2")
-    assert parked["reason"] == "IdempotencyKeyConflict"
+    assert parked(services, partition, 2)["reason"] == "IdempotencyKeyConflict"
 
 
 @pytest.mark.parametrize("backend", ["table"])
@@ -146,8 +348,8 @@ def test_missing_key_falls_back_to_partition_and_sequence_when_opted_in(services
                           "data": {"accountId": account, "amountCents": 40}}).encode()
     run([SentEvent(keyless, 1)], "7")
     # A replay of the same partition+sequence is absorbed, even past the mark:
-    services.payments._process_event(_view(SentEvent(keyless, 1)), "7", report := _report())
-    assert report.duplicates == 1
+    payment = services.payments._payment(_view(SentEvent(keyless, 1), "7"), "7")
+    assert services.payments.apply(payment).status.value == "duplicate"
     # ...but a producer retry arrives at a new sequence number and is applied again (documented).
     run([SentEvent(keyless, 2)], "7")
     assert balance(services, account) == 80
@@ -158,36 +360,177 @@ def test_parking_failure_raises_so_the_host_retries_the_batch(services, monkeypa
         raise StoreUnavailableError("parking store down")
 
     monkeypatch.setattr(services.parking, "park", down)
+    partition = uuid.uuid4().hex[:6]
     with pytest.raises(StoreUnavailableError):
-        run([SentEvent(b"{broken", 1)], uuid.uuid4().hex[:6])
-
-
-def _view(event: SentEvent):
-    from functions.adapters import event_views
-
-    return event_views(event_hub_batch([event], partition_id="0"))[0]
-
-
-def _report():
-    from domain.payments import BatchReport
-
-    return BatchReport()
+        run([SentEvent(b"{broken", 1)], partition)
+    assert services.payments.watermark.read(partition) is None
 
 
 def test_an_unexpected_error_parks_the_event_instead_of_stalling_the_partition(services,
                                                                                monkeypatch):
     account, cursed = account_id(), account_id()
-    real_apply = services.payments.apply
+    real_post = services.payments._post
 
-    def buggy(payment, context=None):
-        if payment.account_id == cursed:
+    def buggy(tx, account_id, amounts):
+        if account_id == cursed:
             raise KeyError("bug")
-        return real_apply(payment, context)
+        return real_post(tx, account_id, amounts)
 
-    monkeypatch.setattr(services.payments, "apply", buggy)
+    monkeypatch.setattr(services.payments, "_post", buggy)
     partition = uuid.uuid4().hex[:6]
-    run([SentEvent(structured("u1", cursed, 1), 1), SentEvent(structured("u2", account, 4), 2)],
-        partition)
-    assert balance(services, account) == 4
-    parked = services.parking.get("payments", f"{services.settings.payments_hub}/{partition}/1")
-    assert parked["reason"] == "UnexpectedError"
+    run([SentEvent(structured("u1", cursed, 1), 1), SentEvent(structured("u2", account, 4), 2),
+         SentEvent(structured("u3", cursed, 2), 3)], partition)
+    assert balance(services, account) == 4 and balance(services, cursed) is None
+    assert parked(services, partition, 1)["reason"] == "UnexpectedError"
+    assert parked(services, partition, 3)["reason"] == "UnexpectedError"
+    assert services.payments.watermark.read(partition).sequence_number == 3
+
+
+# -- transient is not poison ----------------------------------------------------------------
+class Outage:
+    """Makes every store call of some stores fail fast (503) for a stretch of the test clock,
+    starting at the Nth transaction; the first failing transaction lands before it fails (a
+    timeout after the write), as the worst case of a real outage."""
+
+    def __init__(self, clock, *, seconds: float, after_commits: int) -> None:
+        self.clock = clock
+        self.seconds = seconds
+        self.after_commits = after_commits
+        self.commits = 0
+        self.until: float | None = None
+        self.failed = 0
+        self.lock = threading.Lock()
+
+    def down(self) -> bool:
+        return self.until is not None and self.clock() < self.until
+
+    def wrap(self, store: IdempotencyStore) -> None:
+        for name in ("get_record", "put_record_if_absent", "replace_record_if_unchanged",
+                     "delete_record_if_unchanged", "read_document", "write_documents"):
+            setattr(store, name, self._guard(getattr(store, name)))
+        store.commit = self._commit(store.commit)  # type: ignore[method-assign]
+
+    def _fail(self) -> None:
+        self.failed += 1
+        raise StoreUnavailableError("simulated outage (503)", status_code=503)
+
+    def _guard(self, call: Callable[..., Any]) -> Callable[..., Any]:
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            if self.down():
+                self._fail()
+            return call(*args, **kwargs)
+        return guarded
+
+    def _commit(self, call: Callable[..., Any]) -> Callable[..., Any]:
+        def commit(*args: Any, **kwargs: Any) -> Any:
+            with self.lock:
+                self.commits += 1
+                starts = self.until is None and self.commits > self.after_commits
+                if starts:
+                    self.until = self.clock() + self.seconds
+            if starts:
+                call(*args, **kwargs)  # the write lands; its answer is lost
+                self._fail()
+            if self.down():
+                self._fail()
+            return call(*args, **kwargs)
+        return commit
+
+
+def host_retries(invoke: Callable[[], None], clock, *, limit: int = 20) -> int:
+    """Run a batch as the `payments` retry policy does (exponential, 5 s .. 5 min) until it
+    succeeds; return how many attempts failed."""
+    interval, failures = 5.0, 0
+    while True:
+        try:
+            invoke()
+            return failures
+        except StoreUnavailableError:
+            failures += 1
+            assert failures < limit, "the batch never succeeded"
+            clock.advance(interval)
+            interval = min(interval * 2, 300.0)
+
+
+def test_a_20_s_store_outage_parks_nothing_and_the_retried_batch_applies_every_event_once(
+        counted_services, any_backend, clock):
+    services = counted_services(any_backend).services
+    outage = Outage(clock, seconds=20, after_commits=2)
+    for role in ("ledger", "dedup"):  # the whole backend; the parking lot stays up to prove nothing parks
+        outage.wrap(services.stores[role])
+    accounts = [account_id() for _ in range(6)]
+    events = [SentEvent(structured(f"t{n}", accounts[n % 6], n), n) for n in range(1, 61)]
+    partition = uuid.uuid4().hex[:6]
+    failed_attempts = host_retries(lambda: run(events, partition), clock)
+    assert failed_attempts >= 2 and outage.failed > 0  # the outage outlasted several retries
+    assert all(parked(services, partition, n) is None for n in range(1, 61))
+    for i, account in enumerate(accounts):  # every event applied exactly once
+        assert balance(services, account) == sum(n for n in range(1, 61) if n % 6 == i)
+    assert all(marker_result(services, accounts[n % 6], f"t{n}") is not None for n in range(1, 61))
+    assert services.payments.watermark.read(partition).sequence_number == 60
+
+
+def test_the_mark_stays_until_every_group_committed(counted_services, any_backend):
+    services = counted_services(any_backend).services
+    ok, failing = account_id(), account_id()
+    ledger = services.stores["ledger"]
+    real_commit, down = ledger.commit, [True]
+
+    def commit(marker, operations, **kwargs):
+        if down[0] and marker.partition_key == store_safe_id(failing):
+            raise StoreUnavailableError("throttled", status_code=429)
+        return real_commit(marker, operations, **kwargs)
+
+    ledger.commit = commit  # type: ignore[method-assign]
+    events = [SentEvent(structured("m1", ok, 1), 1), SentEvent(structured("m2", failing, 2), 2),
+              SentEvent(structured("m3", ok, 3), 3)]
+    with pytest.raises(StoreUnavailableError):
+        batch(services, events)
+    assert balance(services, ok) == 4 and balance(services, failing) is None
+    assert services.payments.watermark.read("0") is None  # not past the failed group
+    assert parked(services, "0", 2) is None
+    down[0] = False  # the host's retry, after the throttling
+    report = batch(services, events)
+    assert (report.applied, report.duplicates, report.watermark) == (1, 2, 3)
+    assert (balance(services, ok), balance(services, failing)) == (4, 2)
+
+
+class _Response:
+    """The part of an HTTP response azure-core's HttpResponseError reads."""
+
+    def __init__(self, status: int, headers: dict[str, str]) -> None:
+        self.status_code = status
+        self.reason = "Too Many Requests"
+        self.headers = headers
+
+    def text(self) -> str:
+        return ""
+
+
+def throttled(headers: dict[str, str]) -> StoreUnavailableError:
+    error = HttpResponseError(response=_Response(429, headers))
+    return StoreUnavailableError("Cosmos DB answered 429", status_code=429, error=error)
+
+
+@pytest.mark.parametrize(("headers", "seconds"), [
+    ({"Retry-After": "7"}, 7.0), ({"x-ms-retry-after-ms": "1500"}, 1.5),
+    ({"retry-after-ms": "250"}, 0.25), ({"Content-Type": "text/plain"}, None),
+    ({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}, 0.0)])
+def test_retry_after_is_read_from_the_sdk_error(headers, seconds):
+    assert retry_after(throttled(headers)) == seconds
+
+
+@pytest.mark.parametrize(("header", "slept"), [("7", 7.0), ("3600", MAX_RETRY_AFTER_SECONDS)])
+def test_throttling_honours_retry_after_before_the_batch_raises(counted_services, header, slept):
+    sleeps: list[float] = []
+    services = counted_services("memory", sleep=sleeps.append).services
+
+    def throttle(*_args, **_kwargs):
+        raise throttled({"Retry-After": header})
+
+    services.stores["ledger"].commit = throttle  # type: ignore[method-assign]
+    with pytest.raises(StoreUnavailableError):
+        batch(services, [SentEvent(structured("r1", account_id(), 1), 1)])
+    attempts = services.settings.payments_max_attempts
+    assert sleeps == [slept] * attempts  # between the tries, then once before raising
+    assert parked(services, "0", 1) is None
