@@ -270,6 +270,7 @@ class _Generator:
                         content_type=CLOUDEVENTS_JSON, expect="park:MalformedJson")
         else:
             envelope = {"specversion": "1.0", "source": source, "type": "payment.credit",
+                        "subject": event_id,  # no id, but a body of its own (matched by hash)
                         "data": {"accountId": "x", "amountCents": 1}}
             item = Item("payment", self.names.hub, cloudevent_key(source, event_id),
                         json.dumps(envelope), content_type=CLOUDEVENTS_JSON,

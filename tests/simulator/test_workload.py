@@ -154,8 +154,14 @@ def test_hostile_bodies_are_what_they_claim():
     assert len(hostile[("order", "oversize")].body_bytes) == 250_000
     assert len(hostile[("payment", "structured:oversize")].body_bytes) == 250_000
     assert not hostile[("order", "oversize")].copies  # a few instances of the big ones only
-    # Parked events are matched by their body's hash: every payment body is unique.
+
+
+
+def test_every_payment_body_is_unique():
+    # Parked events are matched to what was sent by their body's hash.
+    w = generate(seed=15, messages=0, events=3000, run_id="h4", invalid_rate=0.02)
     payments = [i for i in w.items if i.kind == "payment"]
+    assert sum(i.invalid and not i.case for i in payments) >= 30
     assert len({i.body_sha256 for i in payments}) == len(payments)
 
 
