@@ -205,7 +205,7 @@ def test_run_outcome_for_each_record_state(bench: Bench, branch: Branch) -> None
         assert after == before and after is not None and after.etag == before.etag
 
 
-def test_a_takeover_keeps_the_first_claims_age_and_an_expired_record_starts_over(bench):
+def test_a_takeover_keeps_the_first_claims_age_and_an_expired_record_starts_over(bench: Bench) -> None:
     held(bench)
     first = bench.record()
     bench.clock.advance(LEASE.total_seconds())
@@ -273,7 +273,7 @@ def test_run_atomic_outcome_for_each_marker_state(bench: Bench, branch: AtomicBr
         assert after == before and after is not None and after.etag == before.etag
 
 
-def test_run_atomic_needs_a_document_store(clock):
+def test_run_atomic_needs_a_document_store(clock: FakeClock) -> None:
     class RecordsOnly(RecordStore):
         """A record store without business documents (delegates to memory)."""
 
@@ -315,7 +315,8 @@ class Cancelled(BaseException):
 
 @pytest.mark.parametrize("error", [DownstreamError("503 from the API"), Cancelled()],
                          ids=["exception", "base exception"])
-def test_a_failed_handler_releases_the_claim_and_its_own_error_propagates(bench, error):
+def test_a_failed_handler_releases_the_claim_and_its_own_error_propagates(bench: Bench,
+                                                                          error: BaseException) -> None:
     def fail() -> None:
         raise error
 
@@ -326,7 +327,8 @@ def test_a_failed_handler_releases_the_claim_and_its_own_error_propagates(bench,
     assert bench.idem.run(KEY, SAME, Calls()).status is OutcomeStatus.PROCESSED
 
 
-def test_a_release_the_store_refuses_leaves_the_claim_to_run_out(clock, caplog):
+def test_a_release_the_store_refuses_leaves_the_claim_to_run_out(clock: FakeClock,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
     class DeletesFail(InMemoryIdempotencyStore):
         def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
             raise StoreUnavailableError("503", status_code=503)
@@ -347,7 +349,8 @@ def test_a_release_the_store_refuses_leaves_the_claim_to_run_out(clock, caplog):
     assert handler.count == 1
 
 
-def test_a_holder_that_lost_its_lease_releases_nothing(bench, caplog):
+def test_a_holder_that_lost_its_lease_releases_nothing(bench: Bench,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
     _, stale = bench.idem.claim(KEY, SAME)
     bench.clock.advance(LEASE.total_seconds())
     _, taker = bench.flow().claim(KEY, SAME)
@@ -356,7 +359,7 @@ def test_a_holder_that_lost_its_lease_releases_nothing(bench, caplog):
     assert bench.record() == taker and bench.record().etag == taker.etag
 
 
-def test_effect_uncertain_keeps_the_claim_for_reconciliation(bench):
+def test_effect_uncertain_keeps_the_claim_for_reconciliation(bench: Bench) -> None:
     def timed_out() -> None:
         raise EffectUncertainError("timed out after sending")
 
@@ -391,14 +394,14 @@ class ReleasedBetweenCreateAndRead(InMemoryIdempotencyStore):
         return None if self.puts <= self.races else super().get_record(partition, record_id)
 
 
-def test_a_claim_retries_after_a_lost_race_and_wins(clock):
+def test_a_claim_retries_after_a_lost_race_and_wins(clock: FakeClock) -> None:
     store = ReleasedBetweenCreateAndRead(races=2)
     handler = Calls()
     outcome = Bench(store, clock).idem.run(KEY, SAME, handler)
     assert (outcome.status, store.puts, handler.count) == (OutcomeStatus.PROCESSED, 3, 1)
 
 
-def test_a_claim_that_keeps_losing_gives_up_without_running_the_handler(clock):
+def test_a_claim_that_keeps_losing_gives_up_without_running_the_handler(clock: FakeClock) -> None:
     store = ReleasedBetweenCreateAndRead(races=1_000)
     bench = Bench(store, clock)
     handler = Calls()
@@ -407,7 +410,7 @@ def test_a_claim_that_keeps_losing_gives_up_without_running_the_handler(clock):
     assert (store.puts, handler.count) == (bench.idem.config.max_commit_attempts, 0)
 
 
-def test_a_takeover_that_keeps_losing_gives_up_without_running_the_handler(clock):
+def test_a_takeover_that_keeps_losing_gives_up_without_running_the_handler(clock: FakeClock) -> None:
     class EveryTakeoverLoses(InMemoryIdempotencyStore):
         def __init__(self) -> None:
             super().__init__()
@@ -453,14 +456,15 @@ class BusinessWriteFails(InMemoryIdempotencyStore):
 
 @pytest.mark.parametrize("store", [MarkerVanishes(), BusinessWriteFails(412)],
                          ids=["marker deleted meanwhile", "business document changed meanwhile"])
-def test_an_atomic_commit_that_keeps_losing_gives_up(clock, store):
+def test_an_atomic_commit_that_keeps_losing_gives_up(clock: FakeClock,
+                                                     store: InMemoryIdempotencyStore) -> None:
     build = Calls()
     with pytest.raises(ConcurrencyRetriesExhaustedError, match="lost 5 races"):
         Bench(store, clock).idem.run_atomic(KEY, SAME, build.build, partition=PARTITION)
     assert build.count == 5  # rebuilt from fresh reads before every attempt
 
 
-def test_an_atomic_business_write_that_fails_for_good_is_not_retried(clock):
+def test_an_atomic_business_write_that_fails_for_good_is_not_retried(clock: FakeClock) -> None:
     build = Calls()
     with pytest.raises(OperationFailedError) as raised:
         Bench(BusinessWriteFails(400), clock).idem.run_atomic(KEY, SAME, build.build,
@@ -469,7 +473,7 @@ def test_an_atomic_business_write_that_fails_for_good_is_not_retried(clock):
 
 
 # -- results the record cannot keep ------------------------------------------------------
-def test_a_result_that_is_not_json_is_refused_but_the_effect_stays_recorded(bench):
+def test_a_result_that_is_not_json_is_refused_but_the_effect_stays_recorded(bench: Bench) -> None:
     handler = Calls({"sent", "twice?"})  # a set: not JSON
     with pytest.raises(ResultTooLargeError, match="not JSON-serializable"):
         bench.idem.run(KEY, SAME, handler)
@@ -479,7 +483,7 @@ def test_a_result_that_is_not_json_is_refused_but_the_effect_stays_recorded(benc
     assert (again.status, again.result, handler.count) == (OutcomeStatus.DUPLICATE, None, 1)
 
 
-def test_an_oversized_result_after_a_lost_lease_reports_the_lost_lease(clock):
+def test_an_oversized_result_after_a_lost_lease_reports_the_lost_lease(clock: FakeClock) -> None:
     bench = Bench(InMemoryIdempotencyStore(), clock)
     bench.idem = Idempotency(bench.store, config=bench.config(max_result_bytes=100))
 
@@ -493,7 +497,7 @@ def test_an_oversized_result_after_a_lost_lease_reports_the_lost_lease(clock):
     assert bench.record().result == "theirs"
 
 
-def test_an_atomic_result_that_is_not_json_is_refused_before_the_commit(bench):
+def test_an_atomic_result_that_is_not_json_is_refused_before_the_commit(bench: Bench) -> None:
     def build(tx: Any) -> Any:
         tx.create("effect", {"v": 1})
         return object()
@@ -509,7 +513,7 @@ def cached(clock: FakeClock) -> Bench:
     return Bench(InMemoryIdempotencyStore(), clock, cache=CompletedKeyCache(100, clock=clock))
 
 
-def test_cache_hits_answer_duplicates_and_conflicts_without_the_store(cached):
+def test_cache_hits_answer_duplicates_and_conflicts_without_the_store(cached: Bench) -> None:
     cached.idem.run(KEY, SAME, lambda: "first")
     other = DedupKey.from_message_id("orders", "o-2")
     cached.idem.run_atomic(other, SAME, Calls("credit").build, partition=PARTITION)
@@ -526,7 +530,7 @@ def test_cache_hits_answer_duplicates_and_conflicts_without_the_store(cached):
     assert handler.count == 0
 
 
-def test_a_cached_record_that_expired_goes_back_to_the_store(cached):
+def test_a_cached_record_that_expired_goes_back_to_the_store(cached: Bench) -> None:
     cached.idem.run(KEY, SAME, lambda: "first")
     cached.clock.advance(TTL.total_seconds())
     handler = Calls()
@@ -534,7 +538,7 @@ def test_a_cached_record_that_expired_goes_back_to_the_store(cached):
     assert (outcome.status, handler.count, requests) == (OutcomeStatus.PROCESSED, 1, 4)
 
 
-def test_a_holder_that_lost_its_lease_caches_the_takers_result_not_its_own(cached):
+def test_a_holder_that_lost_its_lease_caches_the_takers_result_not_its_own(cached: Bench) -> None:
     def slow() -> str:
         cached.clock.advance(LEASE.total_seconds())
         cached.flow(cache=CompletedKeyCache(100)).run(KEY, SAME, lambda: "theirs")
@@ -545,7 +549,7 @@ def test_a_holder_that_lost_its_lease_caches_the_takers_result_not_its_own(cache
     assert (outcome.status, outcome.result, requests) == (OutcomeStatus.DUPLICATE, "theirs", 0)
 
 
-def test_in_progress_outcomes_are_never_answered_from_the_cache(cached):
+def test_in_progress_outcomes_are_never_answered_from_the_cache(cached: Bench) -> None:
     held(cached)
     handler = Calls()
     for _ in range(2):
@@ -554,7 +558,7 @@ def test_in_progress_outcomes_are_never_answered_from_the_cache(cached):
 
 
 # -- the decorator --------------------------------------------------------------------------
-def test_the_decorator_hashes_the_first_argument_or_the_keywords_or_selected_fields(bench):
+def test_the_decorator_hashes_the_first_argument_or_the_keywords_or_selected_fields(bench: Bench) -> None:
     sent: list[dict] = []
 
     def key_of(body: dict | None = None, **kwargs: Any) -> DedupKey:
