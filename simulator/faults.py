@@ -257,8 +257,10 @@ class OutageController:
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self.history: list[tuple[str, str, float]] = []
-        # Store calls that failed because of an outage: "server: function" -> calls.
+        # Store calls an outage hit, "server: function" -> calls: failed (refused or timed
+        # out), or held (made while the server was paused, answered once it was resumed).
         self.failed_calls: Counter[str] = Counter()
+        self.held_calls: Counter[str] = Counter()
 
     def blocked(self, server: str) -> bool:
         """True while a fail-fast (proxy) outage of `server` lasts."""
@@ -273,6 +275,10 @@ class OutageController:
     def record_failure(self, server: str, function: str) -> None:
         with self._lock:
             self.failed_calls[f"{server}: {function}"] += 1
+
+    def record_held(self, server: str, function: str) -> None:
+        with self._lock:
+            self.held_calls[f"{server}: {function}"] += 1
 
     @staticmethod
     def _alive(pid: int | None) -> bool:
@@ -419,6 +425,9 @@ class FaultyStore(_Forwarding):
                 assert outages is not None
                 outages.record_failure(self.server, inv.name)
             raise
+        if during:
+            assert outages is not None
+            outages.record_held(self.server, inv.name)
         if write:
             inv.writes += 1
             at = inv.fault.at if inv.fault else 0

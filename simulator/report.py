@@ -58,7 +58,8 @@ def summary(result: ScenarioResult) -> dict[str, Any]:
         "rejectionReasons": dict(check.rejection_reasons),
         "invalidNotRejected": dict(check.invalid_not_rejected),
         "hostExceptions": dict(check.host_exceptions), "stalledBatches": check.stalled_batches,
-        "outageFailures": result.outage_failures,
+        "hostRetries": stats.host_retries,
+        "outageFailures": result.outage_failures, "outageHeld": result.outage_held,
         "deadLettered": dict(check.dead_lettered), "parked": dict(check.parked),
         "conflicts": dict(check.conflicts), "resentWithSameKey": check.resent_same_key,
         "faultsInjected": result.faults, "outages": result.outages,
@@ -105,7 +106,9 @@ def format_report(result: ScenarioResult) -> str:
         lines.append(f"    re-sent with the same Idempotency-Key (absorbed by the API): "
                      f"{_n(check.resent_same_key)}")
     lines.append(f"DOUBLE EFFECTS: {_n(s['doubleEffects'])}   LOST: {_n(s['lost'])}   "
-                 f"VALID NOT EFFECTED: {_n(s['validNotEffected'] + s['validAlsoRefused'])}   "
+                 f"VALID NOT EFFECTED: {_n(s['validNotEffected'])}"
+                 + (f" (+ {_n(s['validAlsoRefused'])} effected, a copy refused)"
+                    if s["validAlsoRefused"] else "") + "   "
                  f"partial effects: {_n(s['partialEffects'])}   balance mismatches: "
                  f"{_n(s['balanceMismatches'])}")
     lines.append(valid_line(check, api_honours_key=config.api_honours_key))
@@ -139,7 +142,10 @@ def format_report(result: ScenarioResult) -> str:
                                             for server, mode, seconds in result.outages)
                      + "; store calls failed by them: "
                      + (", ".join(f"{k} {_n(v)}" for k, v in sorted(result.outage_failures.items()))
-                        or "none"))
+                        or "none")
+                     + ("; held until the server resumed: "
+                        + ", ".join(f"{k} {_n(v)}" for k, v in sorted(result.outage_held.items()))
+                        if result.outage_held else ""))
     lat = s["latencyMs"]
 
     def pair(kind: str) -> str:

@@ -105,6 +105,7 @@ class ScenarioResult:
     outages: list[tuple[str, str, float]]
     maintenance_parked: int
     outage_failures: dict[str, int] = field(default_factory=dict)  # "server: function" -> calls
+    outage_held: dict[str, int] = field(default_factory=dict)  # answered after a pause ended
     evidence: Evidence | None = None  # what the checker was given besides the stores
 
     @property
@@ -238,6 +239,7 @@ def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
             run_seconds=host.wall_seconds, check_seconds=check_seconds,
             virtual_seconds=clock() - host.t0, checkpoint_lag=lag, outages=outages.history,
             maintenance_parked=maintenance_parked, outage_failures=dict(outages.failed_calls),
+            outage_held=dict(outages.held_calls),
             evidence=evidence)
     finally:
         configure(None)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from shared import DedupKey, Idempotency, OutcomeStatus, StoreUnavailableError, WriteOp, request_hash
@@ -209,3 +211,13 @@ def test_every_store_the_app_uses_comes_from_the_factory_seam():
     assert services.parking._store is services.stores["parked"]
     assert services.orders.idempotency.store is services.stores["orders"]
     assert services.notify.idempotency.store is services.stores["notifications"]
+
+
+def test_calls_during_a_pause_are_counted_failed_or_held(store):
+    log = FaultLog()
+    outages = OutageController(log, duration=60, mode="auto")
+    outages._paused_until["azurite"] = time.monotonic() + 60  # as start() does for a pause
+    wrapped = FaultyStore(store, label="t", server="azurite", outages=outages)
+    with invocation(Invocation("orders", None, log)):
+        assert wrapped.read_document("p8", "d") is None  # answered (after the pause, in life)
+    assert outages.held_calls == {"azurite: orders": 1} and not outages.failed_calls
