@@ -24,9 +24,17 @@ BACKENDS = ("table", "cosmos")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="./dev demo",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="At-least-once delivery with duplicates and faults, through the real "
                     "functions, against Azurite and the Cosmos server; checks exactly-once "
-                    "effects from the stores.")
+                    "effects from the stores.",
+        epilog="examples:\n"
+               "  ./dev demo                                          the default run\n"
+               "  ./dev demo --fault-rate 0.15 --duplicate-rate 0.4   harsher: 3x the faults, more "
+               "duplicates;\n"
+               "      must still report 0 double, 0 lost and 0 valid messages not effected\n"
+               "  ./dev demo --outages 1 --outage-seconds 20 --outage-mode fail-fast\n"
+               "      one sustained store outage (503 for 20 s of virtual time)")
     parser.add_argument("--messages", type=int, default=20_000,
                         help="Service Bus messages in all, split evenly across the backends "
                              "(default 20000)")
@@ -47,6 +55,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, default=4, help="event hub partitions (default 4)")
     parser.add_argument("--outages", type=int, default=None,
                         help="store outages (server paused) per backend (default 2 with faults on)")
+    parser.add_argument("--outage-seconds", type=float, default=2.5,
+                        help="length of each outage (default 2.5)")
+    parser.add_argument("--outage-mode", choices=("auto", "pause", "fail-fast"), default="auto",
+                        help="auto/pause: the server process is paused (SIGSTOP, wall time); "
+                             "fail-fast: its stores answer 503 at once (virtual time)")
     parser.add_argument("--serial", action="store_true",
                         help="run the backends one after the other in this process")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -58,6 +71,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="marker and effect written in separate steps, with crashes in between")
     proofs.add_argument("--api-ignores-idempotency-key", action="store_true",
                         help="the fake notification API does not deduplicate by Idempotency-Key")
+    proofs.add_argument("--transient-as-permanent", action="store_true",
+                        help="the store client reports a transient failure (429/503) as a permanent "
+                             "rejection: the checks must report valid messages not effected")
     args = parser.parse_args(argv)
     if args.messages < 0 or args.events < 0 or args.consumers < 1:
         parser.error("--messages/--events must be >= 0 and --consumers >= 1")
@@ -150,6 +166,14 @@ def main(argv: list[str] | None = None) -> int:
         text, _, _ = results[backend]
         print(text)
         print()
+    for backend in backends:
+        numbers = results[backend][1]
+        if numbers:
+            print(f"{backend}: double effects {numbers['doubleEffects']}, lost {numbers['lost']}, "
+                  f"valid messages not effected {numbers['validNotEffected']}"
+                  + (f" (+ {numbers['validAlsoRefused']} effected but also dead-lettered/parked)"
+                     if numbers["validAlsoRefused"] else "")
+                  + f", invalid input not rejected {sum(numbers['invalidNotRejected'].values())}")
     ok = all(results[b][2] for b in backends)
     mode = " in parallel" if not args.serial and len(backends) > 1 else ""
     print(f"Total wall time {elapsed:.0f} s ({', '.join(backends)}{mode}, including server start "

@@ -16,7 +16,10 @@ def scenario_config(args: argparse.Namespace, backend: str) -> Any:
         backend=backend, seed=args.seed, messages=args.messages, events=args.events,
         duplicate_rate=args.duplicate_rate, fault_rate=args.fault_rate, consumers=args.consumers,
         partitions=args.partitions, outages=args.outages, dedup_off=args.dedup_off,
-        non_atomic=args.non_atomic, api_honours_key=not args.api_ignores_idempotency_key)
+        non_atomic=args.non_atomic, api_honours_key=not args.api_ignores_idempotency_key,
+        outage_seconds=args.outage_seconds,
+        outage_mode=args.outage_mode,
+        transient_as_permanent=args.transient_as_permanent)
 
 
 def _quiet_logs(path: str) -> None:
