@@ -23,3 +23,34 @@ def chaos_stacks():
 def seed():
     print(f"\nchaos seed: {SEED} (replay with CHAOS_SEED={SEED})")
     return SEED
+
+
+def run_in_workers(configs, stacks, log_dir):
+    """Run one scenario per backend at once, each in a worker process (as the demo does);
+    returns {backend: {"report", "summary", "ok"}} (a backend whose worker died is missing)."""
+    import multiprocessing
+    import queue
+
+    from demo.worker import run_backend
+
+    context = multiprocessing.get_context("spawn")
+    updates = context.Queue()
+    workers = []
+    for backend, config in configs.items():
+        worker = context.Process(target=run_backend, args=(config, stacks[backend], updates,
+                                                           str(log_dir / f"{backend}-{config.tag}.log")))
+        worker.start()
+        workers.append(worker)
+    results = {}
+    while len(results) < len(configs):
+        try:
+            kind, backend, *rest = updates.get(timeout=5)
+        except queue.Empty:
+            if not any(w.is_alive() for w in workers):
+                break
+            continue
+        if kind in ("done", "failed"):
+            results[backend] = {"report": rest[0], "summary": rest[1], "ok": rest[2]}
+    for worker in workers:
+        worker.join(timeout=30)
+    return results

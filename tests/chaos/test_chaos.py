@@ -62,6 +62,11 @@ def test_chaos_run_keeps_every_invariant(chaos, backend, seed):
     assert result["ok"], f"{backend}: invariant broken with seed {seed}\n{result['report']}"
     assert summary["doubleEffects"] == 0 and summary["lost"] == 0
     assert summary["balanceMismatches"] == 0 and summary["partialEffects"] == 0
+    assert summary["validNotEffected"] == 0 and summary["validAlsoRefused"] == 0
+    # The hostile inputs (10 MB bodies included) were in the mix and each was rejected with a
+    # reason on its first delivery; no partition stalled.
+    assert summary["hostileCases"] >= 35 and summary["invalidNotRejected"] == {}
+    assert summary["rejectionReasons"] and summary["stalledBatches"] == 0
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -43,3 +43,24 @@ def test_non_atomic_marker_first_is_caught_as_lost_effects(chaos_stacks, seed):
     assert not result.ok, report
     check = result.check
     assert check.balance_mismatches or sum(check.partial.values()) or sum(check.lost.values()), report
+
+
+def test_transient_failures_read_as_permanent_leave_valid_messages_not_effected(seed, tmp_path,
+                                                                                capsys):
+    """The seeded bug: a store client that reports a 429/503 as a permanent rejection (400).
+    The app then dead-letters or parks valid messages. Nothing is lost in the old sense (each
+    sits in a dead-letter queue with a reason): only the new invariant catches it."""
+    report = tmp_path / "report.json"
+    code = demo_main(["--backend", "table", "--messages", "300", "--events", "300", "--seed",
+                      str(seed), "--fault-rate", "0.1", "--transient-as-permanent", "--serial",
+                      "--no-progress", "--json", str(report)])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    summary = json.loads(report.read_text())["backends"]["table"]
+    assert summary["faultsInjected"].get(FaultKind.TRANSIENT.value, 0) > 0, out
+    assert summary["validNotEffected"] > 0, out
+    assert all("StoreRejected" in reason for reason in summary["validNotEffectedByReason"]), out
+    assert summary["lost"] == 0 and summary["doubleEffects"] == 0, out
+    assert "[FAIL] every valid message effected" in out and "[PASS] nothing lost" in out
+    assert f"valid messages not effected: {summary['validNotEffected']}" in out
+    assert "INVARIANT BROKEN" in out
