@@ -162,6 +162,7 @@ class CheckResult:
     invalid: Counter[str] = field(default_factory=Counter)  # invalid messages by kind
     rejection_reasons: Counter[str] = field(default_factory=Counter)
     invalid_not_rejected: Counter[str] = field(default_factory=Counter)
+    invalid_failed: int = 0  # invalid messages with a problem at one consumer or more
     host_exceptions: Counter[str] = field(default_factory=Counter)  # "function: Name" per delivery
     stalled_batches: int = 0
     resent_same_key: int = 0
@@ -598,6 +599,7 @@ class Checker:
             label = f"{item.kind} {item.case or item.expect.split(':', 1)[1]}"
             if (item.logical, item.variant) in self.evidence.broker_dropped:
                 continue  # never delivered
+            failed = False
             for consumer in CONSUMERS[item.kind]:
                 letters = self._dead_letters(consumer, item)
                 parked = (self._parked_of(item) if item.kind == "payment"
@@ -627,9 +629,11 @@ class Checker:
                     if not is_operational(reason):
                         self.result.rejection_reasons[reason] += 1
                 if problem is not None:
+                    failed = True
                     self.result.invalid_not_rejected[f"{label}: {problem}"] += 1
                     self.result.example("invalid input not rejected on its first delivery",
                                         f"{consumer} {item.key}: {label}: {problem}")
+            self.result.invalid_failed += failed
 
     def check_host(self) -> None:
         """Exceptions that reached the host, and batches retried until the host gave up."""

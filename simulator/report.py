@@ -118,7 +118,7 @@ def format_report(result: ScenarioResult) -> str:
     invalid = sum(check.invalid.values())
     lines.append(f"Invalid input: {_n(invalid)} messages ({_n(s['hostileCases'])} hostile cases), "
                  f"rejected with a reason on the first delivery: "
-                 f"{_n(invalid - sum(check.invalid_not_rejected.values()))}; reasons seen: "
+                 f"{_n(invalid - check.invalid_failed)}; reasons seen: "
                  + (", ".join(f"{k} {_n(v)}" for k, v in sorted(check.rejection_reasons.items(),
                                                                 key=lambda kv: -kv[1])) or "none"))
     for problem, n in sorted(check.invalid_not_rejected.items(), key=lambda kv: -kv[1]):
