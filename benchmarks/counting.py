@@ -59,6 +59,7 @@ class RequestCounter:
         self._lock = threading.Lock()
         self.counts: Counter[tuple[str, str]] = Counter()  # (layer, kind) -> n
         self.requests: Counter[tuple[str, str]] = Counter()  # (method, kind) -> n, wire layer
+        self.errors: Counter[str] = Counter()  # transport failures (the SDK may send again)
 
     def record(self, layer: str, method: str, url: str) -> None:
         kind = classify(self.backend, method, url)
@@ -66,6 +67,14 @@ class RequestCounter:
             self.counts[(layer, kind)] += 1
             if layer == "wire":
                 self.requests[(method, kind)] += 1
+
+    def record_error(self, error: BaseException) -> None:
+        with self._lock:
+            self.errors[type(error).__name__] += 1
+
+    def error_count(self) -> int:
+        with self._lock:
+            return sum(self.errors.values())
 
     def data(self, layer: str = "wire") -> int:
         with self._lock:
@@ -146,7 +155,11 @@ class CountingTransport(RequestsTransport):
 
     def send(self, request: Any, **kwargs: Any) -> Any:
         self._counter.record("wire", request.method, request.url)
-        return super().send(request, **kwargs)
+        try:
+            return super().send(request, **kwargs)
+        except Exception as error:  # e.g. a keep-alive connection the server had closed
+            self._counter.record_error(error)
+            raise
 
 
 def counted_table_client(connection_string: str, table_name: str,

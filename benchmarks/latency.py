@@ -86,6 +86,7 @@ class Probe:
     direct_ms: float
     relayed_ms: float
     reads: int
+    when: str = "before"  # the scenarios of this RTT: checked before and after them
 
     @property
     def added_ms(self) -> float:
@@ -108,11 +109,12 @@ class LatencyResult:
     batch_seconds: list[float] = field(default_factory=list)
     batch_accounts: list[int] = field(default_factory=list)
     batch_events: list[int] = field(default_factory=list)
+    batch_retried: list[int] = field(default_factory=list)  # requests sent again after a failure
     replay_events: int = 0
     replay_requests: int = 0
     replay_seconds: float = 0.0
     meta_requests: int = 0
-    retried_calls: int = 0
+    retried_calls: int = 0  # requests sent again (Table: SDK retries; Cosmos: transport failures)
     balances_checked: int = 0
     balance_mismatches: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
@@ -140,8 +142,13 @@ class LatencyRun:
         return next((r for r in self.results if (r.rtt_ms, r.accounts, r.backend, r.name)
                      == (rtt, accounts, backend, name)), None)
 
-    def probe(self, rtt: float, backend: str) -> Probe | None:
-        return next((p for p in self.probes if (p.nominal_ms, p.backend) == (rtt, backend)), None)
+    def probes_of(self, rtt: float, backend: str) -> list[Probe]:
+        return [p for p in self.probes if (p.nominal_ms, p.backend) == (rtt, backend)]
+
+    def added_ms(self, rtt: float, backend: str) -> float:
+        """Mean of the added RTTs measured before and after this RTT's scenarios."""
+        found = self.probes_of(rtt, backend)
+        return sum(p.added_ms for p in found) / len(found) if found else float("nan")
 
 
 # -- endpoints --------------------------------------------------------------------------------
@@ -201,7 +208,7 @@ def _median_reads(readers: list[Callable[[], Any]], reads: int) -> list[float]:
 
 
 def probe_rtt(direct: Endpoints, relayed: Endpoints, nominal_ms: float, *, reads: int,
-              backends: tuple[str, ...]) -> list[Probe]:
+              backends: tuple[str, ...], when: str = "before") -> list[Probe]:
     """Point reads of one small document, directly and through the relay."""
     probes = []
     if "table" in backends:
@@ -214,7 +221,7 @@ def probe_rtt(direct: Endpoints, relayed: Endpoints, nominal_ms: float, *, reads
         try:
             clients[0].create_entity({"PartitionKey": "p", "RowKey": "r", "v": 1})
             fast, slow = _median_reads([lambda c=c: c.get_entity("p", "r") for c in clients], reads)
-            probes.append(Probe("table", nominal_ms, fast, slow, reads))
+            probes.append(Probe("table", nominal_ms, fast, slow, reads, when))
         finally:
             for client in clients:
                 client.close()
@@ -229,7 +236,7 @@ def probe_rtt(direct: Endpoints, relayed: Endpoints, nominal_ms: float, *, reads
             created.create_container("c", PartitionKey("/pk")).create_item({"id": "r", "pk": "p"})
             containers = [c.get_database_client(database).get_container_client("c") for c in clients]
             fast, slow = _median_reads([lambda c=c: c.read_item("r", "p") for c in containers], reads)
-            probes.append(Probe("cosmos", nominal_ms, fast, slow, reads))
+            probes.append(Probe("cosmos", nominal_ms, fast, slow, reads, when))
         finally:
             with contextlib.suppress(Exception):
                 clients[0].delete_database(database)
@@ -261,7 +268,9 @@ class _Slot:
         return sum(c.meta() for c in self.counters)
 
     def retried(self) -> int:
-        return sum(c.data("wire") - c.data("call") for c in self.counters if c.backend == "table")
+        """Requests sent again: Table wire attempts beyond calls, Cosmos transport failures."""
+        return sum(c.data("wire") - c.data("call") if c.backend == "table" else c.error_count()
+                   for c in self.counters)
 
 
 class _Stores:
@@ -338,13 +347,14 @@ def settings_for(backend: str, endpoints: Endpoints) -> Settings:
 
 
 # -- one scenario: an RTT and an account count --------------------------------------------------------
-def _measure(slot: _Slot, action: Callable[[], None]) -> tuple[int, float, float]:
-    before = slot.data()
+def _measure(slot: _Slot, action: Callable[[], None]) -> tuple[int, int, float, float]:
+    """(store requests, of which sent again after a failure, wall seconds, CPU seconds)."""
+    before, retried = slot.data(), slot.retried()
     cpu = time.process_time()
     started = time.perf_counter()
     action()
     elapsed = time.perf_counter() - started
-    return slot.data() - before, elapsed, time.process_time() - cpu
+    return slot.data() - before, slot.retried() - retried, elapsed, time.process_time() - cpu
 
 
 def _verify(slot: _Slot, workload: PaymentWorkload) -> None:
@@ -391,9 +401,10 @@ def run_scenario(direct: Endpoints, relayed: Endpoints, *, rtt_ms: float, accoun
             rng.shuffle(order)
             gc.collect()
             for slot in order:
-                requests, elapsed, cpu = _measure(
+                requests, retried, elapsed, cpu = _measure(
                     slot, lambda s=slot, b=batch: s.variant.process(b, PARTITION))
                 result = slot.result
+                result.batch_retried.append(retried)
                 result.events += len(batch)
                 result.seconds += elapsed
                 result.cpu_seconds += cpu
@@ -408,7 +419,7 @@ def run_scenario(direct: Endpoints, relayed: Endpoints, *, rtt_ms: float, accoun
         last = workload.batches[-1]
         for slot in slots:  # a host restart, then the last checkpointed batch again
             slot.variant.restart()
-            requests, elapsed, _ = _measure(slot, lambda s=slot: s.variant.process(last, PARTITION))
+            requests, _, elapsed, _ = _measure(slot, lambda s=slot: s.variant.process(last, PARTITION))
             slot.result.replay_events = len(last)
             slot.result.replay_requests = requests
             slot.result.replay_seconds = elapsed
@@ -441,15 +452,19 @@ def run_latency(direct: Endpoints, sizes: LatencySizes, rtts: tuple[float, ...],
         with Relay(ports["table"], delay_ms=rtt / 2) as table_relay, \
                 Relay(ports["cosmos"], delay_ms=rtt / 2) as cosmos_relay:
             relayed = relayed_endpoints(direct, table_relay.port, cosmos_relay.port)
-            measured = probe_rtt(direct, relayed, rtt, reads=sizes.probe_reads, backends=backends)
-            progress("rtt check: " + ", ".join(
-                f"{p.backend} +{p.added_ms:.2f} ms (direct {p.direct_ms:.2f} ms)" for p in measured))
-            check_probes(measured)
-            probes += measured
-            for accounts in sizes.accounts:
-                results += run_scenario(direct, relayed, rtt_ms=rtt, accounts=accounts, sizes=sizes,
-                                        seed=seed, backends=backends, variants=names,
-                                        progress=progress)
+            for when in ("before", "after"):
+                if when == "after":
+                    for accounts in sizes.accounts:
+                        results += run_scenario(direct, relayed, rtt_ms=rtt, accounts=accounts,
+                                                sizes=sizes, seed=seed, backends=backends,
+                                                variants=names, progress=progress)
+                measured = probe_rtt(direct, relayed, rtt, reads=sizes.probe_reads,
+                                     backends=backends, when=when)
+                progress(f"rtt check ({when}): " + ", ".join(
+                    f"{p.backend} +{p.added_ms:.2f} ms (direct {p.direct_ms:.2f} ms)"
+                    for p in measured))
+                check_probes(measured)
+                probes += measured
     return LatencyRun(sizes=sizes, seed=seed, rtts=tuple(rtts), backends=tuple(backends),
                       variants=names, probes=probes, results=results, started_at=started_at,
                       seconds=time.perf_counter() - started, load_before=load_before,

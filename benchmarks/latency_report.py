@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ TARGET_RTT_MS = 5.0
 @dataclass
 class LatencyRow:
     rtt_ms: float
-    added_ms: float  # measured through the relay (point reads), this backend
+    added_ms: float  # measured through the relay (point reads), this backend, mean of before/after
     accounts: int
     backend: str
     name: str
@@ -45,9 +46,8 @@ def _ratio(value: float, base: LatencyResult | None) -> float:
 def rows(run: LatencyRun) -> list[LatencyRow]:
     out = []
     for r in run.results:
-        probe = run.probe(r.rtt_ms, r.backend)
         out.append(LatencyRow(
-            rtt_ms=r.rtt_ms, added_ms=probe.added_ms if probe else math.nan, accounts=r.accounts,
+            rtt_ms=r.rtt_ms, added_ms=run.added_ms(r.rtt_ms, r.backend), accounts=r.accounts,
             backend=r.backend, name=r.name, label=r.label, events=r.events,
             events_per_second=r.events_per_second,
             requests_per_event=r.requests / r.events if r.events else math.nan,
@@ -66,22 +66,30 @@ def app_shape(run: LatencyRun) -> str:
 
     Per event: 1 mark read + 2 per event + 1 mark write. Grouped: 1 mark read
     + 2 per account (balance read, one transaction of the markers + the balance)
-    + 1 mark write (more when a group exceeds 99 events and is split).
+    + 1 mark write (more when a group exceeds 99 events and is split). Requests
+    sent again after a transport failure are counted, and taken out here.
     """
     shapes = set()
     for r in run.results:
         if r.name != APP:
             continue
-        for requests, events, accounts in zip(r.batch_requests, r.batch_events, r.batch_accounts,
-                                              strict=True):
-            per_event, grouped = 2 + 2 * events, 2 + 2 * accounts
-            shapes.add("per-event" if requests == per_event else
-                       "grouped" if requests == grouped else "other")
+        for requests, again, events, accounts in zip(r.batch_requests, r.batch_retried,
+                                                     r.batch_events, r.batch_accounts, strict=True):
+            first = requests - again
+            shapes.add("per-event" if first == 2 + 2 * events else
+                       "grouped" if first == 2 + 2 * accounts else "other")
     if shapes == {"per-event"}:
         return "per-event"
     if shapes == {"grouped"}:
         return "grouped"
     return "mixed" if shapes else "not run"
+
+
+def resent(run: LatencyRun) -> str:
+    """Requests sent again after a transport failure, where any were."""
+    parts = [f"{r.name}/{r.backend}/{r.accounts}/{r.rtt_ms:g} ms: {sum(r.batch_retried)}"
+             for r in run.results if sum(r.batch_retried)]
+    return ", ".join(parts) if parts else "none"
 
 
 @dataclass
@@ -196,24 +204,28 @@ def _load(values: tuple[float, float, float]) -> str:
 
 def header(run: LatencyRun) -> str:
     s = run.sizes
-    probes = "; ".join(f"{p.nominal_ms:g} ms {p.backend}: +{p.added_ms:.2f} ms (direct "
-                       f"{p.direct_ms:.2f} ms)" for p in run.probes)
+    probes = "; ".join(
+        f"{rtt:g} ms {backend}: " + ", ".join(f"+{p.added_ms:.2f} ms {p.when}"
+                                             for p in run.probes_of(rtt, backend))
+        + f" (direct {statistics.median(p.direct_ms for p in run.probes_of(rtt, backend)):.2f} ms)"
+        for rtt in run.rtts for backend in run.backends if run.probes_of(rtt, backend))
     return (f"Latency benchmark run {run.started_at} on {machine()}; load average (1/5/15 min) "
             f"{_load(run.load_before)} before, {_load(run.load_after)} after; seed {run.seed}; "
             f"{s.events} payment events in batches of {s.batch_size} over "
             f"{' / '.join(str(a) for a in s.accounts)} accounts, then a replay of the last batch "
             f"after a host restart; no-dedup grouped limit on {s.concurrency} threads; "
             f"{run.seconds:.0f} s. "
-            f"Added RTT measured with {s.probe_reads} point reads each way (median through the "
-            f"relay minus median direct): {probes}. App's store requests per batch: "
-            f"{app_shape(run)}.")
+            f"Added RTT measured before and after each RTT's scenarios, {s.probe_reads} point "
+            f"reads each way (median through the relay minus median direct): {probes}. App's "
+            f"store requests per batch: {app_shape(run)}. Requests sent again after a transport "
+            f"failure (counted): {resent(run)}.")
 
 
 def markdown(run: LatencyRun) -> str:
     lines = [header(run), "", *_table(SUMMARY, summary_rows(run)), "", "All variants:", "",
              *_table(FULL, full_rows(run)), "", "Notes:", "",
              "- RTT: nominal, with the added round trip measured by point reads in brackets "
-             "(it includes the relay's own hop).",
+             "(mean of the checks before and after; it includes the relay's own hop).",
              "- Events/s: events over the wall time of the measured batches, one consumer; ratios "
              "are to other variants of the same backend, account count and RTT in the same run "
              "(interleaved per batch).",
