@@ -102,6 +102,7 @@ class DeadLetter:
     reason: str
     description: str = ""
     delivery_count: int = 0  # the delivery that dead-lettered it (0: not known)
+    copy: int | None = None  # which producer copy (simulator only)
 
 
 @dataclass
@@ -119,6 +120,10 @@ class Evidence:
     # and Event Hubs batches the host retried until it gave up.
     outcomes: dict[tuple[str, str, int], Counter[str]] | None = None
     stalled_batches: int | None = None
+    # Service Bus deliveries per (function, logical, variant, copy): (deliveries, deliveries
+    # for which the harness drew a fault). All of them faulted = the broker's max delivery
+    # count was run out by the fault injector, not by a decision of the app.
+    faulted_deliveries: dict[tuple[str, str, int, int], tuple[int, int]] | None = None
 
 
 @dataclass
@@ -156,6 +161,9 @@ class CheckResult:
     # (per subscription for notifications).
     valid_not_effected: Counter[str] = field(default_factory=Counter)
     valid_also_refused: Counter[str] = field(default_factory=Counter)  # effected, yet a copy refused
+    # Effected, and a copy dead-lettered by the broker after every one of its deliveries drew an
+    # injected fault (crashes, lost locks, ...): listed, not counted.
+    fault_exhausted: Counter[str] = field(default_factory=Counter)
     outcome_unknown: Counter[str] = field(default_factory=Counter)  # allowed: landed / not landed
     # Invalid input: the rejection reasons seen; and "kind: problem" where it was not rejected
     # with a reason on its first delivery.
@@ -190,6 +198,7 @@ class CheckResult:
             "conflicts": dict(self.conflicts), "resentWithSameKey": self.resent_same_key,
             "validNotEffected": dict(self.valid_not_effected),
             "validAlsoRefused": dict(self.valid_also_refused),
+            "faultExhausted": dict(self.fault_exhausted),
             "outcomeUnknownAllowed": dict(self.outcome_unknown),
             "invalidInput": dict(self.invalid), "rejectionReasons": dict(self.rejection_reasons),
             "invalidNotRejected": dict(self.invalid_not_rejected),
@@ -345,10 +354,28 @@ class Checker:
         self.result.valid_not_effected[f"{kind}: {why}"] += 1
         self.result.example("valid not effected", f"{what} ({why})")
 
+    def _exhausted_by_faults(self, letter: DeadLetter) -> bool:
+        """A copy the broker dead-lettered after every delivery of it drew an injected fault."""
+        faulted = self.evidence.faulted_deliveries
+        if faulted is None or letter.copy is None or letter.reason != "MaxDeliveryCountExceeded":
+            return False
+        deliveries, with_fault = faulted.get((letter.consumer, letter.logical, letter.variant,
+                                              letter.copy), (0, 0))
+        return deliveries > 0 and with_fault == deliveries
+
     def _valid_effected(self, kind: str, consumer: str, item: Item, parked: list[dict[str, Any]],
                         what: str) -> None:
-        """A valid message that was effected: no copy of it may have been refused meanwhile."""
-        refusals = self._refusals(consumer, item, parked)
+        """A valid message that was effected: no copy of it may have been refused meanwhile
+        (except a copy whose every delivery the harness sabotaged: listed apart)."""
+        exhausted = [d for d in self._dead_letters(consumer, item) if self._exhausted_by_faults(d)]
+        if exhausted:
+            self.result.fault_exhausted[f"{kind}: dead-lettered: MaxDeliveryCountExceeded"] += 1
+            self.result.example("effected, a copy dead-lettered after every delivery faulted",
+                                f"{what} (copy {exhausted[0].copy}, "
+                                f"{exhausted[0].delivery_count} deliveries)")
+        refusals = [f"dead-lettered: {d.reason or '(no reason)'}"
+                    for d in self._dead_letters(consumer, item) if d not in exhausted]
+        refusals += [f"parked: {row.get('reason') or '(no reason)'}" for row in parked]
         if any(self._allowed_unknown(r) for r in refusals):
             self.result.outcome_unknown["parked OutcomeUnknown, the effect landed"] += 1
         others = [r for r in refusals if not self._allowed_unknown(r)]
@@ -719,6 +746,10 @@ def valid_line(result: CheckResult, *, api_honours_key: bool = True) -> str:
     line = f"valid messages not effected: {not_effected}"
     if also:
         line += f"; effected but also dead-lettered/parked: {also}"
+    exhausted = sum(result.fault_exhausted.values())
+    if exhausted:
+        line += (f"; not counted: {exhausted} effected whose redundant copy the broker "
+                 "dead-lettered after every delivery of it drew an injected fault")
     if api_honours_key:
         line += " (OutcomeUnknown counted as not effected: the API honours Idempotency-Key)"
     else:

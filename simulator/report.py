@@ -52,6 +52,7 @@ def summary(result: ScenarioResult) -> dict[str, Any]:
         "validNotEffectedByReason": dict(check.valid_not_effected),
         "validAlsoRefused": sum(check.valid_also_refused.values()),
         "validAlsoRefusedByReason": dict(check.valid_also_refused),
+        "faultExhausted": sum(check.fault_exhausted.values()),
         "outcomeUnknownAllowed": dict(check.outcome_unknown),
         "invalidInput": dict(check.invalid),
         "hostileCases": sum(1 for item in workload.items if item.case),

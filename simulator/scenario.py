@@ -215,17 +215,23 @@ def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
         maintenance_parked = maintenance.run().parked
         check_started = time.perf_counter()
         outcomes: dict[tuple[str, str, int], Counter[str]] = defaultdict(Counter)
-        for function, logical, variant, _copy, outcome, _detail in stats.trace:
+        faulted: dict[tuple[str, str, int, int], tuple[int, int]] = {}
+        for function, logical, variant, copy, outcome, detail in stats.trace:
             outcomes[(function, logical, variant)][outcome] += 1
+            if detail.startswith("delivery "):  # Service Bus: "delivery N, fault <kind|None>"
+                deliveries, with_fault = faulted.get((function, logical, variant, copy), (0, 0))
+                faulted[(function, logical, variant, copy)] = (
+                    deliveries + 1, with_fault + (not detail.endswith("fault None")))
         evidence = Evidence(
             dead_letters=[DeadLetter(host.entity_function[entity.path].name, m.origin.logical,
                                      m.origin.variant, m.dead_letter_reason or "",
-                                     m.dead_letter_description or "", m.delivery_count)
+                                     m.dead_letter_description or "", m.delivery_count,
+                                     m.origin.copy)
                           for entity in host.namespace.entities for m in entity.dead_letters],
             api_calls=list(api.calls), api_honours_key=config.api_honours_key,
             broker_dropped={(item.logical, item.variant) for item in workload.service_bus_items
                             if (item.logical, item.variant) not in host.accepted},
-            outcomes=dict(outcomes), stalled_batches=stats.gave_up)
+            outcomes=dict(outcomes), stalled_batches=stats.gave_up, faulted_deliveries=faulted)
         stores = stores_of(unwrapped)
         check = Checker(workload.items, stores, run_id=config.run_id,
                         hub=settings_env["PAYMENTS_HUB_NAME"], evidence=evidence).run()

@@ -252,6 +252,24 @@ def test_a_valid_notification_dead_lettered_is_not_effected_although_nothing_is_
     assert "valid messages not effected: 1" in format_result(check)
 
 
+def test_a_copy_run_out_by_injected_faults_alone_is_listed_not_counted(stack):
+    """Effected, and a redundant copy dead-lettered by the broker after all ten of its
+    deliveries drew a fault from the harness: no decision of the app; one clean delivery
+    among them and it counts."""
+    result = clean_run(stack, "table", "a")
+    item = next(i for i in result.workload.items if i.kind == "notification" and not i.invalid)
+    letter = DeadLetter("audit", item.logical, 0, "MaxDeliveryCountExceeded", "", 10, copy=0)
+    evidence = replace(result.evidence, dead_letters=[*result.evidence.dead_letters, letter])
+    sabotaged = {**result.evidence.faulted_deliveries, ("audit", item.logical, 0, 0): (10, 10)}
+    check = checker_for(stack, result, replace(evidence, faulted_deliveries=sabotaged)).run()
+    assert check.fault_exhausted == {"notification: dead-lettered: MaxDeliveryCountExceeded": 1}
+    assert not check.valid_also_refused and invariant(check, "every valid message effected").ok
+    one_clean = {**sabotaged, ("audit", item.logical, 0, 0): (10, 9)}
+    check = checker_for(stack, result, replace(evidence, faulted_deliveries=one_clean)).run()
+    assert check.valid_also_refused == {"notification: dead-lettered: MaxDeliveryCountExceeded": 1}
+    assert not check.fault_exhausted and not invariant(check, "every valid message effected").ok
+
+
 def test_a_valid_payment_parked_after_its_effect_landed_fails_the_run(stack):
     result = clean_run(stack, "table", "c")
     item = next(i for i in result.workload.items if i.kind == "payment" and i.expect == "effect"
