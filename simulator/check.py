@@ -17,7 +17,10 @@ Invariants:
   conflict; a valid message that is not effected, or whose copy was
   dead-lettered or parked although it was effected, fails the run whatever the
   reason (MaxDeliveryCountExceeded, StaleInProgress, ProcessingFailed,
-  Transient, UnexpectedError, ...). One exception, `OutcomeUnknown`, below;
+  Transient, UnexpectedError, ...). Two exceptions: `OutcomeUnknown`, below,
+  and an effected message whose redundant copy the broker dead-lettered after
+  every delivery of that copy drew a fault from the harness (listed apart:
+  the fault injector, not the app, ran out the delivery count);
 * invalid input rejected with a reason on its first delivery: dead-lettered or
   parked with a reason that says what is wrong with the input (any reason that
   `is_operational` does not flag), once per copy sent, and no delivery of it
