@@ -106,9 +106,13 @@ param notificationApiHonoursIdempotencyKey bool = false
 ])
 param paymentsMissingKeyPolicy string = 'park'
 
-@description('PAYMENTS_MAX_ATTEMPTS: in-function attempts before a payment event is parked.')
+@description('PAYMENTS_MAX_ATTEMPTS: tries per account group before the batch raises for the host\'s retry (transient failures never park).')
 @minValue(1)
 param paymentsMaxAttempts int = 3
+
+@description('PAYMENTS_MAX_CONCURRENCY: account groups of one Event Hubs batch committed concurrently.')
+@minValue(1)
+param paymentsMaxConcurrency int = 16
 
 @description('MAINTENANCE_SCHEDULE: NCRONTAB schedule of the maintenance timer (stale in-progress markers, expiry sweep).')
 param maintenanceSchedule string = '0 */15 * * * *'
@@ -317,6 +321,7 @@ var appSettings = {
   DEDUP_RETENTION_MARGIN_SECONDS: string(dedupRetentionMarginSeconds)
   PAYMENTS_MISSING_KEY_POLICY: paymentsMissingKeyPolicy
   PAYMENTS_MAX_ATTEMPTS: string(paymentsMaxAttempts)
+  PAYMENTS_MAX_CONCURRENCY: string(paymentsMaxConcurrency)
   MAINTENANCE_SCHEDULE: maintenanceSchedule
   APPLICATIONINSIGHTS_CONNECTION_STRING: monitoring.outputs.connectionString
   APPLICATIONINSIGHTS_AUTHENTICATION_STRING: 'ClientId=${identity.outputs.clientId};Authorization=AAD'
