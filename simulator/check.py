@@ -315,7 +315,17 @@ class Checker:
         for row in parked:
             if row.get("reason"):
                 return f"parked: {row['reason']}"
+        for row in self._journal_of(consumer, item):  # dead-lettered, then discarded or replayed
+            if row.get("reason"):
+                return f"dead-lettered: {row['reason']}"
         return None
+
+    def _journal_of(self, consumer: str, item: Item) -> list[dict[str, Any]]:
+        """The replay tool's journal of a dead-lettered copy it completed (replayed or
+        discarded): `deadletter/<entity>/<sequence>` entries in the parked table, by body."""
+        return [row for row in self._parked_by_sha.get(item.body_sha256, [])
+                if str(row.get("entryId", "")).startswith("deadletter/")
+                and str(row.get("consumer")) in (consumer, item.entity.split("/")[-1])]
 
     def _not_effected(self, kind: str, consumer: str, item: Item, parked: list[dict[str, Any]],
                       what: str) -> None:
@@ -378,7 +388,10 @@ class Checker:
                                 f"{exhausted[0].delivery_count} deliveries)")
         refusals = [f"dead-lettered: {d.reason or '(no reason)'}"
                     for d in self._dead_letters(consumer, item) if d not in exhausted]
-        refusals += [f"parked: {row.get('reason') or '(no reason)'}" for row in parked]
+        # A parking an operator replayed afterwards (python -m replay) is resolved: the effect
+        # it was refused is the one counted, once.
+        refusals += [f"parked: {row.get('reason') or '(no reason)'}" for row in parked
+                     if row.get("resolution") != "replayed"]
         if any(self._allowed_unknown(r) for r in refusals):
             self.result.outcome_unknown["parked OutcomeUnknown, the effect landed"] += 1
         others = [r for r in refusals if not self._allowed_unknown(r)]
