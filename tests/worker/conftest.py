@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from functions.services import build_services, configure
 from local_stack.worker import WorkerHost, sample_settings
-from tests.functions.conftest import FakeNotificationApi, settings_for
+
+# The same app services on the local servers as the function tests (one definition).
+from tests.functions.conftest import api, services, services_for  # noqa: F401
 from tests.support.settlement import SettlementRecorder
 from tests.support.worker_probe import ROOT
 
@@ -19,29 +20,5 @@ def worker() -> WorkerHost:
 
 
 @pytest.fixture
-def api() -> FakeNotificationApi:
-    return FakeNotificationApi()
-
-
-@pytest.fixture
 def settlements() -> SettlementRecorder:
     return SettlementRecorder()
-
-
-@pytest.fixture
-def services_for(stack, api, clock):
-    """Install app services for a backend (the functions reach them through `services()`)."""
-
-    def install(backend: str, **overrides: str):
-        services = build_services(settings_for(stack, backend, **overrides), sender=api,
-                                  clock=clock, sleep=lambda _: None)
-        configure(services)
-        return services
-
-    yield install
-    configure(None)
-
-
-@pytest.fixture
-def services(services_for, backend):
-    return services_for(backend)
