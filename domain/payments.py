@@ -40,7 +40,7 @@ from shared.cloudevents import CloudEvent, InvalidEventError, parse_cloudevent
 from shared.exceptions import ConcurrencyRetriesExhaustedError, retry_after
 from shared.handler import GroupMessage, Transaction
 from shared.parking import ParkingLot
-from shared.payload import exact_integer
+from shared.payload import MAX_SAFE_INTEGER, exact_integer
 from shared.settlement import TRANSIENT_ERRORS
 from shared.watermark import PartitionWatermark
 
@@ -160,6 +160,9 @@ class PaymentService:
         results = []
         for amount in amounts:
             balance += amount
+            if abs(balance) > MAX_SAFE_INTEGER:  # a Cosmos number would round it: refuse instead
+                raise InvalidMessageError("BalanceOutOfRange",
+                                          f"balance of {account_id} would be {balance}")
             results.append({"balanceCents": balance})
         body = {"accountId": account_id, "balanceCents": balance, "kind": "account"}
         if account is None:
@@ -298,7 +301,9 @@ class PaymentService:
 
     def _record(self, event: InboundEvent, payment: Payment, result: Outcome | Exception,
                 partition_id: str, report: BatchReport) -> None:
-        if isinstance(result, Exception):
+        if isinstance(result, InvalidMessageError):  # valid alone, refused by the account's state
+            self._park(event, partition_id, result.reason, result.detail, report)
+        elif isinstance(result, Exception):
             self._park(event, partition_id, "UnexpectedError", repr(result), report)
         elif result.status is OutcomeStatus.CONFLICT:
             self._park(event, partition_id, "IdempotencyKeyConflict",

@@ -534,3 +534,16 @@ def test_throttling_honours_retry_after_before_the_batch_raises(counted_services
     attempts = services.settings.payments_max_attempts
     assert sleeps == [slept] * attempts  # between the tries, then once before raising
     assert parked(services, "0", 1) is None
+
+
+def test_a_balance_beyond_what_the_stores_hold_exactly_parks_the_event_never_rounds(services):
+    """Amounts are bounded (10^15 cents); a balance is kept within +-(2^53 - 1), which a Cosmos
+    number holds exactly: the event that would cross it is parked with a reason, the rest apply."""
+    account, partition = account_id(), uuid.uuid4().hex[:6]
+    big = 10**15
+    events = [SentEvent(structured(f"big-{n}-{account}", account, big), n + 1) for n in range(10)]
+    events.append(SentEvent(structured(f"small-{account}", account, 7), 11))
+    run(events, partition)
+    assert balance(services, account) == 9 * big + 7  # the tenth would pass 2^53 - 1
+    parked = services.parking.get(CONSUMER, f"{services.settings.payments_hub}/{partition}/10")
+    assert parked["reason"] == "BalanceOutOfRange"
