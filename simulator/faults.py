@@ -551,10 +551,16 @@ class ApiCall:
 
 @dataclass
 class FakeNotificationApi:
-    """The third-party API: records every call; honours Idempotency-Key when told to."""
+    """The third-party API: records every call; honours Idempotency-Key when told to.
+
+    `calls` are what the checker reads; `requests` keep each raw (url, body, headers) for
+    tests; `status` forces an answer (a test's outage or rejection).
+    """
 
     honours_key: bool = True
+    status: int | None = None
     calls: list[ApiCall] = field(default_factory=list)
+    requests: list[tuple[str, dict[str, Any], dict[str, str]]] = field(default_factory=list)
     _seen: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -562,11 +568,18 @@ class FakeNotificationApi:
         body = json.loads(data)
         key = headers.get("Idempotency-Key", "")
         with self._lock:
+            self.requests.append((url, body, dict(headers)))
+            if self.status is not None:
+                return HttpResponse(self.status, "{}")
             repeat = self.honours_key and key in self._seen
             self._seen.add(key)
             self.calls.append(ApiCall(str(body.get("channel")), key,
                                       str(body.get("notificationId")), not repeat))
         return HttpResponse(200 if repeat else 202, "{}")
+
+    def keys(self) -> list[str]:
+        """The Idempotency-Key of every request, in order."""
+        return [headers["Idempotency-Key"] for _, _, headers in self.requests]
 
 
 class FaultySender:

@@ -2,34 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import threading
 import uuid
-from typing import Any
 
 import pytest
 
-from domain.notifications import HttpResponse
 from function_app import indexed_functions
 from functions.services import build_services, configure
 from functions.settings import Settings
-
-
-class FakeNotificationApi:
-    """Records each POST; honours Idempotency-Key like a well-behaved API when asked to."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, dict[str, Any], dict[str, str]]] = []
-        self.status = 202
-        self.lock = threading.Lock()
-
-    def __call__(self, url: str, data: bytes, headers: dict[str, str]) -> HttpResponse:
-        with self.lock:
-            self.calls.append((url, json.loads(data), dict(headers)))
-        return HttpResponse(self.status, "{}")
-
-    def keys(self) -> list[str]:
-        return [headers["Idempotency-Key"] for _, _, headers in self.calls]
+from simulator.faults import FakeNotificationApi
 
 
 def settings_for(stack, backend: str, **overrides: str) -> Settings:

@@ -59,7 +59,7 @@ def test_service_bus_consumers_dead_letter_hostile_bodies_on_the_first_delivery(
     body = b'{"orderId": "O-1", "customerId": ' + value + b', "version": 1, "status": "paid"}'
     action, dead_letter_reason, _ = deliver(name, body)
     assert (action, dead_letter_reason) == ("deadletter", reason)
-    assert api.calls == []
+    assert api.requests == []
 
 
 def _balance(services, account: str) -> int | None:
