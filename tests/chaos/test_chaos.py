@@ -6,16 +6,14 @@ prints the seed: `CHAOS_SEED=<seed> ./dev test tests/chaos` replays it.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import queue
 
 import pytest
 
-from demo.worker import run_backend
 from simulator.faults import FaultKind
 from simulator.host import CAUSES
 from simulator.scenario import ScenarioConfig
+from tests.chaos.conftest import run_in_workers
 
 MESSAGES = int(os.environ.get("CHAOS_MESSAGES", "1500"))
 EVENTS = int(os.environ.get("CHAOS_EVENTS", "2000"))
@@ -26,31 +24,11 @@ BACKENDS = ("table", "cosmos")
 
 @pytest.fixture(scope="module")
 def chaos(chaos_stacks, seed, tmp_path_factory):
-    context = multiprocessing.get_context("spawn")
-    updates = context.Queue()
-    logs = tmp_path_factory.mktemp("chaos-logs")
-    workers = []
-    for backend in BACKENDS:
-        config = ScenarioConfig(backend=backend, seed=seed, messages=MESSAGES, events=EVENTS,
-                                duplicate_rate=0.25, fault_rate=0.08, consumers=4, max_batch=20,
-                                tag="ci")
-        worker = context.Process(target=run_backend, args=(config, chaos_stacks[backend], updates,
-                                                           str(logs / f"{backend}.log")))
-        worker.start()
-        workers.append(worker)
-    results = {}
-    while len(results) < len(BACKENDS):
-        try:
-            kind, backend, *rest = updates.get(timeout=5)
-        except queue.Empty:
-            if not any(w.is_alive() for w in workers):
-                break
-            continue
-        if kind in ("done", "failed"):
-            results[backend] = {"report": rest[0], "summary": rest[1], "ok": rest[2]}
-    for worker in workers:
-        worker.join(timeout=30)
-    return results
+    configs = {backend: ScenarioConfig(backend=backend, seed=seed, messages=MESSAGES,
+                                       events=EVENTS, duplicate_rate=0.25, fault_rate=0.08,
+                                       consumers=4, max_batch=20, tag="ci")
+               for backend in BACKENDS}
+    return run_in_workers(configs, chaos_stacks, tmp_path_factory.mktemp("chaos-logs"))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
