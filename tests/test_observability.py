@@ -110,6 +110,7 @@ def test_the_real_distro_configures_export_in_a_fresh_process():
     Run in a subprocess: it installs process-global providers. The ingestion
     endpoint is a closed loopback port; nothing is exported during the test.
     """
+    import os
     import subprocess
     import sys
 
@@ -122,7 +123,10 @@ def test_the_real_distro_configures_export_in_a_fresh_process():
         "print(ok, type(trace.get_tracer_provider()).__module__,"
         " type(metrics.get_meter_provider()).__module__)\n"
     )
+    # Not the environment an in-process worker left behind (an empty connection string there
+    # makes the exporter refuse the explicit one).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("APPLICATIONINSIGHTS_")}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=120, check=True)
+                            timeout=120, check=True, env=env)
     assert result.stdout.split()[:3] == ["True", "opentelemetry.sdk.trace",
                                          "opentelemetry.sdk.metrics._internal"]
