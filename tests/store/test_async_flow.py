@@ -187,3 +187,26 @@ def test_run_atomic_takes_an_expired_marker_over(open_store, clock):
         assert redone.status is OutcomeStatus.PROCESSED and redone.result == 5
 
     run(open_store, clock, scenario)
+
+
+def test_a_live_async_handler_keeps_its_lease_past_the_lease_length(open_store):
+    """Real time, a 0.6 s lease and a 2 s handler: the renewal task keeps the key held, so a
+    second consumer is told it is in progress instead of taking it over mid-call."""
+    config = IdempotencyConfig(lease=timedelta(seconds=0.6), ttl=timedelta(hours=1))
+
+    async def main() -> None:
+        async with open_store() as store:
+            first, second = (AsyncIdempotency(store, config=config) for _ in range(2))
+
+            async def slow() -> str:
+                await asyncio.sleep(2.0)
+                return "sent"
+
+            running = asyncio.create_task(first.run(KEY, DIGEST, slow))
+            await asyncio.sleep(1.2)  # two lease lengths later
+            busy = await second.run(KEY, DIGEST, lambda: "again")
+            assert busy.status is OutcomeStatus.IN_PROGRESS
+            done = await running
+            assert done.status is OutcomeStatus.PROCESSED and done.result == "sent"
+
+    asyncio.run(main())
