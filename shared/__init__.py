@@ -6,6 +6,7 @@
                        request_hash(body), lambda: send(body))
 """
 
+from shared.aio import AsyncIdempotency, AsyncInMemoryIdempotencyStore, AsyncTransaction
 from shared.config import IdempotencyConfig, RedeliveryWindow, validate_retention
 from shared.exceptions import (
     ConcurrencyRetriesExhaustedError,
@@ -32,8 +33,15 @@ from shared.stores import (
     retry_on_race,
     update_document,
 )
+from shared.stores.cosmos_aio import AsyncCosmosIdempotencyStore
+from shared.stores.table_aio import AsyncTableIdempotencyStore
 
 __all__ = [
+    "AsyncCosmosIdempotencyStore",
+    "AsyncIdempotency",
+    "AsyncInMemoryIdempotencyStore",
+    "AsyncTableIdempotencyStore",
+    "AsyncTransaction",
     "ConcurrencyRetriesExhaustedError",
     "CosmosIdempotencyStore",
     "DedupKey",

@@ -13,9 +13,9 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ParamSpec
+from typing import Any, Literal, ParamSpec
 
 from shared.cache import CompletedKeyCache
 from shared.config import IdempotencyConfig
@@ -38,7 +38,7 @@ from shared.stores.base import (
     DocumentStore,
     RecordStore,
     WriteOp,
-    retry_on_race,
+    retry_on_race_flow,
 )
 from shared.telemetry import Telemetry
 
@@ -47,27 +47,12 @@ logger = logging.getLogger(__name__)
 Context = Mapping[str, Any]
 
 
-class Transaction:
-    """The business writes of one atomic commit. Reads go to the store, or to `reads`.
+class TransactionWrites:
+    """The business writes of one atomic commit, shared by the sync and async transactions."""
 
-    `reads` remembers documents across the attempts of one group commit, so a
-    group reads each document once and again only after losing a race on it.
-    """
-
-    def __init__(self, store: DocumentStore, partition: str,
-                 reads: dict[str, Document | None] | None = None) -> None:
-        self._store = store
+    def __init__(self, partition: str) -> None:
         self.partition = partition
         self.operations: list[WriteOp] = []
-        self._reads = reads
-
-    def read(self, document_id: str) -> Document | None:
-        if self._reads is not None and document_id in self._reads:
-            return self._reads[document_id]
-        document = self._store.read_document(self.partition, document_id)
-        if self._reads is not None:
-            self._reads[document_id] = document
-        return document
 
     def create(self, document_id: str, body: dict[str, Any]) -> None:
         self.operations.append(WriteOp("create", document_id, body))
@@ -86,6 +71,59 @@ class Transaction:
         self.operations.append(WriteOp("delete", document_id, etag=etag))
 
 
+class Transaction(TransactionWrites):
+    """The business writes of one atomic commit. Reads go to the store, or to `reads`.
+
+    `reads` remembers documents across the attempts of one group commit, so a
+    group reads each document once and again only after losing a race on it.
+    """
+
+    def __init__(self, store: DocumentStore, partition: str,
+                 reads: dict[str, Document | None] | None = None) -> None:
+        super().__init__(partition)
+        self._store = store
+        self._reads = reads
+
+    def read(self, document_id: str) -> Document | None:
+        if self._reads is not None and document_id in self._reads:
+            return self._reads[document_id]
+        document = self._store.read_document(self.partition, document_id)
+        if self._reads is not None:
+            self._reads[document_id] = document
+        return document
+
+
+@dataclass(frozen=True)
+class Call:
+    """One step a flow asks its driver for: a store method, or the user's code.
+
+    `kind` "store": `getattr(store, name)(*args)`; "build": `fn(*args)` (the
+    driver awaits it when it returns an awaitable); "handler": run `fn` under
+    a renewed lease on `args[0]` and answer with a HandlerRun, never raising.
+    """
+
+    kind: Literal["store", "build", "handler"]
+    name: str = ""
+    args: tuple[Any, ...] = ()
+    fn: Callable[..., Any] | None = None
+
+
+@dataclass(frozen=True)
+class HandlerRun:
+    """What running the handler gave: its result or error, and the last held record."""
+
+    held: IdempotencyRecord
+    result: Any = None
+    error: BaseException | None = None
+
+
+Flow = Generator[Call, Any, Any]
+
+
+def _store(name: str, *args: Any) -> Call:
+    return Call("store", name, args)
+
+
 @dataclass(frozen=True)
 class GroupMessage:
     """One message of a group commit: its key, request hash and log context."""
@@ -95,10 +133,33 @@ class GroupMessage:
     context: Context | None = None
 
 
-class Idempotency:
-    """Runs messages through the dedup flow against one store."""
+def drive(flow: Flow, perform: Callable[[Call], Any]) -> Any:
+    """Run a flow to its return value: each Call performed, its error thrown back in."""
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            call = flow.send(value) if error is None else flow.throw(error)
+        except StopIteration as stop:
+            return stop.value
+        try:
+            value, error = perform(call), None
+        except BaseException as failure:  # handed to the flow, which may re-raise
+            value, error = None, failure
 
-    def __init__(self, store: RecordStore, *, config: IdempotencyConfig | None = None,
+
+class _FlowCore:
+    """The dedup flow written once, as I/O-free generators over `Call`s.
+
+    A flow yields what it needs (a store request, the user's build or handler)
+    and receives the answer, or has the error thrown in. `Idempotency` drives
+    the flows on a sync store, `AsyncIdempotency` awaits them on an async one,
+    so claim/commit/judge exist in one copy.
+    """
+
+    store: Any
+
+    def __init__(self, store: Any, *, config: IdempotencyConfig | None = None,
                  telemetry: Telemetry | None = None, cache: CompletedKeyCache | None = None) -> None:
         self.store = store  # run_atomic also needs it to be a DocumentStore
         self.config = config or IdempotencyConfig()
@@ -129,12 +190,6 @@ class Idempotency:
             return Outcome(OutcomeStatus.DUPLICATE, key, digest, existing.result, existing)
         return Outcome(OutcomeStatus.IN_PROGRESS, key, digest, None, existing)
 
-    def _document_store(self) -> DocumentStore:
-        if not isinstance(self.store, DocumentStore):
-            raise TypeError(f"the atomic path needs a DocumentStore; {type(self.store).__name__} "
-                            "is not one")
-        return self.store
-
     def _marker(self, key: DedupKey, digest: str, *, partition: str | None,
                 record_id: str | None = None, expires: bool = True,
                 over: IdempotencyRecord | None = None) -> IdempotencyRecord:
@@ -145,10 +200,10 @@ class Idempotency:
             return marker
         return marker.evolve(etag=over.etag, attempts=over.attempts + 1)
 
-    def _settle_marker(self, marker: IdempotencyRecord) -> Outcome | IdempotencyRecord:
+    def _settle_flow(self, marker: IdempotencyRecord) -> Flow:
         """After a marker write failed: the outcome the live record there decides, or the
         expired record to take over. RecordChangedError when it vanished meanwhile."""
-        existing = self.store.get_record(marker.partition_key, marker.id)
+        existing = yield _store("get_record", marker.partition_key, marker.id)
         if existing is None:
             raise RecordChangedError(marker.id)  # deleted meanwhile: commit again
         if existing.is_expired(self._now()):
@@ -169,24 +224,22 @@ class Idempotency:
                                source=source, handler_latency=handler_seconds, context=context)
         return outcome
 
-    # -- two-phase -------------------------------------------------------------------
-    def claim(self, key: DedupKey, digest: str, *, takeover_stale: bool = True,
-              partition: str | None = None) -> tuple[Outcome, IdempotencyRecord | None]:
-        """Phase one: hold the key in progress, or say why not.
+    def _transaction(self, partition: str) -> TransactionWrites:
+        """The transaction `build` fills; the driver's kind decides how it reads."""
+        raise NotImplementedError
 
-        Returns (PROCESSED or TAKEN_OVER, the held record) when this caller now
-        owns the key, else (outcome, None). The store arbitrates: a create that
-        fails on conflict, then a takeover under the etag of what it found.
-        """
+    # -- two-phase -------------------------------------------------------------------
+    def _claim_flow(self, key: DedupKey, digest: str, *, takeover_stale: bool,
+                    partition: str | None) -> Flow:
         fresh = self._new_record(key, digest, RecordState.IN_PROGRESS, partition=partition)
 
-        def attempt() -> tuple[Outcome, IdempotencyRecord | None]:
+        def attempt() -> Flow:
             try:
-                held = self.store.put_record_if_absent(fresh)
+                held = yield _store("put_record_if_absent", fresh)
                 return Outcome(OutcomeStatus.PROCESSED, key, digest, None, held), held
             except RecordExistsError:
                 pass
-            existing = self.store.get_record(fresh.partition_key, fresh.id)
+            existing = yield _store("get_record", fresh.partition_key, fresh.id)
             if existing is None:
                 raise RecordChangedError(fresh.id)  # released between create and read: again
             now = self._now()
@@ -204,19 +257,14 @@ class Idempotency:
                 attempts=existing.attempts + 1 if stale else 1,
                 lease_expires_at=now + self.config.lease.total_seconds(),
                 expires_at=now + self.config.ttl.total_seconds())
-            held = self.store.replace_record_if_unchanged(taken)  # lost race: look again
+            held = yield _store("replace_record_if_unchanged", taken)  # lost race: look again
             status = OutcomeStatus.TAKEN_OVER if stale else OutcomeStatus.PROCESSED
             return Outcome(status, key, digest, None, held), held
 
-        return retry_on_race(attempt, attempts=self.config.max_commit_attempts,
-                             what=f"claim of {key.encoded}")
+        return (yield from retry_on_race_flow(attempt, attempts=self.config.max_commit_attempts,
+                                              what=f"claim of {key.encoded}"))
 
-    def complete(self, held: IdempotencyRecord, result: Any) -> IdempotencyRecord:
-        """Phase two: mark the held record completed with the handler's result.
-
-        LeaseLostError when the lease ran out and another consumer took the key
-        over meanwhile: the store keeps the other consumer's record.
-        """
+    def _complete_flow(self, held: IdempotencyRecord, result: Any) -> Flow:
         too_large: ResultTooLargeError | None = None
         try:
             encode_result(result, self.config.max_result_bytes)
@@ -225,29 +273,161 @@ class Idempotency:
         done = held.evolve(state=RecordState.COMPLETED, result=result, lease_expires_at=None,
                            updated_at=self._now())
         try:
-            done = self.store.replace_record_if_unchanged(done)
+            done = yield _store("replace_record_if_unchanged", done)
         except RecordChangedError as error:
-            current = self.store.get_record(held.partition_key, held.id)
+            current = yield _store("get_record", held.partition_key, held.id)
             raise LeaseLostError(f"lease on {held.key.encoded} lost before completion",
                                  record=current) from error
         if too_large is not None:
             raise too_large  # the effect is recorded as done; only its result is missing
         return done
 
-    def renew(self, held: IdempotencyRecord) -> IdempotencyRecord:
-        """Extend a held lease (etag-conditional); RecordChangedError when it was lost."""
+    def _renew_flow(self, held: IdempotencyRecord) -> Flow:
         now = self._now()
-        return self.store.replace_record_if_unchanged(held.evolve(
-            lease_expires_at=now + self.config.lease.total_seconds(), updated_at=now))
+        return (yield _store("replace_record_if_unchanged", held.evolve(
+            lease_expires_at=now + self.config.lease.total_seconds(), updated_at=now)))
 
-    def release(self, held: IdempotencyRecord) -> None:
-        """Give the key back after a failed handler so a redelivery can retry."""
+    def _release_flow(self, held: IdempotencyRecord) -> Flow:
         try:
-            self.store.delete_record_if_unchanged(held)
+            yield _store("delete_record_if_unchanged", held)
         except (RecordChangedError, StoreUnavailableError) as error:
             # The lease will run out on its own; a redelivery then takes over.
             logger.warning("could not release claim: %s", error,
                            extra={"dedup_key": held.key.key, "consumer": held.key.consumer})
+
+    def _run_flow(self, key: DedupKey, digest: str, handler: Callable[[], Any], *,
+                  takeover_stale: bool, partition: str | None, context: Context | None) -> Flow:
+        started = time.perf_counter()
+        cached = self._cached(key, digest)
+        if cached is not None:
+            return self._finish(cached, started, context, source="cache")
+        outcome, held = yield from self._claim_flow(key, digest, takeover_stale=takeover_stale,
+                                                    partition=partition)
+        if held is None:
+            return self._finish(outcome, started, context)
+        handler_started = time.perf_counter()
+        ran: HandlerRun = yield Call("handler", args=(held,), fn=handler)
+        if isinstance(ran.error, EffectUncertainError):
+            ran.error.record = ran.held  # kept in progress: reconciled, never retried blindly
+            raise ran.error
+        if ran.error is not None:
+            yield from self._release_flow(ran.held)
+            raise ran.error
+        handler_seconds = time.perf_counter() - handler_started
+        try:
+            done = yield from self._complete_flow(ran.held, ran.result)
+        except LeaseLostError as error:
+            stored = error.record if isinstance(error.record, IdempotencyRecord) else None
+            lost = Outcome(OutcomeStatus.LEASE_LOST, key, digest,
+                           stored.result if stored is not None else None, stored)
+            return self._finish(lost, started, context, handler_seconds=handler_seconds)
+        return self._finish(Outcome(outcome.status, key, digest, ran.result, done), started,
+                            context, handler_seconds=handler_seconds)
+
+    # -- atomic ------------------------------------------------------------------------
+    def _run_atomic_flow(self, key: DedupKey, digest: str, build: Callable[..., Any], *,
+                         partition: str | None, marker_id: str | None,
+                         marker_body: dict[str, Any] | None, expires: bool,
+                         context: Context | None) -> Flow:
+        started = time.perf_counter()
+        cached = self._cached(key, digest)
+        if cached is not None:
+            return self._finish(cached, started, context, source="cache")
+        expired: list[IdempotencyRecord] = []  # an expired marker the next attempt replaces
+
+        def attempt() -> Flow:
+            marker = self._marker(key, digest, partition=partition, record_id=marker_id,
+                                  expires=expires, over=expired.pop() if expired else None)
+            tx = self._transaction(marker.partition_key)
+            result = yield Call("build", args=(tx,), fn=build)
+            encode_result(result, self.config.max_result_bytes)
+            try:
+                committed = yield _store("commit", marker.evolve(result=result), tx.operations,
+                                         marker_body)
+                return Outcome(OutcomeStatus.PROCESSED, key, digest, result, committed)
+            except (RecordExistsError, RecordChangedError):
+                pass
+            found = yield from self._settle_flow(marker)
+            if isinstance(found, Outcome):
+                return found
+            expired.append(found)
+            raise RecordChangedError(marker.id)  # take the expired marker over
+
+        outcome = yield from retry_on_race_flow(attempt, attempts=self.config.max_commit_attempts,
+                                                what=f"commit of {key.encoded}")
+        return self._finish(outcome, started, context)
+
+
+class Idempotency(_FlowCore):
+    """Runs messages through the dedup flow against one (sync) store."""
+
+    store: RecordStore
+
+    def __init__(self, store: RecordStore, *, config: IdempotencyConfig | None = None,
+                 telemetry: Telemetry | None = None, cache: CompletedKeyCache | None = None) -> None:
+        super().__init__(store, config=config, telemetry=telemetry, cache=cache)
+
+    def _document_store(self) -> DocumentStore:
+        if not isinstance(self.store, DocumentStore):
+            raise TypeError(f"the atomic path needs a DocumentStore; {type(self.store).__name__} "
+                            "is not one")
+        return self.store
+
+    def _transaction(self, partition: str) -> Transaction:
+        return Transaction(self._document_store(), partition)
+
+    def _perform(self, call: Call) -> Any:
+        if call.kind == "store":
+            if call.name == "commit":  # marker_body is keyword-only on the store
+                marker, operations, marker_body = call.args
+                return self._document_store().commit(marker, operations, marker_body=marker_body)
+            return getattr(self.store, call.name)(*call.args)
+        assert call.fn is not None
+        if call.kind == "build":
+            return call.fn(*call.args)
+        with _LeaseRenewal(self, call.args[0]) as lease:
+            try:
+                result = call.fn()
+            except BaseException as error:  # the flow decides: release or keep
+                lease.stop()
+                return HandlerRun(lease.held, error=error)
+            lease.stop()
+        return HandlerRun(lease.held, result)
+
+    def _drive(self, flow: Flow) -> Any:
+        """Run a flow against the sync store: each Call performed, errors thrown back in."""
+        return drive(flow, self._perform)
+
+    def _settle_marker(self, marker: IdempotencyRecord) -> Outcome | IdempotencyRecord:
+        return self._drive(self._settle_flow(marker))
+
+    # -- two-phase -------------------------------------------------------------------
+    def claim(self, key: DedupKey, digest: str, *, takeover_stale: bool = True,
+              partition: str | None = None) -> tuple[Outcome, IdempotencyRecord | None]:
+        """Phase one: hold the key in progress, or say why not.
+
+        Returns (PROCESSED or TAKEN_OVER, the held record) when this caller now
+        owns the key, else (outcome, None). The store arbitrates: a create that
+        fails on conflict, then a takeover under the etag of what it found.
+        """
+        return self._drive(self._claim_flow(key, digest, takeover_stale=takeover_stale,
+                                            partition=partition))
+
+    def complete(self, held: IdempotencyRecord, result: Any) -> IdempotencyRecord:
+        """Phase two: mark the held record completed with the handler's result.
+
+        LeaseLostError when the lease ran out and another consumer took the key
+        over meanwhile: the store keeps the other consumer's record.
+        """
+        return self._drive(self._complete_flow(held, result))
+
+    def renew(self, held: IdempotencyRecord) -> IdempotencyRecord:
+        """Extend a held lease (etag-conditional); RecordChangedError when it was lost."""
+        return self._drive(self._renew_flow(held))
+
+    def release(self, held: IdempotencyRecord) -> None:
+        """Give the key back after a failed handler so a redelivery can retry."""
+        self._drive(self._release_flow(held))
 
     def run(self, key: DedupKey, digest: str, handler: Callable[[], Any], *,
             takeover_stale: bool = True, partition: str | None = None,
@@ -256,35 +436,8 @@ class Idempotency:
 
         `context` (message id, correlation id, delivery count...) goes to logs and metrics.
         """
-        started = time.perf_counter()
-        cached = self._cached(key, digest)
-        if cached is not None:
-            return self._finish(cached, started, context, source="cache")
-        outcome, held = self.claim(key, digest, takeover_stale=takeover_stale, partition=partition)
-        if held is None:
-            return self._finish(outcome, started, context)
-        handler_started = time.perf_counter()
-        with _LeaseRenewal(self, held) as lease:
-            try:
-                result = handler()
-            except EffectUncertainError as error:
-                error.record = lease.held  # kept in progress: reconciled, never retried blindly
-                raise
-            except BaseException:
-                lease.stop()
-                self.release(lease.held)
-                raise
-            lease.stop()
-        handler_seconds = time.perf_counter() - handler_started
-        try:
-            done = self.complete(lease.held, result)
-        except LeaseLostError as error:
-            stored = error.record if isinstance(error.record, IdempotencyRecord) else None
-            lost = Outcome(OutcomeStatus.LEASE_LOST, key, digest,
-                           stored.result if stored is not None else None, stored)
-            return self._finish(lost, started, context, handler_seconds=handler_seconds)
-        return self._finish(Outcome(outcome.status, key, digest, result, done), started, context,
-                            handler_seconds=handler_seconds)
+        return self._drive(self._run_flow(key, digest, handler, takeover_stale=takeover_stale,
+                                          partition=partition, context=context))
 
     # -- atomic ------------------------------------------------------------------------
     def run_atomic(self, key: DedupKey, digest: str, build: Callable[[Transaction], Any], *,
@@ -298,34 +451,10 @@ class Idempotency:
         With `marker_id`/`marker_body` the marker is the business document
         itself (an order whose id is the order id); `expires=False` keeps it.
         """
-        store = self._document_store()
-        started = time.perf_counter()
-        cached = self._cached(key, digest)
-        if cached is not None:
-            return self._finish(cached, started, context, source="cache")
-        expired: list[IdempotencyRecord] = []  # an expired marker the next attempt replaces
-
-        def attempt() -> Outcome:
-            marker = self._marker(key, digest, partition=partition, record_id=marker_id,
-                                  expires=expires, over=expired.pop() if expired else None)
-            tx = Transaction(store, marker.partition_key)
-            result = build(tx)
-            encode_result(result, self.config.max_result_bytes)
-            try:
-                committed = store.commit(marker.evolve(result=result), tx.operations,
-                                         marker_body=marker_body)
-                return Outcome(OutcomeStatus.PROCESSED, key, digest, result, committed)
-            except (RecordExistsError, RecordChangedError):
-                pass
-            found = self._settle_marker(marker)
-            if isinstance(found, Outcome):
-                return found
-            expired.append(found)
-            raise RecordChangedError(marker.id)  # take the expired marker over
-
-        outcome = retry_on_race(attempt, attempts=self.config.max_commit_attempts,
-                                what=f"commit of {key.encoded}")
-        return self._finish(outcome, started, context)
+        self._document_store()
+        return self._drive(self._run_atomic_flow(
+            key, digest, build, partition=partition, marker_id=marker_id,
+            marker_body=marker_body, expires=expires, context=context))
 
     def run_atomic_group(self, messages: Sequence[GroupMessage],
                          build: Callable[[Transaction, Sequence[int]], Sequence[Any]], *,

@@ -15,7 +15,7 @@ mapped to a Cosmos document (`id` + partition key field) or a Table entity
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -195,50 +195,90 @@ def transaction_failure(index: int, status: int | None, *, marker_id: str | None
     return OperationFailedError(index - (marker_id is not None), status, detail)
 
 
-def store_call[T](backend: str, action: Callable[[], T], *,
-                  on_status: dict[int, Callable[[], Exception]] | None = None,
-                  none_if_missing: bool = False) -> T | None:
-    """Run one store request and translate its failure into the library's exceptions.
+def changed_statuses(record_id: str) -> dict[int, Callable[[], Exception]]:
+    """An etag-conditional write's contract: 412 (changed) or 404 (gone) = RecordChangedError."""
+    return {412: lambda: RecordChangedError(record_id), 404: lambda: RecordChangedError(record_id)}
+
+
+def translate_error(backend: str, error: AzureError, *,
+                    on_status: dict[int, Callable[[], Exception]] | None = None,
+                    none_if_missing: bool = False) -> None:
+    """Raise the library's exception for an SDK failure; return (answer None) on a missing read.
 
     `on_status` maps the statuses that are part of the store contract for this
     request (409 on a create, 412/404 on a conditional write) to the error to
     raise; throttling, timeouts, 5xx and transport failures become
     StoreUnavailableError; anything else StoreRequestError. The SDK error is
     always chained as the cause. `none_if_missing` answers a 404 (point read) with None.
+    One translation for the sync and the async stores.
     """
+    if not isinstance(error, HttpResponseError):  # connection refused, timeouts, broken responses
+        raise StoreUnavailableError(f"{backend} unreachable: {error}", error=error) from error
+    status = error.status_code
+    if none_if_missing and status == 404:
+        return
+    if on_status and status in on_status:
+        raise on_status[status]() from error
+    if status is None or status in RETRIABLE_STATUS:
+        raise StoreUnavailableError(f"{backend} answered {status}", status_code=status,
+                                    error=error) from error
+    raise StoreRequestError(f"{backend} rejected the request ({status}): {error.message}",
+                            status_code=status) from error
+
+
+def store_call[T](backend: str, action: Callable[[], T], *,
+                  on_status: dict[int, Callable[[], Exception]] | None = None,
+                  none_if_missing: bool = False) -> T | None:
+    """Run one store request; its failure translated by `translate_error`."""
     try:
         return action()
-    except HttpResponseError as error:
-        status = error.status_code
-        if none_if_missing and status == 404:
-            return None
-        if on_status and status in on_status:
-            raise on_status[status]() from error
-        if status is None or status in RETRIABLE_STATUS:
-            raise StoreUnavailableError(f"{backend} answered {status}", status_code=status,
-                                        error=error) from error
-        raise StoreRequestError(f"{backend} rejected the request ({status}): {error.message}",
-                                status_code=status) from error
-    except AzureError as error:  # connection refused, timeouts, broken responses
-        raise StoreUnavailableError(f"{backend} unreachable: {error}", error=error) from error
+    except AzureError as error:
+        translate_error(backend, error, on_status=on_status, none_if_missing=none_if_missing)
+        return None
 
 
-def retry_on_race[T](step: Callable[[], T], *, attempts: int, what: str) -> T:
+async def async_store_call[T](backend: str, action: Callable[[], Awaitable[T]], *,
+                              on_status: dict[int, Callable[[], Exception]] | None = None,
+                              none_if_missing: bool = False) -> T | None:
+    """`store_call` for an async SDK request (the same translation)."""
+    try:
+        return await action()
+    except AzureError as error:
+        translate_error(backend, error, on_status=on_status, none_if_missing=none_if_missing)
+        return None
+
+
+def retry_on_race_flow[T](step: Callable[[], Generator[Any, Any, T]], *, attempts: int,
+                          what: str) -> Generator[Any, Any, T]:
     """Run an optimistic read-then-conditional-write step until it does not lose a race.
 
     A step raises RecordChangedError/RecordExistsError, or OperationFailedError
     with a race status, when a concurrent writer got there first; it is run
-    again (re-reading what it depends on). Any other error propagates.
+    again (re-reading what it depends on). Any other error propagates. The step
+    is a generator (the I/O-free flow core), so sync and async drivers share it.
     """
     for _ in range(attempts):
         try:
-            return step()
+            return (yield from step())
         except (RecordChangedError, RecordExistsError):
             continue
         except OperationFailedError as error:
             if error.status_code not in RACE_STATUSES:
                 raise
     raise ConcurrencyRetriesExhaustedError(f"{what}: lost {attempts} races in a row")
+
+
+def retry_on_race[T](step: Callable[[], T], *, attempts: int, what: str) -> T:
+    """`retry_on_race_flow` for a plain function step (one definition of the retry rule)."""
+    def once() -> Generator[Any, Any, T]:
+        return step()
+        yield  # makes this a generator that never suspends
+
+    try:
+        next(retry_on_race_flow(once, attempts=attempts, what=what))
+    except StopIteration as stop:
+        return stop.value
+    raise AssertionError("a plain step never suspends")
 
 
 class Unread:

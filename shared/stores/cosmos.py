@@ -18,12 +18,13 @@ from azure.core import MatchConditions
 from azure.cosmos import ContainerProxy, CosmosClient
 from azure.cosmos.exceptions import CosmosBatchOperationError
 
-from shared.exceptions import RecordChangedError, RecordExistsError
+from shared.exceptions import RecordExistsError
 from shared.records import IdempotencyRecord, RecordState
 from shared.stores.base import (
     Document,
     IdempotencyStore,
     WriteOp,
+    changed_statuses,
     check_transaction_size,
     store_call,
     transaction_failure,
@@ -35,7 +36,73 @@ _SYSTEM = ("_rid", "_self", "_etag", "_attachments", "_ts", "ttl")
 _IF_UNCHANGED = MatchConditions.IfNotModified
 
 
-class CosmosIdempotencyStore(IdempotencyStore):
+class CosmosMapping:
+    """Record <-> item and WriteOp -> batch operation mapping, shared by the sync and async stores."""
+
+    _pk_field: str
+
+    def _record_document(self, record: IdempotencyRecord,
+                         body: dict[str, Any] | None = None) -> dict[str, Any]:
+        document = {**(body or {}), **record_fields(record),
+                    "id": record.id, self._pk_field: record.partition_key}
+        if record.expires_at is not None:
+            now = record.updated_at
+            document["ttl"] = max(1, math.ceil(record.expires_at - now))
+        return document
+
+    def _to_record(self, document: dict[str, Any]) -> IdempotencyRecord:
+        return record_from_fields(document, record_id=document["id"],
+                                  partition=document[self._pk_field], etag=document.get("_etag"))
+
+    def _business_document(self, partition: str, op: WriteOp) -> dict[str, Any]:
+        if op.record is not None:  # a further marker of a group commit, with its ttl
+            return {**self._record_document(op.record), "id": op.id, self._pk_field: partition}
+        check_flat(op.body)
+        return {**op.body, "id": op.id, self._pk_field: partition}
+
+    def _batch_op(self, partition: str, op: WriteOp) -> tuple[Any, ...]:
+        condition = {"if_match_etag": op.etag} if op.etag else {}
+        if op.kind == "create":
+            return ("create", (self._business_document(partition, op),))
+        if op.kind == "upsert":
+            return ("upsert", (self._business_document(partition, op),))
+        if op.kind == "replace":
+            return ("replace", (op.id, self._business_document(partition, op)), condition)
+        if op.kind == "patch":
+            return ("patch", (op.id, list(op.patch)), condition)
+        if op.kind == "delete":
+            return ("delete", (op.id,), condition)
+        raise ValueError(f"unknown operation {op.kind!r}")
+
+    def _commit_batch(self, marker: IdempotencyRecord, operations: Sequence[WriteOp],
+                      marker_body: dict[str, Any] | None) -> list[tuple[Any, ...]]:
+        """The batch of an atomic commit: the marker (create, or replace of an expired one) first."""
+        if marker_body:
+            check_flat(marker_body)
+        document = self._record_document(marker, marker_body)
+        first: tuple[Any, ...] = (("replace", (marker.id, document), {"if_match_etag": marker.etag})
+                                  if marker.etag else ("create", (document,)))
+        return [first, *(self._batch_op(marker.partition_key, op) for op in operations)]
+
+    @staticmethod
+    def _committed(marker: IdempotencyRecord, results: list[dict[str, Any]]) -> IdempotencyRecord:
+        etag = results[0].get("eTag") or (results[0].get("resourceBody") or {}).get("_etag")
+        return marker.evolve(etag=etag)
+
+    def _document(self, partition: str, document_id: str, item: dict[str, Any]) -> Document:
+        # A synthetic "/pk" is storage detail; a business partition field (orderId) stays.
+        hidden = {"id", "pk"} if self._pk_field == "pk" else {"id"}
+        body = {k: v for k, v in item.items() if k not in _SYSTEM and k not in hidden}
+        return Document(document_id, partition, body, item.get("_etag"))
+
+
+def batch_failure(error: CosmosBatchOperationError, marker_id: str | None) -> Exception:
+    """The store-contract error for a failed transactional batch."""
+    status = error.operation_responses[error.error_index].get("statusCode")
+    return transaction_failure(error.error_index, status, marker_id=marker_id)
+
+
+class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
     """Dedup records and business documents in one Cosmos DB container.
 
     Build it from the account endpoint and a credential (identity in Azure),
@@ -79,40 +146,6 @@ class CosmosIdempotencyStore(IdempotencyStore):
     def container(self) -> ContainerProxy:
         return self._container
 
-    # -- mapping ----------------------------------------------------------------
-    def _record_document(self, record: IdempotencyRecord,
-                         body: dict[str, Any] | None = None) -> dict[str, Any]:
-        document = {**(body or {}), **record_fields(record),
-                    "id": record.id, self._pk_field: record.partition_key}
-        if record.expires_at is not None:
-            now = record.updated_at
-            document["ttl"] = max(1, math.ceil(record.expires_at - now))
-        return document
-
-    def _to_record(self, document: dict[str, Any]) -> IdempotencyRecord:
-        return record_from_fields(document, record_id=document["id"],
-                                  partition=document[self._pk_field], etag=document.get("_etag"))
-
-    def _business_document(self, partition: str, op: WriteOp) -> dict[str, Any]:
-        if op.record is not None:  # a further marker of a group commit, with its ttl
-            return {**self._record_document(op.record), "id": op.id, self._pk_field: partition}
-        check_flat(op.body)
-        return {**op.body, "id": op.id, self._pk_field: partition}
-
-    def _batch_op(self, partition: str, op: WriteOp) -> tuple[Any, ...]:
-        condition = {"if_match_etag": op.etag} if op.etag else {}
-        if op.kind == "create":
-            return ("create", (self._business_document(partition, op),))
-        if op.kind == "upsert":
-            return ("upsert", (self._business_document(partition, op),))
-        if op.kind == "replace":
-            return ("replace", (op.id, self._business_document(partition, op)), condition)
-        if op.kind == "patch":
-            return ("patch", (op.id, list(op.patch)), condition)
-        if op.kind == "delete":
-            return ("delete", (op.id,), condition)
-        raise ValueError(f"unknown operation {op.kind!r}")
-
     def _batch(self, partition: str, batch: list[tuple[Any, ...]], *,
                marker_id: str | None) -> list[dict[str, Any]]:
         """One transactional batch; a failed operation maps to the store contract."""
@@ -122,8 +155,7 @@ class CosmosIdempotencyStore(IdempotencyStore):
             try:
                 return self._container.execute_item_batch(batch, partition_key=partition)
             except CosmosBatchOperationError as error:
-                status = error.operation_responses[error.error_index].get("statusCode")
-                raise transaction_failure(error.error_index, status, marker_id=marker_id) from error
+                raise batch_failure(error, marker_id) from error
 
         return store_call(BACKEND, execute)
 
@@ -139,16 +171,14 @@ class CosmosIdempotencyStore(IdempotencyStore):
         return record.evolve(etag=created.get("_etag"))
 
     def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        changed = {412: lambda: RecordChangedError(record.id),
-                   404: lambda: RecordChangedError(record.id)}
+        changed = changed_statuses(record.id)
         replaced = store_call(BACKEND, lambda: self._container.replace_item(
             record.id, self._record_document(record), etag=record.etag,
             match_condition=_IF_UNCHANGED), on_status=changed)
         return record.evolve(etag=replaced.get("_etag"))
 
     def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
-        changed = {412: lambda: RecordChangedError(record.id),
-                   404: lambda: RecordChangedError(record.id)}
+        changed = changed_statuses(record.id)
         store_call(BACKEND, lambda: self._container.delete_item(
             record.id, record.partition_key, etag=record.etag, match_condition=_IF_UNCHANGED),
             on_status=changed)
@@ -178,12 +208,7 @@ class CosmosIdempotencyStore(IdempotencyStore):
     def read_document(self, partition: str, document_id: str) -> Document | None:
         item = store_call(BACKEND, lambda: self._container.read_item(document_id, partition),
                           none_if_missing=True)
-        if item is None:
-            return None
-        # A synthetic "/pk" is storage detail; a business partition field (orderId) stays.
-        hidden = {"id", "pk"} if self._pk_field == "pk" else {"id"}
-        body = {k: v for k, v in item.items() if k not in _SYSTEM and k not in hidden}
-        return Document(document_id, partition, body, item.get("_etag"))
+        return None if item is None else self._document(partition, document_id, item)
 
     def write_documents(self, partition: str, operations: Sequence[WriteOp]) -> list[Document]:
         results = self._batch(partition, [self._batch_op(partition, op) for op in operations],
@@ -193,16 +218,9 @@ class CosmosIdempotencyStore(IdempotencyStore):
 
     def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
                marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
-        if marker_body:
-            check_flat(marker_body)
-        partition = marker.partition_key
-        document = self._record_document(marker, marker_body)
-        first: tuple[Any, ...] = (("replace", (marker.id, document), {"if_match_etag": marker.etag})
-                                  if marker.etag else ("create", (document,)))
-        batch = [first, *(self._batch_op(partition, op) for op in operations)]
-        results = self._batch(partition, batch, marker_id=marker.id)
-        etag = results[0].get("eTag") or (results[0].get("resourceBody") or {}).get("_etag")
-        return marker.evolve(etag=etag)
+        results = self._batch(marker.partition_key, self._commit_batch(marker, operations, marker_body),
+                              marker_id=marker.id)
+        return self._committed(marker, results)
 
     def close(self) -> None:
         if self._cosmos is not None:

@@ -17,13 +17,14 @@ from azure.core import MatchConditions
 from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential, TokenCredential
 from azure.data.tables import EdmType, EntityProperty, TableClient, TableTransactionError, UpdateMode
 
-from shared.exceptions import OperationFailedError, RecordChangedError, RecordExistsError
+from shared.exceptions import OperationFailedError, RecordExistsError
 from shared.records import IdempotencyRecord, RecordState
 from shared.stores.base import (
     MAX_TRANSACTION_OPERATIONS,
     Document,
     IdempotencyStore,
     WriteOp,
+    changed_statuses,
     check_transaction_size,
     store_call,
     transaction_failure,
@@ -53,7 +54,66 @@ def _plain(entity: Any) -> dict[str, Any]:
             for name, value in entity.items()}
 
 
-class TableIdempotencyStore(IdempotencyStore):
+class TableMapping:
+    """Record <-> entity and WriteOp -> transaction operation mapping, shared by the sync
+    and async stores."""
+
+    @staticmethod
+    def _record_entity(record: IdempotencyRecord,
+                       body: dict[str, Any] | None = None) -> dict[str, Any]:
+        return _typed({**(body or {}), **record_fields(record),
+                       "PartitionKey": record.partition_key, "RowKey": record.id})
+
+    @staticmethod
+    def _to_record(entity: Any) -> IdempotencyRecord:
+        return record_from_fields(_plain(entity), record_id=entity["RowKey"],
+                                  partition=entity["PartitionKey"], etag=_etag(entity.metadata))
+
+    @classmethod
+    def _transaction_op(cls, partition: str, op: WriteOp) -> tuple[Any, ...]:
+        if op.record is not None:  # a further marker of a group commit
+            entity = {**cls._record_entity(op.record), "PartitionKey": partition, "RowKey": op.id}
+        else:
+            check_flat(op.body)
+            entity = _typed({**op.body, "PartitionKey": partition, "RowKey": op.id})
+        conditional = {"etag": op.etag, "match_condition": _IF_UNCHANGED} if op.etag else {}
+        if op.kind == "create":
+            return ("create", entity)
+        if op.kind == "upsert":
+            return ("upsert", entity, {"mode": UpdateMode.REPLACE})
+        if op.kind == "replace":
+            return ("update", entity, {"mode": UpdateMode.REPLACE, **conditional})
+        if op.kind == "delete":
+            return ("delete", entity, conditional)
+        raise NotImplementedError(f"Table Storage has no {op.kind!r} operation; use replace")
+
+    @classmethod
+    def _commit_batch(cls, marker: IdempotencyRecord, operations: Sequence[WriteOp],
+                      marker_body: dict[str, Any] | None) -> list[tuple[Any, ...]]:
+        """The transaction of an atomic commit: the marker (create, or replace of an expired
+        one) first."""
+        if marker_body:
+            check_flat(marker_body)
+        entity = cls._record_entity(marker, marker_body)
+        first: tuple[Any, ...] = (
+            ("update", entity, {"mode": UpdateMode.REPLACE, "etag": marker.etag,
+                                "match_condition": _IF_UNCHANGED})
+            if marker.etag else ("create", entity))
+        return [first, *(cls._transaction_op(marker.partition_key, op) for op in operations)]
+
+    @staticmethod
+    def _document(partition: str, document_id: str, entity: Any) -> Document:
+        body = {k: v for k, v in _plain(entity).items() if k not in _SYSTEM}
+        return Document(document_id, partition, body, _etag(entity.metadata))
+
+
+def transaction_error(error: TableTransactionError, marker_id: str | None) -> Exception:
+    """The store-contract error for a failed entity-group transaction."""
+    return transaction_failure(error.index or 0, error.status_code, marker_id=marker_id,
+                               detail=str(error).splitlines()[0])
+
+
+class TableIdempotencyStore(TableMapping, IdempotencyStore):
     """Dedup records and business entities in one Azure Table.
 
     Build it from the table endpoint and a credential (identity in Azure), from
@@ -92,36 +152,6 @@ class TableIdempotencyStore(IdempotencyStore):
             store_call(BACKEND, self._client.create_table,
                        on_status={409: lambda: RecordExistsError(self._client.table_name)})
 
-    # -- mapping ----------------------------------------------------------------
-    @staticmethod
-    def _record_entity(record: IdempotencyRecord,
-                       body: dict[str, Any] | None = None) -> dict[str, Any]:
-        return _typed({**(body or {}), **record_fields(record),
-                       "PartitionKey": record.partition_key, "RowKey": record.id})
-
-    @staticmethod
-    def _to_record(entity: Any) -> IdempotencyRecord:
-        return record_from_fields(_plain(entity), record_id=entity["RowKey"],
-                                  partition=entity["PartitionKey"], etag=_etag(entity.metadata))
-
-    @classmethod
-    def _transaction_op(cls, partition: str, op: WriteOp) -> tuple[Any, ...]:
-        if op.record is not None:  # a further marker of a group commit
-            entity = {**cls._record_entity(op.record), "PartitionKey": partition, "RowKey": op.id}
-        else:
-            check_flat(op.body)
-            entity = _typed({**op.body, "PartitionKey": partition, "RowKey": op.id})
-        conditional = {"etag": op.etag, "match_condition": _IF_UNCHANGED} if op.etag else {}
-        if op.kind == "create":
-            return ("create", entity)
-        if op.kind == "upsert":
-            return ("upsert", entity, {"mode": UpdateMode.REPLACE})
-        if op.kind == "replace":
-            return ("update", entity, {"mode": UpdateMode.REPLACE, **conditional})
-        if op.kind == "delete":
-            return ("delete", entity, conditional)
-        raise NotImplementedError(f"Table Storage has no {op.kind!r} operation; use replace")
-
     def _transaction(self, batch: list[tuple[Any, ...]], *, marker_id: str | None) -> list[Any]:
         """One entity-group transaction; a failed operation maps to the store contract."""
         check_transaction_size(len(batch))
@@ -130,8 +160,7 @@ class TableIdempotencyStore(IdempotencyStore):
             try:
                 return self._client.submit_transaction(batch)
             except TableTransactionError as error:
-                raise transaction_failure(error.index or 0, error.status_code, marker_id=marker_id,
-                                          detail=str(error).splitlines()[0]) from error
+                raise transaction_error(error, marker_id) from error
 
         return store_call(BACKEND, submit)
 
@@ -148,16 +177,14 @@ class TableIdempotencyStore(IdempotencyStore):
 
     def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord:
         entity = self._record_entity(record)
-        changed = {412: lambda: RecordChangedError(record.id),
-                   404: lambda: RecordChangedError(record.id)}
+        changed = changed_statuses(record.id)
         metadata = store_call(BACKEND, lambda: self._client.update_entity(
             entity, mode=UpdateMode.REPLACE, etag=record.etag, match_condition=_IF_UNCHANGED),
             on_status=changed)
         return record.evolve(etag=_etag(metadata))
 
     def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
-        changed = {412: lambda: RecordChangedError(record.id),
-                   404: lambda: RecordChangedError(record.id)}
+        changed = changed_statuses(record.id)
         store_call(BACKEND, lambda: self._client.delete_entity(
             record.partition_key, record.id, etag=record.etag, match_condition=_IF_UNCHANGED),
             on_status=changed)
@@ -204,10 +231,7 @@ class TableIdempotencyStore(IdempotencyStore):
     def read_document(self, partition: str, document_id: str) -> Document | None:
         entity = store_call(BACKEND, lambda: self._client.get_entity(partition, document_id),
                             none_if_missing=True)
-        if entity is None:
-            return None
-        body = {k: v for k, v in _plain(entity).items() if k not in _SYSTEM}
-        return Document(document_id, partition, body, _etag(entity.metadata))
+        return None if entity is None else self._document(partition, document_id, entity)
 
     def write_documents(self, partition: str, operations: Sequence[WriteOp]) -> list[Document]:
         results = self._transaction([self._transaction_op(partition, op) for op in operations],
@@ -217,15 +241,8 @@ class TableIdempotencyStore(IdempotencyStore):
 
     def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
                marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
-        if marker_body:
-            check_flat(marker_body)
-        entity = self._record_entity(marker, marker_body)
-        first: tuple[Any, ...] = (
-            ("update", entity, {"mode": UpdateMode.REPLACE, "etag": marker.etag,
-                                "match_condition": _IF_UNCHANGED})
-            if marker.etag else ("create", entity))
-        batch = [first, *(self._transaction_op(marker.partition_key, op) for op in operations)]
-        results = self._transaction(batch, marker_id=marker.id)
+        results = self._transaction(self._commit_batch(marker, operations, marker_body),
+                                    marker_id=marker.id)
         return marker.evolve(etag=_etag(results[0]))
 
     def close(self) -> None:

@@ -1,0 +1,100 @@
+"""Table Storage backend on `azure.data.tables.aio`: the async face of `TableIdempotencyStore`.
+
+The entity mapping, transaction building and error translation are the sync
+store's (`TableMapping`, `transaction_error`, `translate_error`); only the requests are awaited.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from azure.data.tables import TableTransactionError, UpdateMode
+from azure.data.tables.aio import TableClient
+
+from shared.exceptions import RecordExistsError
+from shared.records import IdempotencyRecord
+from shared.stores.base import (
+    Document,
+    WriteOp,
+    async_store_call,
+    changed_statuses,
+    check_transaction_size,
+)
+from shared.stores.codec import is_record
+from shared.stores.table import _IF_UNCHANGED, BACKEND, TableMapping, _etag, transaction_error
+
+
+class AsyncTableIdempotencyStore(TableMapping):
+    """Dedup records and business entities in one Azure Table, through the async SDK.
+
+    Built around an `azure.data.tables.aio.TableClient`; `close` closes it.
+    """
+
+    name = "table"
+
+    def __init__(self, client: TableClient) -> None:
+        self._client = client
+
+    @classmethod
+    def from_connection_string(cls, conn_str: str, *, table_name: str,
+                               **client_options: Any) -> AsyncTableIdempotencyStore:
+        return cls(TableClient.from_connection_string(conn_str, table_name=table_name,
+                                                      **client_options))
+
+    async def _transaction(self, batch: list[tuple[Any, ...]], *,
+                           marker_id: str | None) -> list[Any]:
+        check_transaction_size(len(batch))
+
+        async def submit() -> list[Any]:
+            try:
+                return await self._client.submit_transaction(batch)
+            except TableTransactionError as error:
+                raise transaction_error(error, marker_id) from error
+
+        return await async_store_call(BACKEND, submit)
+
+    async def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
+        entity = await async_store_call(
+            BACKEND, lambda: self._client.get_entity(partition, record_id), none_if_missing=True)
+        return self._to_record(entity) if entity is not None and is_record(entity) else None
+
+    async def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        metadata = await async_store_call(
+            BACKEND, lambda: self._client.create_entity(self._record_entity(record)),
+            on_status={409: lambda: RecordExistsError(record.id)})
+        return record.evolve(etag=_etag(metadata))
+
+    async def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        entity = self._record_entity(record)
+        metadata = await async_store_call(BACKEND, lambda: self._client.update_entity(
+            entity, mode=UpdateMode.REPLACE, etag=record.etag, match_condition=_IF_UNCHANGED),
+            on_status=changed_statuses(record.id))
+        return record.evolve(etag=_etag(metadata))
+
+    async def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
+        await async_store_call(BACKEND, lambda: self._client.delete_entity(
+            record.partition_key, record.id, etag=record.etag, match_condition=_IF_UNCHANGED),
+            on_status=changed_statuses(record.id))
+
+    async def read_document(self, partition: str, document_id: str) -> Document | None:
+        entity = await async_store_call(
+            BACKEND, lambda: self._client.get_entity(partition, document_id),
+            none_if_missing=True)
+        return None if entity is None else self._document(partition, document_id, entity)
+
+    async def write_documents(self, partition: str, operations: Sequence[WriteOp]
+                              ) -> list[Document]:
+        results = await self._transaction(
+            [self._transaction_op(partition, op) for op in operations], marker_id=None)
+        return [Document(op.id, partition, op.body, _etag(meta))
+                for op, meta in zip(operations, results, strict=True)]
+
+    async def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
+                     marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
+        results = await self._transaction(self._commit_batch(marker, operations, marker_body),
+                                          marker_id=marker.id)
+        return marker.evolve(etag=_etag(results[0]))
+
+    async def close(self) -> None:
+        await self._client.close()
