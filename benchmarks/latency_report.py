@@ -11,7 +11,7 @@ from typing import Any
 
 from benchmarks.latency import LatencyResult, LatencyRun
 from benchmarks.latency_variants import APP, LIMIT, PER_EVENT
-from benchmarks.report import machine
+from benchmarks.report import aligned, machine
 
 TARGET_RTT_MS = 5.0
 
@@ -242,14 +242,7 @@ def markdown(run: LatencyRun) -> str:
 
 
 def text_table(run: LatencyRun) -> str:
-    data = [list(SUMMARY), *summary_rows(run)]
-    widths = [max(len(r[i]) for r in data) for i in range(len(SUMMARY))]
-    out = []
-    for index, row in enumerate(data):
-        out.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)))
-        if index == 0:
-            out.append("  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    return aligned(SUMMARY, summary_rows(run))
 
 
 def to_json(run: LatencyRun) -> dict[str, Any]:

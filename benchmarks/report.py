@@ -6,6 +6,7 @@ import json
 import math
 import os
 import platform
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -215,8 +216,13 @@ def markdown(run: BenchmarkRun) -> str:
 
 
 def text_table(run: BenchmarkRun) -> str:
-    data = [list(HEADERS), *table_rows(run)]
-    widths = [max(len(r[i]) for r in data) for i in range(len(HEADERS))]
+    return aligned(HEADERS, table_rows(run))
+
+
+def aligned(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A plain-text table: columns padded to their widest cell, a dashed rule under the header."""
+    data = [list(headers), *rows]
+    widths = [max(len(r[i]) for r in data) for i in range(len(headers))]
     out = []
     for index, row in enumerate(data):
         out.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)))
