@@ -6,15 +6,20 @@ store's (`TableMapping`, `transaction_error`, `translate_error`); only the reque
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
+from types import TracebackType
 from typing import Any
 
+from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
+from azure.core.credentials_async import AsyncTokenCredential
 from azure.data.tables import TableTransactionError, UpdateMode
 from azure.data.tables.aio import TableClient
 
 from shared.exceptions import RecordExistsError
 from shared.records import IdempotencyRecord
 from shared.stores.base import (
+    AsyncDocumentStore,
     Document,
     WriteOp,
     async_store_call,
@@ -25,22 +30,49 @@ from shared.stores.codec import is_record
 from shared.stores.table import _IF_UNCHANGED, BACKEND, TableMapping, _etag, transaction_error
 
 
-class AsyncTableIdempotencyStore(TableMapping):
+class AsyncTableIdempotencyStore(TableMapping, AsyncDocumentStore):
     """Dedup records and business entities in one Azure Table, through the async SDK.
 
-    Built around an `azure.data.tables.aio.TableClient`; `close` closes it.
+    Build it like the sync store: from the table endpoint and a credential (an
+    `AsyncTokenCredential` in Azure, or a named key / SAS), from a connection
+    string, or around an existing `azure.data.tables.aio.TableClient`. No
+    request is made in `__init__` (`ensure_table` creates a missing table). A
+    client the store creates is its own and `close` closes it; a client passed
+    to `from_table_client` stays its caller's. `async with store:` closes it too.
     """
 
     name = "table"
 
-    def __init__(self, client: TableClient) -> None:
-        self._client = client
+    def __init__(self, endpoint: str, credential: AsyncTokenCredential | AzureNamedKeyCredential |
+                 AzureSasCredential | None = None, *, table_name: str,
+                 table_client: TableClient | None = None, **client_options: Any) -> None:
+        self._owned: TableClient | None = None  # the client this store created, if any
+        if table_client is None:
+            table_client = self._owned = TableClient(endpoint, table_name, credential=credential,
+                                                     **client_options)
+        self._client = table_client
 
     @classmethod
     def from_connection_string(cls, conn_str: str, *, table_name: str,
                                **client_options: Any) -> AsyncTableIdempotencyStore:
-        return cls(TableClient.from_connection_string(conn_str, table_name=table_name,
-                                                      **client_options))
+        client = TableClient.from_connection_string(conn_str, table_name, **client_options)
+        store = cls.from_table_client(client)
+        store._owned = client  # closed with the store
+        return store
+
+    @classmethod
+    def from_table_client(cls, client: TableClient) -> AsyncTableIdempotencyStore:
+        return cls(client.url, table_name=client.table_name, table_client=client)
+
+    @property
+    def client(self) -> TableClient:
+        return self._client
+
+    async def ensure_table(self) -> None:
+        """Create the table if it is missing (local runs; in Azure, Bicep creates it)."""
+        with contextlib.suppress(RecordExistsError):
+            await async_store_call(BACKEND, self._client.create_table,
+                                   on_status={409: lambda: RecordExistsError(self._client.table_name)})
 
     async def _transaction(self, batch: list[tuple[Any, ...]], *,
                            marker_id: str | None) -> list[Any]:
@@ -97,4 +129,13 @@ class AsyncTableIdempotencyStore(TableMapping):
         return marker.evolve(etag=_etag(results[0]))
 
     async def close(self) -> None:
-        await self._client.close()
+        """Close the client this store created; a caller's client stays open."""
+        if self._owned is not None:
+            await self._owned.close()
+
+    async def __aenter__(self) -> AsyncTableIdempotencyStore:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        traceback: TracebackType | None) -> None:
+        await self.close()

@@ -73,7 +73,7 @@ def open_store(request: pytest.FixtureRequest, async_backend: str) -> Iterator[O
         async with CosmosClient(stack.cosmos_endpoint, stack.cosmos_key,
                                 connection_verify=stack.cosmos_verify) as client:
             container = client.get_database_client(database.id).get_container_client(name)
-            yield AsyncCosmosIdempotencyStore(container)
+            yield AsyncCosmosIdempotencyStore.from_container(container)
     yield opened_cosmos
     database.delete_container(name)
 
