@@ -8,6 +8,7 @@ keys replaced by their SHA-256. The raw key stays on the record for operators.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -17,7 +18,7 @@ from typing import Any
 from shared.exceptions import InvalidKeyError
 
 # Characters kept as they are; everything else becomes "!XX" per UTF-8 byte.
-_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.:@")
+_UNSAFE_RUN = re.compile(r"[^A-Za-z0-9\-_.:@]+")
 _ESCAPE = "!"
 _SEPARATOR = "|"  # never produced by encode_component
 _HASHED = "~"  # never produced by encode_component
@@ -34,15 +35,13 @@ TRANSPORT_FIELDS = frozenset({
 })
 
 
+def _escape(match: re.Match[str]) -> str:
+    return "".join(f"{_ESCAPE}{byte:02X}" for byte in match.group().encode("utf-8"))
+
+
 def encode_component(value: str) -> str:
     """Escape `value` into the store-safe alphabet; injective, not length-limited."""
-    out: list[str] = []
-    for char in value:
-        if char in _SAFE:
-            out.append(char)
-        else:
-            out.extend(f"{_ESCAPE}{byte:02X}" for byte in char.encode("utf-8"))
-    return "".join(out)
+    return _UNSAFE_RUN.sub(_escape, value)
 
 
 def sha256_hex(value: str) -> str:
@@ -85,7 +84,7 @@ class DedupKey:
             )
         _check_text(self.key, "dedup key")
 
-    @property
+    @functools.cached_property
     def encoded(self) -> str:
         """Store-safe record id, unique per (consumer, key)."""
         encoded = encode_component(self.key)
