@@ -18,12 +18,15 @@ reused for other content) and events that hit a bug are parked.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
+import inspect
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from domain.messages import InboundEvent, InvalidMessageError, invalid_event, parse_json_object
@@ -36,13 +39,15 @@ from shared import (
     request_hash,
     store_safe_id,
 )
+from shared.aio import AsyncIdempotency, AsyncTransaction
 from shared.cloudevents import CloudEvent, InvalidEventError, parse_cloudevent
 from shared.exceptions import ConcurrencyRetriesExhaustedError, retry_after
-from shared.handler import GroupMessage, Transaction
-from shared.parking import ParkingLot
+from shared.handler import GroupMessage, Transaction, TransactionWrites
+from shared.parking import AsyncParkingLot, ParkingLot
 from shared.payload import MAX_SAFE_INTEGER, exact_integer
 from shared.settlement import TRANSIENT_ERRORS
-from shared.watermark import PartitionWatermark
+from shared.stores.base import Document, adrive, drive
+from shared.watermark import AsyncPartitionWatermark, PartitionWatermark
 
 CONSUMER = "payments"
 ACCOUNT_DOCUMENT = "balance"
@@ -79,11 +84,39 @@ class Payment:
 
 
 Event = tuple[InboundEvent, Payment]
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """A batch flow step: wait (before retrying a group, or for a Retry-After)."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Gather:
+    """A batch flow step: run these account-group flows concurrently (up to the service's
+    bound); the answer is their results in order."""
+
+    flows: list[BatchFlow]
+
+
+#: What a batch flow yields: a call to make (its answer awaited if it is awaitable), a Sleep,
+#: or a Gather. PaymentService runs calls inline and groups on threads; AsyncPaymentService
+#: awaits them and runs groups as tasks. One definition of the batch for both.
+Step = Callable[[], Any] | Sleep | Gather
+BatchFlow = Generator[Step, Any, Any]
 #: A group's per-event results (an Exception: a bug for that event), or the transient error
 #: the whole group failed with.
 GroupResult = list[Outcome | Exception] | Exception
 SETTLED = frozenset({OutcomeStatus.PROCESSED, OutcomeStatus.TAKEN_OVER, OutcomeStatus.DUPLICATE,
                      OutcomeStatus.CONFLICT})
+
+
+def _group_messages(payments: Sequence[Payment], contexts: Sequence[Mapping[str, Any] | None]
+                    ) -> list[GroupMessage]:
+    return [GroupMessage(p.key, request_hash(p.content), context)
+            for p, context in zip(payments, contexts, strict=True)]
 
 
 def payment_from(key: DedupKey, event_type: str, data: Any) -> Payment:
@@ -152,10 +185,13 @@ class PaymentService:
         return payment_from(key, event.type, event.data)
 
     # -- effect ---------------------------------------------------------------------------
-    @staticmethod
-    def _post(tx: Transaction, account_id: str, amounts: Sequence[int]) -> list[dict[str, int]]:
+    def _post(self, tx: Transaction, account_id: str, amounts: Sequence[int]) -> list[dict[str, int]]:
         """Add `amounts` to the account's balance in order: one write, the balance after each."""
-        account = tx.read(ACCOUNT_DOCUMENT)
+        return self._posting(tx, account_id, amounts, tx.read(ACCOUNT_DOCUMENT))
+
+    @staticmethod
+    def _posting(tx: TransactionWrites, account_id: str, amounts: Sequence[int],
+                 account: Document | None) -> list[dict[str, int]]:
         balance = int(account.body["balanceCents"]) if account else 0
         results = []
         for amount in amounts:
@@ -184,10 +220,8 @@ class PaymentService:
         """Payments of one account, in order: their markers and one balance write per
         transaction, each marker keeping the balance after its payment."""
         account = payments[0].account_id
-        messages = [GroupMessage(p.key, request_hash(p.content), context)
-                    for p, context in zip(payments, contexts, strict=True)]
         return self.ledger.run_atomic_group(
-            messages, lambda tx, indexes: self._post(
+            _group_messages(payments, contexts), lambda tx, indexes: self._post(
                 tx, account, [payments[i].amount_cents for i in indexes]),
             partition=store_safe_id(account))
 
@@ -199,131 +233,190 @@ class PaymentService:
         group failed for a transient reason, the batch raises once every group
         has finished (after waiting out a Retry-After) so the host retries it.
         """
+        return drive(self._batch_flow(events, partition_id), self._perform)
+
+    def _perform(self, step: Step) -> Any:
+        """One step of a batch flow, on threads: account groups run on a bounded pool, each
+        in a copy of the caller's context (trace, the worker's invocation id)."""
+        if isinstance(step, Sleep):
+            return self.sleep(step.seconds)
+        if not isinstance(step, Gather):
+            return step()
+        workers = min(self.max_concurrency, len(step.flows))
+        if workers <= 1:
+            return [drive(flow, self._perform) for flow in step.flows]
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="payments") as pool:
+            futures = [pool.submit(contextvars.copy_context().run, drive, flow, self._perform)
+                       for flow in step.flows]
+            return [future.result() for future in futures]
+
+    def _batch_flow(self, events: list[InboundEvent], partition_id: str) -> BatchFlow:
+        """The batch, written once for the sync and async services: it yields its I/O
+        (a call, a Sleep, a Gather of account groups) and the service's driver runs it."""
         report = BatchReport()
-        mark = self.watermark.read(partition_id)
+        mark = yield partial(self.watermark.read, partition_id)
         fresh = sorted((e for e in events if mark is None or e.sequence_number > mark.sequence_number),
                        key=lambda e: e.sequence_number)
         report.replay_skipped = len(events) - len(fresh)
         self.ledger.telemetry.replay_skipped(report.replay_skipped, consumer=CONSUMER,
                                              partition_id=partition_id)
-        groups = self._groups(fresh, partition_id, report)
+        groups, invalid = self._groups(fresh, partition_id)
+        for event, reason, detail in invalid:
+            yield from self._park(event, partition_id, reason, detail, report)
         report.accounts = len(groups)
+        outcomes = yield Gather([self._group_flow(group, partition_id) for group in groups])
         failure: Exception | None = None
-        for group, results in zip(groups, self._run_groups(groups, partition_id), strict=True):
+        for group, results in zip(groups, outcomes, strict=True):
             if isinstance(results, Exception):
                 failure = failure or results
                 continue
             for (event, payment), result in zip(group, results, strict=True):
-                self._record(event, payment, result, partition_id, report)
+                park = self._record(payment, result, report)
+                if park is not None:
+                    yield from self._park(event, partition_id, *park, report)
         if failure is not None:
             delay = retry_after(failure)
             if delay:
-                self.sleep(min(delay, self.max_retry_after))
+                yield Sleep(min(delay, self.max_retry_after))
             raise failure
         if fresh:
-            highest = fresh[-1].sequence_number
-            report.watermark = self.watermark.advance(partition_id, highest, known=mark)
+            report.watermark = yield partial(self.watermark.advance, partition_id,
+                                             fresh[-1].sequence_number, known=mark)
         elif mark is not None:
             report.watermark = mark.sequence_number
         return report
 
-    def _groups(self, fresh: Sequence[InboundEvent], partition_id: str,
-                report: BatchReport) -> list[list[Event]]:
-        """Valid events by account, in sequence order; the rest parked with their reason."""
+    def _groups(self, fresh: Sequence[InboundEvent], partition_id: str
+                ) -> tuple[list[list[Event]], list[tuple[InboundEvent, str, str]]]:
+        """Valid events by account, in sequence order; the rest with the reason to park them."""
         by_account: dict[str, list[Event]] = {}
+        invalid: list[tuple[InboundEvent, str, str]] = []
         for event in fresh:
             try:
                 payment = self._payment(event, partition_id)
             except InvalidMessageError as error:
-                self._park(event, partition_id, error.reason, error.detail, report)
+                invalid.append((event, error.reason, error.detail))
                 continue
             except Exception as error:  # a bug for this event: park it, keep the partition moving
                 logger.exception("payments: unexpected error", extra=self._context(event, partition_id))
-                self._park(event, partition_id, "UnexpectedError", repr(error), report)
+                invalid.append((event, "UnexpectedError", repr(error)))
                 continue
             by_account.setdefault(payment.account_id, []).append((event, payment))
-        return list(by_account.values())
+        return list(by_account.values()), invalid
 
-    def _run_groups(self, groups: Sequence[list[Event]], partition_id: str) -> list[GroupResult]:
-        """Every group's result, at most `max_concurrency` groups at a time.
-
-        Each group runs in a copy of the caller's context (trace, the worker's
-        invocation id), so its logs and spans stay with the invocation.
-        """
-        workers = min(self.max_concurrency, len(groups))
-        if workers <= 1:
-            return [self._settle_group(group, partition_id) for group in groups]
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="payments") as pool:
-            futures = [pool.submit(contextvars.copy_context().run, self._settle_group, group,
-                                   partition_id) for group in groups]
-            return [future.result() for future in futures]
-
-    def _settle_group(self, group: list[Event], partition_id: str) -> GroupResult:
+    def _group_flow(self, group: list[Event], partition_id: str) -> BatchFlow:
         """The group's per-event results, or the transient error it still failed with after
         `max_attempts` tries (returned, not raised, so the other groups finish first)."""
         for attempt in range(1, self.max_attempts + 1):
             try:
-                return self._attempt_group(group, partition_id, attempt)
+                return (yield from self._attempt_flow(group, partition_id, attempt))
             except TRANSIENT_ERRORS as error:
                 if attempt == self.max_attempts:
                     return error
-                self.sleep(min(retry_after(error) or self.backoff * 2 ** (attempt - 1),
-                               self.max_retry_after))
+                yield Sleep(min(retry_after(error) or self.backoff * 2 ** (attempt - 1),
+                                self.max_retry_after))
         raise AssertionError("unreachable: max_attempts is at least 1")
 
-    def _attempt_group(self, group: list[Event], partition_id: str,
-                       attempt: int) -> list[Outcome | Exception]:
+    def _attempt_flow(self, group: list[Event], partition_id: str, attempt: int) -> BatchFlow:
         contexts = [{**self._context(event, partition_id), "attempt": attempt} for event, _ in group]
+        payments = [payment for _, payment in group]
         try:
-            results: list[Outcome | Exception] = list(
-                self.apply_group([payment for _, payment in group], contexts))
+            results: list[Outcome | Exception] = list((yield partial(self.apply_group, payments,
+                                                                     contexts)))
         except TRANSIENT_ERRORS:
             raise
         except Exception:  # not the store's availability: find the event it is about
             logger.exception("payments: group failed; applying its events one by one",
                              extra=contexts[0])
-            results = [self._apply_alone(payment, context)
-                       for (_, payment), context in zip(group, contexts, strict=True)]
+            results = []
+            for payment, context in zip(payments, contexts, strict=True):
+                try:
+                    results.append((yield partial(self.apply, payment, context)))
+                except TRANSIENT_ERRORS:
+                    raise
+                except Exception as error:  # a bug for this event: park it, keep going
+                    logger.exception("payments: unexpected error", extra=context)
+                    results.append(error)
         held = [r for r in results if isinstance(r, Outcome) and r.status not in SETTLED]
         if held:  # a live claim by someone else (not a ledger marker): retry the batch later
             raise ConcurrencyRetriesExhaustedError(f"{held[0].key.encoded} is {held[0].status}")
         return results
 
-    def _apply_alone(self, payment: Payment, context: Mapping[str, Any]) -> Outcome | Exception:
-        """One event of a failed group; an error that is not transient is returned, to park."""
-        try:
-            return self.apply(payment, context)
-        except TRANSIENT_ERRORS:
-            raise
-        except Exception as error:  # a bug for this event: park it, keep the partition moving
-            logger.exception("payments: unexpected error", extra=context)
-            return error
-
-    def _record(self, event: InboundEvent, payment: Payment, result: Outcome | Exception,
-                partition_id: str, report: BatchReport) -> None:
+    @staticmethod
+    def _record(payment: Payment, result: Outcome | Exception,
+                report: BatchReport) -> tuple[str, str] | None:
+        """Count the result; the reason and detail to park the event with, if it must be."""
         if isinstance(result, InvalidMessageError):  # valid alone, refused by the account's state
-            self._park(event, partition_id, result.reason, result.detail, report)
-        elif isinstance(result, Exception):
-            self._park(event, partition_id, "UnexpectedError", repr(result), report)
-        elif result.status is OutcomeStatus.CONFLICT:
-            self._park(event, partition_id, "IdempotencyKeyConflict",
-                       f"{payment.key.key} was applied with different content", report)
-        elif result.status is OutcomeStatus.DUPLICATE:
+            return result.reason, result.detail
+        if isinstance(result, Exception):
+            return "UnexpectedError", repr(result)
+        if result.status is OutcomeStatus.CONFLICT:
+            return "IdempotencyKeyConflict", f"{payment.key.key} was applied with different content"
+        if result.status is OutcomeStatus.DUPLICATE:
             report.duplicates += 1
         else:
             report.applied += 1
+        return None
 
     def _context(self, event: InboundEvent, partition_id: str) -> dict[str, Any]:
         return {"partition_id": partition_id, "sequence_number": event.sequence_number,
                 "event_hub": self.event_hub}
 
     def _park(self, event: InboundEvent, partition_id: str, reason: str, detail: str,
-              report: BatchReport) -> None:
+              report: BatchReport) -> BatchFlow:
         """Durably park; if even that fails, raise so the host's retry policy re-runs the batch."""
         entry_id = f"{self.event_hub}/{partition_id}/{event.sequence_number}"
-        self.parking.park(consumer=CONSUMER, entry_id=entry_id, reason=reason, payload=event.body,
-                          error=detail, context={
-                              "partition_id": partition_id, "sequence_number": event.sequence_number,
-                              "offset": event.offset,
-                              "properties": {str(k): str(v) for k, v in event.properties.items()}})
+        yield partial(self.parking.park, consumer=CONSUMER, entry_id=entry_id, reason=reason,
+                      payload=event.body, error=detail, context={
+                          "partition_id": partition_id, "sequence_number": event.sequence_number,
+                          "offset": event.offset,
+                          "properties": {str(k): str(v) for k, v in event.properties.items()}})
         report.park(reason)
+
+
+class AsyncPaymentService(PaymentService):
+    """`PaymentService` on the async API: the same batch flow, awaited.
+
+    Built on an `AsyncIdempotency` ledger, an `AsyncPartitionWatermark` and an
+    `AsyncParkingLot`; account groups run as tasks (at most `max_concurrency`
+    at a time) instead of threads, so one event loop keeps every group's
+    request in flight. `sleep` may be sync or async (default `asyncio.sleep`).
+    """
+
+    ledger: AsyncIdempotency  # type: ignore[assignment]
+
+    def __init__(self, ledger: AsyncIdempotency, watermark: AsyncPartitionWatermark,
+                 parking: AsyncParkingLot, *, sleep: Callable[[float], Any] = asyncio.sleep,
+                 **options: Any) -> None:
+        super().__init__(ledger, watermark, parking, sleep=sleep, **options)  # type: ignore[arg-type]
+
+    async def _post(self, tx: AsyncTransaction,  # type: ignore[override]
+                    account_id: str, amounts: Sequence[int]) -> list[dict[str, int]]:
+        return self._posting(tx, account_id, amounts, await tx.read(ACCOUNT_DOCUMENT))
+
+    async def apply(self, payment: Payment,  # type: ignore[override]
+                    context: Mapping[str, Any] | None = None) -> Outcome:
+        """See `PaymentService.apply`."""
+        async def build(tx: AsyncTransaction) -> dict[str, int]:
+            return (await self._post(tx, payment.account_id, [payment.amount_cents]))[0]
+
+        return await self.ledger.run_atomic(payment.key, request_hash(payment.content), build,
+                                            partition=store_safe_id(payment.account_id),
+                                            context=context)
+
+    async def process_batch(self, events: list[InboundEvent],  # type: ignore[override]
+                            partition_id: str) -> BatchReport:
+        """See `PaymentService.process_batch`."""
+        return await adrive(self._batch_flow(events, partition_id), self._perform)
+
+    async def _perform(self, step: Step) -> Any:  # type: ignore[override]
+        if isinstance(step, Gather):
+            bound = asyncio.Semaphore(self.max_concurrency)
+
+            async def group(flow: BatchFlow) -> Any:
+                async with bound:
+                    return await adrive(flow, self._perform)
+
+            return await asyncio.gather(*(group(flow) for flow in step.flows))
+        value = self.sleep(step.seconds) if isinstance(step, Sleep) else step()
+        return await value if inspect.isawaitable(value) else value

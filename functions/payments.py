@@ -6,6 +6,9 @@ retrying fixes (outage, throttling, lost races; never a reason to park a valid
 event), or parking itself failed. The retry policy re-runs the same batch
 before the checkpoint, and the high-water mark and per-event keys absorb what
 was done.
+
+It is an `async def` on the async API: one event loop keeps every account
+group's store request in flight, with no thread per group.
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ logger = logging.getLogger(__name__)
 @bp.event_hub_message_trigger(arg_name="events", event_hub_name="%PAYMENTS_HUB_NAME%",
                               connection="EventHubConnection",
                               consumer_group="%PAYMENTS_CONSUMER_GROUP%", cardinality="many")
-def payments(events: typing.List[func.EventHubEvent]) -> None:  # noqa: UP006 - the worker refuses list[...]
+async def payments(events: typing.List[func.EventHubEvent]) -> None:  # noqa: UP006 - the worker refuses list[...]
     if not events:
         return
-    report = services().payments.process_batch(event_views(events), partition_id(events))
+    report = await services().payments_async.process_batch(event_views(events),
+                                                           partition_id(events))
     logger.info("payments batch", extra={"event": "PaymentsBatch", "applied": report.applied,
                                          "duplicates": report.duplicates,
                                          "replay_skipped": report.replay_skipped,

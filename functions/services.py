@@ -10,6 +10,7 @@ ones from settings. The functions reach the built services through
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
 import time
@@ -24,21 +25,68 @@ from domain.http_payments import HttpPaymentService
 from domain.notifications import NotificationService, Sender, urllib_sender
 from domain.order_status import OrderStatusService
 from domain.orders import OrderService
-from domain.payments import PaymentService
+from domain.payments import AsyncPaymentService, PaymentService
 from functions.settings import COSMOS_CONTAINERS, STORE_ROLES, TABLE_FOR, TABLES, Settings
-from shared import CosmosIdempotencyStore, Idempotency, IdempotencyStore, TableIdempotencyStore
+from shared import (
+    AsyncCosmosIdempotencyStore,
+    AsyncIdempotency,
+    AsyncTableIdempotencyStore,
+    CosmosIdempotencyStore,
+    Idempotency,
+    IdempotencyStore,
+    TableIdempotencyStore,
+)
+from shared.aio import ThreadedStore
 from shared.maintenance import Maintenance
-from shared.parking import ParkingLot
+from shared.parking import AsyncParkingLot, ParkingLot
 from shared.telemetry import Telemetry
-from shared.watermark import PartitionWatermark
+from shared.watermark import AsyncPartitionWatermark, PartitionWatermark
 
 StoreFactory = Callable[[str], IdempotencyStore]
+AsyncStoreFactory = Callable[[str], Any]  # role -> an async store (shared.aio.AsyncStore)
 
 
 def _credential(settings: Settings) -> Any:
     from azure.identity import DefaultAzureCredential
 
     return DefaultAzureCredential(managed_identity_client_id=settings.azure_client_id)
+
+
+def _async_credential(settings: Settings) -> Any:
+    from azure.identity.aio import DefaultAzureCredential
+
+    return DefaultAzureCredential(managed_identity_client_id=settings.azure_client_id)
+
+
+def real_async_stores(settings: Settings, **client_options: Any) -> AsyncStoreFactory:
+    """Async stores (`azure.cosmos.aio`, `azure.data.tables.aio`) for the async functions,
+    by role as `real_stores` places them: endpoint + the app's identity in Azure, keys or
+    connection strings locally. `real_stores` creates the tables and containers they use.
+
+    A client binds to the event loop of its first request: build them for the worker's
+    loop (`services()` does), not across loops.
+    """
+    built: dict[str, Any] = {}
+
+    def store(role: str) -> Any:
+        if role in built:
+            return built[role]
+        if settings.backend == "cosmos" and role in COSMOS_CONTAINERS:
+            built[role] = AsyncCosmosIdempotencyStore(
+                settings.cosmos_endpoint, settings.cosmos_key or _async_credential(settings),
+                database=settings.cosmos_database, container=role,
+                partition_key_path=COSMOS_CONTAINERS[role],
+                connection_verify=settings.cosmos_verify_tls, **client_options)
+        elif settings.table_connection_string:
+            built[role] = AsyncTableIdempotencyStore.from_connection_string(
+                settings.table_connection_string, table_name=TABLE_FOR[role], **client_options)
+        else:
+            built[role] = AsyncTableIdempotencyStore(
+                settings.table_endpoint, _async_credential(settings), table_name=TABLE_FOR[role],
+                **client_options)
+        return built[role]
+
+    return store
 
 
 def real_stores(settings: Settings, **client_options: Any) -> StoreFactory:
@@ -88,6 +136,8 @@ class Services:
     stores: dict[str, IdempotencyStore]  # by role, as the services use them
     orders: OrderService
     payments: PaymentService
+    payments_async: AsyncPaymentService  # the Event Hubs trigger's path; same stores
+    async_stores: dict[str, Any]  # by role, what payments_async runs on
     notify: NotificationService
     audit: NotificationService
     http_payments: HttpPaymentService
@@ -96,14 +146,27 @@ class Services:
     parking: ParkingLot
     telemetry: Telemetry
 
+    async def aclose(self) -> None:
+        """Close the async stores' clients, on the event loop that used them."""
+        for store in {id(s): s for s in self.async_stores.values()}.values():
+            await store.close()
+
 
 def build_services(settings: Settings, *, stores: StoreFactory | None = None,
+                   async_stores: AsyncStoreFactory | None = None,
                    sender: Sender = urllib_sender, clock: Callable[[], float] = time.time,
                    sleep: Callable[[float], None] = time.sleep,
                    telemetry: Telemetry | None = None) -> Services:
-    """Wire the domain services on the stores `stores(role)` returns (default: real ones)."""
+    """Wire the domain services on the stores `stores(role)` returns (default: real ones).
+
+    The async payments service runs on `async_stores(role)`; without them (tests, the
+    simulator's fault-injecting stores) on the sync stores, each request on a thread.
+    """
     telemetry = telemetry or Telemetry()
-    factory = stores or real_stores(settings)
+    if stores is None:
+        stores = real_stores(settings)
+        async_stores = async_stores or real_async_stores(settings)
+    factory = stores
     by_role = {role: factory(role) for role in STORE_ROLES}
     config = dataclasses.replace(settings.idempotency_config(), clock=clock)
     parking = ParkingLot(by_role["parked"], telemetry=telemetry, clock=clock)
@@ -111,13 +174,20 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
     def idem(role: str) -> Idempotency:
         return Idempotency(by_role[role], config=config, telemetry=telemetry)
 
-    payments = PaymentService(
-        idem("ledger"),
-        PartitionWatermark(by_role["dedup"], consumer="payments", event_hub=settings.payments_hub,
-                           consumer_group=settings.payments_consumer_group),
-        parking, event_hub=settings.payments_hub, missing_key_policy=settings.missing_key_policy,
-        max_attempts=settings.payments_max_attempts,
-        max_concurrency=settings.payments_max_concurrency, sleep=sleep)
+    mark = {"consumer": "payments", "event_hub": settings.payments_hub,
+            "consumer_group": settings.payments_consumer_group}
+    options = {"event_hub": settings.payments_hub, "missing_key_policy": settings.missing_key_policy,
+               "max_attempts": settings.payments_max_attempts,
+               "max_concurrency": settings.payments_max_concurrency}
+    payments = PaymentService(idem("ledger"), PartitionWatermark(by_role["dedup"], **mark),
+                              parking, sleep=sleep, **options)
+    aio = {role: (async_stores(role) if async_stores else ThreadedStore(by_role[role]))
+           for role in ("ledger", "dedup", "parked")}
+    payments_async = AsyncPaymentService(
+        AsyncIdempotency(aio["ledger"], config=config, telemetry=telemetry),
+        AsyncPartitionWatermark(aio["dedup"], **mark),
+        AsyncParkingLot(aio["parked"], telemetry=telemetry, clock=clock),
+        sleep=_async_sleep(sleep), **options)
 
     def notifications(consumer: str) -> NotificationService:
         return NotificationService(consumer, idem("notifications"), parking,
@@ -131,6 +201,8 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
         stores=by_role,
         orders=OrderService(idem("orders")),
         payments=payments,
+        payments_async=payments_async,
+        async_stores=aio,
         notify=notifications("notify"),
         audit=notifications("audit"),
         http_payments=HttpPaymentService(idem("dedup"), payments),
@@ -140,6 +212,11 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
         parking=parking,
         telemetry=telemetry,
     )
+
+
+def _async_sleep(sleep: Callable[[float], None]) -> Callable[[float], Any]:
+    """The async service's sleep: asyncio's, unless a test or the simulator injected its own."""
+    return asyncio.sleep if sleep is time.sleep else sleep
 
 
 _lock = threading.Lock()

@@ -471,6 +471,12 @@ class WorkerHost:
             handler(_WorkerRequest(name, message, self._properties())), self._loop)
         return future.result(timeout=self.timeout if timeout is None else timeout)
 
+    def run(self, coroutine: Any, *, timeout: float | None = None) -> Any:
+        """Run a coroutine on the worker's event loop, where the app's `async def` functions
+        run (async SDK clients belong to the loop that used them: close them here)."""
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        return future.result(timeout=self.timeout if timeout is None else timeout)
+
     def _shutdown_loop(self) -> None:
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)

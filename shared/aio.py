@@ -18,10 +18,18 @@ from typing import Any, Protocol
 from shared.cache import CompletedKeyCache
 from shared.config import IdempotencyConfig
 from shared.exceptions import RecordChangedError, StoreUnavailableError
-from shared.handler import Call, Context, Flow, HandlerRun, TransactionWrites, _FlowCore
+from shared.handler import (
+    Call,
+    Context,
+    Flow,
+    GroupMessage,
+    HandlerRun,
+    TransactionWrites,
+    _FlowCore,
+)
 from shared.keys import DedupKey
 from shared.records import IdempotencyRecord, Outcome
-from shared.stores.base import Document, WriteOp
+from shared.stores.base import AsyncDocumentStore, Document, WriteOp, adrive
 from shared.stores.memory import InMemoryIdempotencyStore
 from shared.telemetry import Telemetry
 
@@ -41,17 +49,27 @@ class AsyncStore(Protocol):
     async def read_document(self, partition: str, document_id: str) -> Document | None: ...
     async def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
                      marker_body: dict[str, Any] | None = None) -> IdempotencyRecord: ...
+    async def commit_group(self, markers: Sequence[IdempotencyRecord],
+                           operations: Sequence[WriteOp]) -> list[IdempotencyRecord]: ...
 
 
 class AsyncTransaction(TransactionWrites):
-    """The business writes of one atomic commit; reads are awaited from the async store."""
+    """The business writes of one atomic commit; reads are awaited from the async store
+    (or answered from `reads`, as in `Transaction`)."""
 
-    def __init__(self, store: AsyncStore, partition: str) -> None:
+    def __init__(self, store: AsyncStore, partition: str,
+                 reads: dict[str, Document | None] | None = None) -> None:
         super().__init__(partition)
         self._store = store
+        self._reads = reads
 
     async def read(self, document_id: str) -> Document | None:
-        return await self._store.read_document(self.partition, document_id)
+        if self._reads is not None and document_id in self._reads:
+            return self._reads[document_id]
+        document = await self._store.read_document(self.partition, document_id)
+        if self._reads is not None:
+            self._reads[document_id] = document
+        return document
 
 
 async def _maybe_await(value: Any) -> Any:
@@ -62,8 +80,8 @@ async def _maybe_await(value: Any) -> Any:
 class AsyncIdempotency(_FlowCore):
     """Runs messages through the dedup flow against an async store.
 
-    Same methods and outcomes as `Idempotency`, as coroutines. `run_atomic_group`
-    is sync-only for now.
+    Same methods and outcomes as `Idempotency`, as coroutines; `build` and
+    handlers may be sync or async.
     """
 
     store: AsyncStore
@@ -72,8 +90,9 @@ class AsyncIdempotency(_FlowCore):
                  telemetry: Telemetry | None = None, cache: CompletedKeyCache | None = None) -> None:
         super().__init__(store, config=config, telemetry=telemetry, cache=cache)
 
-    def _transaction(self, partition: str) -> AsyncTransaction:
-        return AsyncTransaction(self.store, partition)
+    def _transaction(self, partition: str,
+                     reads: dict[str, Document | None] | None = None) -> AsyncTransaction:
+        return AsyncTransaction(self.store, partition, reads)
 
     async def _perform(self, call: Call) -> Any:
         if call.kind == "store":
@@ -93,17 +112,7 @@ class AsyncIdempotency(_FlowCore):
 
     async def _drive(self, flow: Flow) -> Any:
         """Run a flow against the async store: each Call awaited, errors thrown back in."""
-        value: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                call = flow.send(value) if error is None else flow.throw(error)
-            except StopIteration as stop:
-                return stop.value
-            try:
-                value, error = await self._perform(call), None
-            except BaseException as failure:  # handed to the flow, which may re-raise
-                value, error = None, failure
+        return await adrive(flow, self._perform)
 
     # -- two-phase -------------------------------------------------------------------
     async def claim(self, key: DedupKey, digest: str, *, takeover_stale: bool = True,
@@ -141,6 +150,14 @@ class AsyncIdempotency(_FlowCore):
         return await self._drive(self._run_atomic_flow(
             key, digest, build, partition=partition, marker_id=marker_id,
             marker_body=marker_body, expires=expires, context=context))
+
+    async def run_atomic_group(self, messages: Sequence[GroupMessage],
+                               build: Callable[[AsyncTransaction, Sequence[int]],
+                                               Sequence[Any] | Awaitable[Sequence[Any]]], *,
+                               partition: str) -> list[Outcome]:
+        """Commit many messages of one partition at once (see `Idempotency.run_atomic_group`)."""
+        return await self._drive(self._run_atomic_group_flow(messages, build,
+                                                             partition=partition))
 
 
 class _AsyncLeaseRenewal:
@@ -182,40 +199,61 @@ class _AsyncLeaseRenewal:
                 logger.warning("could not renew lease: %s", error)
 
 
-class AsyncInMemoryIdempotencyStore:
-    """The in-memory store behind an async face: for tests of async handlers and flows."""
+class ThreadedStore(AsyncDocumentStore):
+    """A sync store behind the async interface, each request on a worker thread.
 
-    name = "memory"
+    For an async app whose stores are given as sync ones (a test double, a
+    fault-injecting wrapper, a backend with no async SDK): the event loop stays
+    free while the request runs. The real backends have native async stores.
+    """
+
+    def __init__(self, store: Any) -> None:
+        self.sync = store
+
+    @property
+    def name(self) -> str:
+        return str(self.sync.name)
+
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(getattr(self.sync, method), *args, **kwargs)
+
+    async def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
+        return await self._call("get_record", partition, record_id)
+
+    async def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        return await self._call("put_record_if_absent", record)
+
+    async def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        return await self._call("replace_record_if_unchanged", record)
+
+    async def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
+        await self._call("delete_record_if_unchanged", record)
+
+    async def read_document(self, partition: str, document_id: str) -> Document | None:
+        return await self._call("read_document", partition, document_id)
+
+    async def write_documents(self, partition: str, operations: Sequence[WriteOp]
+                              ) -> list[Document]:
+        return await self._call("write_documents", partition, operations)
+
+    async def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
+                     marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
+        return await self._call("commit", marker, operations, marker_body=marker_body)
+
+    async def close(self) -> None:
+        await self._call("close")
+
+
+class AsyncInMemoryIdempotencyStore(ThreadedStore):
+    """The in-memory store behind an async face: for tests of async handlers and flows.
+    Requests run inline (they never block)."""
 
     def __init__(self, store: InMemoryIdempotencyStore | None = None) -> None:
-        self.sync = store or InMemoryIdempotencyStore()
+        super().__init__(store or InMemoryIdempotencyStore())
 
     @property
     def requests(self) -> int:
         return self.sync.requests
 
-    async def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
-        return self.sync.get_record(partition, record_id)
-
-    async def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        return self.sync.put_record_if_absent(record)
-
-    async def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        return self.sync.replace_record_if_unchanged(record)
-
-    async def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
-        self.sync.delete_record_if_unchanged(record)
-
-    async def read_document(self, partition: str, document_id: str) -> Document | None:
-        return self.sync.read_document(partition, document_id)
-
-    async def write_documents(self, partition: str, operations: Sequence[WriteOp]
-                              ) -> list[Document]:
-        return self.sync.write_documents(partition, operations)
-
-    async def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
-                     marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
-        return self.sync.commit(marker, operations, marker_body=marker_body)
-
-    async def close(self) -> None:
-        self.sync.close()
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.sync, method)(*args, **kwargs)

@@ -38,6 +38,7 @@ from shared.stores.base import (
     DocumentStore,
     RecordStore,
     WriteOp,
+    drive,
     retry_on_race_flow,
 )
 from shared.telemetry import Telemetry
@@ -133,21 +134,6 @@ class GroupMessage:
     context: Context | None = None
 
 
-def drive(flow: Flow, perform: Callable[[Call], Any]) -> Any:
-    """Run a flow to its return value: each Call performed, its error thrown back in."""
-    value: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            call = flow.send(value) if error is None else flow.throw(error)
-        except StopIteration as stop:
-            return stop.value
-        try:
-            value, error = perform(call), None
-        except BaseException as failure:  # handed to the flow, which may re-raise
-            value, error = None, failure
-
-
 class _FlowCore:
     """The dedup flow written once, as I/O-free generators over `Call`s.
 
@@ -224,7 +210,8 @@ class _FlowCore:
                                source=source, handler_latency=handler_seconds, context=context)
         return outcome
 
-    def _transaction(self, partition: str) -> TransactionWrites:
+    def _transaction(self, partition: str,
+                     reads: dict[str, Document | None] | None = None) -> TransactionWrites:
         """The transaction `build` fills; the driver's kind decides how it reads."""
         raise NotImplementedError
 
@@ -358,6 +345,92 @@ class _FlowCore:
         return self._finish(outcome, started, context)
 
 
+    def _run_atomic_group_flow(self, messages: Sequence[GroupMessage],
+                               build: Callable[..., Any], *, partition: str) -> Flow:
+        started = time.perf_counter()
+        decided: dict[int, tuple[Outcome, str]] = {}  # message index -> (outcome, source)
+        first_copy: dict[str, int] = {}
+        todo: list[int] = []
+        for index, message in enumerate(messages):
+            cached = self._cached(message.key, message.digest)
+            if cached is not None:
+                decided[index] = (cached, "cache")
+            elif message.key.encoded not in first_copy:
+                first_copy[message.key.encoded] = index
+                todo.append(index)
+        reads: dict[str, Document | None] = {}
+        expired: dict[int, IdempotencyRecord] = {}  # expired markers the next commit replaces
+        races: Counter[int] = Counter()  # lost races by message index (-1: a business write)
+
+        def lost_race(index: int) -> None:
+            races[index] += 1
+            if races[index] >= self.config.max_commit_attempts:
+                raise ConcurrencyRetriesExhaustedError(
+                    f"group commit in {partition}: lost {races[index]} races in a row")
+
+        while todo:
+            chunk, results, tx = yield from self._build_chunk_flow(partition, todo, build, reads)
+            markers = [self._marker(messages[i].key, messages[i].digest, partition=partition,
+                                    over=expired.get(i)).evolve(result=result)
+                       for i, result in zip(chunk, results, strict=True)]
+            try:
+                committed = yield _store("commit_group", markers, tx.operations)
+            except (RecordExistsError, RecordChangedError) as error:
+                index = chunk[error.index]
+                expired.pop(index, None)
+                try:
+                    found = yield from self._settle_flow(markers[error.index])
+                except RecordChangedError:  # deleted meanwhile: commit it again
+                    lost_race(index)
+                    continue
+                if isinstance(found, Outcome):
+                    decided[index] = (found, "store")
+                    todo.remove(index)
+                else:
+                    expired[index] = found
+                    lost_race(index)
+                continue
+            except OperationFailedError as error:
+                if error.status_code not in RACE_STATUSES:
+                    raise
+                reads.clear()  # a business document changed since it was read
+                lost_race(-1)
+                continue
+            for index, marker, result in zip(chunk, committed, results, strict=True):
+                decided[index] = (Outcome(OutcomeStatus.PROCESSED, marker.key, marker.request_hash,
+                                          result, marker), "store")
+            todo = todo[len(chunk):]
+            reads.clear()  # the next chunk builds on what this one wrote
+        outcomes = []
+        for index, message in enumerate(messages):
+            if index not in decided:  # a second copy within the group
+                first = decided[first_copy[message.key.encoded]][0]
+                judged = (self._judge(first.record, message.digest, message.key)
+                          if first.record is not None else first)
+                decided[index] = (judged, "group")
+            outcome, source = decided[index]
+            outcomes.append(self._finish(outcome, started, message.context, source=source))
+        return outcomes
+
+    def _build_chunk_flow(self, partition: str, todo: Sequence[int], build: Callable[..., Any],
+                          reads: dict[str, Document | None]) -> Flow:
+        """The next messages that fit in one transaction with their writes, built."""
+        chunk = list(todo[:MAX_TRANSACTION_OPERATIONS - 1])
+        while True:
+            tx = self._transaction(partition, reads)
+            results = list((yield Call("build", args=(tx, chunk), fn=build)))
+            room = MAX_TRANSACTION_OPERATIONS - len(tx.operations)
+            if len(chunk) <= room:
+                break
+            if room < 1:
+                raise ValueError(f"{len(tx.operations)} writes leave no room for a marker")
+            chunk = chunk[:room]
+        if len(results) != len(chunk):
+            raise ValueError(f"build returned {len(results)} results for {len(chunk)} messages")
+        for result in results:
+            encode_result(result, self.config.max_result_bytes)
+        return chunk, results, tx
+
 class Idempotency(_FlowCore):
     """Runs messages through the dedup flow against one (sync) store."""
 
@@ -373,8 +446,9 @@ class Idempotency(_FlowCore):
                             "is not one")
         return self.store
 
-    def _transaction(self, partition: str) -> Transaction:
-        return Transaction(self._document_store(), partition)
+    def _transaction(self, partition: str,
+                     reads: dict[str, Document | None] | None = None) -> Transaction:
+        return Transaction(self._document_store(), partition, reads)
 
     def _perform(self, call: Call) -> Any:
         if call.kind == "store":
@@ -397,9 +471,6 @@ class Idempotency(_FlowCore):
     def _drive(self, flow: Flow) -> Any:
         """Run a flow against the sync store: each Call performed, errors thrown back in."""
         return drive(flow, self._perform)
-
-    def _settle_marker(self, marker: IdempotencyRecord) -> Outcome | IdempotencyRecord:
-        return self._drive(self._settle_flow(marker))
 
     # -- two-phase -------------------------------------------------------------------
     def claim(self, key: DedupKey, digest: str, *, takeover_stale: bool = True,
@@ -471,92 +542,8 @@ class Idempotency(_FlowCore):
         twice in the group is judged against its first copy's record.
         Returns one outcome per message, in order.
         """
-        store = self._document_store()
-        started = time.perf_counter()
-        decided: dict[int, tuple[Outcome, str]] = {}  # message index -> (outcome, source)
-        first_copy: dict[str, int] = {}
-        todo: list[int] = []
-        for index, message in enumerate(messages):
-            cached = self._cached(message.key, message.digest)
-            if cached is not None:
-                decided[index] = (cached, "cache")
-            elif message.key.encoded not in first_copy:
-                first_copy[message.key.encoded] = index
-                todo.append(index)
-        reads: dict[str, Document | None] = {}
-        expired: dict[int, IdempotencyRecord] = {}  # expired markers the next commit replaces
-        races: Counter[int] = Counter()  # lost races by message index (-1: a business write)
-
-        def lost_race(index: int) -> None:
-            races[index] += 1
-            if races[index] >= self.config.max_commit_attempts:
-                raise ConcurrencyRetriesExhaustedError(
-                    f"group commit in {partition}: lost {races[index]} races in a row")
-
-        while todo:
-            chunk, results, tx = self._build_chunk(store, partition, todo, build, reads)
-            markers = [self._marker(messages[i].key, messages[i].digest, partition=partition,
-                                    over=expired.get(i)).evolve(result=result)
-                       for i, result in zip(chunk, results, strict=True)]
-            try:
-                committed = store.commit_group(markers, tx.operations)
-            except (RecordExistsError, RecordChangedError) as error:
-                index = chunk[error.index]
-                expired.pop(index, None)
-                try:
-                    found = self._settle_marker(markers[error.index])
-                except RecordChangedError:  # deleted meanwhile: commit it again
-                    lost_race(index)
-                    continue
-                if isinstance(found, Outcome):
-                    decided[index] = (found, "store")
-                    todo.remove(index)
-                else:
-                    expired[index] = found
-                    lost_race(index)
-                continue
-            except OperationFailedError as error:
-                if error.status_code not in RACE_STATUSES:
-                    raise
-                reads.clear()  # a business document changed since it was read
-                lost_race(-1)
-                continue
-            for index, marker, result in zip(chunk, committed, results, strict=True):
-                decided[index] = (Outcome(OutcomeStatus.PROCESSED, marker.key, marker.request_hash,
-                                          result, marker), "store")
-            todo = todo[len(chunk):]
-            reads.clear()  # the next chunk builds on what this one wrote
-        outcomes = []
-        for index, message in enumerate(messages):
-            if index not in decided:  # a second copy within the group
-                first = decided[first_copy[message.key.encoded]][0]
-                judged = (self._judge(first.record, message.digest, message.key)
-                          if first.record is not None else first)
-                decided[index] = (judged, "group")
-            outcome, source = decided[index]
-            outcomes.append(self._finish(outcome, started, message.context, source=source))
-        return outcomes
-
-    def _build_chunk(self, store: DocumentStore, partition: str, todo: Sequence[int],
-                     build: Callable[[Transaction, Sequence[int]], Sequence[Any]],
-                     reads: dict[str, Document | None]
-                     ) -> tuple[list[int], list[Any], Transaction]:
-        """The next messages that fit in one transaction with their writes, built."""
-        chunk = list(todo[:MAX_TRANSACTION_OPERATIONS - 1])
-        while True:
-            tx = Transaction(store, partition, reads)
-            results = list(build(tx, chunk))
-            room = MAX_TRANSACTION_OPERATIONS - len(tx.operations)
-            if len(chunk) <= room:
-                break
-            if room < 1:
-                raise ValueError(f"{len(tx.operations)} writes leave no room for a marker")
-            chunk = chunk[:room]
-        if len(results) != len(chunk):
-            raise ValueError(f"build returned {len(results)} results for {len(chunk)} messages")
-        for result in results:
-            encode_result(result, self.config.max_result_bytes)
-        return chunk, results, tx
+        self._document_store()
+        return self._drive(self._run_atomic_group_flow(messages, build, partition=partition))
 
     # -- decorator ------------------------------------------------------------------
     def idempotent(self, *, key: Callable[..., DedupKey], payload: Callable[..., Any] | None = None,

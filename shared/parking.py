@@ -101,7 +101,13 @@ class ParkingLot:
         `context` (where the message came from: partition, sequence number,
         properties, message id) is kept on the entry for the person resolving it.
         """
-        context = dict(context or {})
+        partition, write = self._entry(consumer, entry_id, reason, payload, error, context)
+        self._store.write_documents(partition, [write])
+        return self._parked(consumer, entry_id, reason, error, context, alert=alert, written=write)
+
+    def _entry(self, consumer: str, entry_id: str, reason: str, payload: bytes | str, error: str,
+               context: Mapping[str, Any] | None) -> tuple[str, WriteOp]:
+        """The entry's partition and its upsert."""
         text = payload.decode("utf-8", "replace") if isinstance(payload, bytes) else payload
         raw = payload if isinstance(payload, bytes) else payload.encode("utf-8")
         body: dict[str, Any] = {
@@ -113,16 +119,18 @@ class ParkingLot:
             "payloadBytes": len(raw),
             "payloadSha256": hashlib.sha256(raw).hexdigest(),
             "payloadTruncated": len(text) > MAX_INLINE_PAYLOAD_CHARS,
-            "context": json.dumps(context, default=str, sort_keys=True)[:8000],
+            "context": json.dumps(dict(context or {}), default=str, sort_keys=True)[:8000],
             "parkedAt": float(self._clock()),
             "resolved": False,
         }
-        document_id = store_safe_id(entry_id)
-        self._store.write_documents(store_safe_id(consumer), [WriteOp("upsert", document_id, body)])
+        return store_safe_id(consumer), WriteOp("upsert", store_safe_id(entry_id), body)
+
+    def _parked(self, consumer: str, entry_id: str, reason: str, error: str,
+                context: Mapping[str, Any] | None, *, alert: bool, written: WriteOp) -> str:
         if alert:
-            self._telemetry.parked(consumer=consumer, reason=reason,
-                                   context={**context, "entry_id": entry_id, "error": error[:500]})
-        return document_id
+            self._telemetry.parked(consumer=consumer, reason=reason, context={
+                **(context or {}), "entry_id": entry_id, "error": error[:500]})
+        return written.id
 
     def park_record(self, store: RecordStore, record: IdempotencyRecord, *, reason: str,
                     payload: bytes | str, error: str, now: float,
@@ -187,3 +195,16 @@ class ParkingLot:
                                   change)
         assert written is not None  # change() never leaves the entry as it is
         return ParkedEntry.from_document(written)
+
+
+class AsyncParkingLot(ParkingLot):
+    """Parks through an async document store (`shared.aio`); resolving stays sync (the replay
+    tool's side)."""
+
+    async def park(self, *, consumer: str, entry_id: str,  # type: ignore[override]
+                   reason: str, payload: bytes | str, error: str = "", alert: bool = True,
+                   context: Mapping[str, Any] | None = None) -> str:
+        """See `ParkingLot.park`."""
+        partition, write = self._entry(consumer, entry_id, reason, payload, error, context)
+        await self._store.write_documents(partition, [write])
+        return self._parked(consumer, entry_id, reason, error, context, alert=alert, written=write)

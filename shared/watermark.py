@@ -10,11 +10,21 @@ etag-conditional replace while the new value is higher.
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
 from shared.keys import store_safe_id
-from shared.stores.base import UNREAD, Document, DocumentStore, Unread, update_document
+from shared.stores.base import (
+    UNREAD,
+    Document,
+    DocumentStep,
+    DocumentStore,
+    Unread,
+    adrive,
+    drive,
+    update_document_flow,
+)
 
 
 @dataclass(frozen=True)
@@ -33,8 +43,7 @@ class PartitionWatermark:
         self._max_attempts = max_attempts
 
     def read(self, partition_id: str) -> Mark | None:
-        document = self._store.read_document(self._partition, store_safe_id(partition_id))
-        return None if document is None else Mark(int(document.body["sequenceNumber"]), document)
+        return self._mark(self._store.read_document(self._partition, store_safe_id(partition_id)))
 
     def advance(self, partition_id: str, sequence_number: int, *,
                 known: Mark | Unread | None = UNREAD) -> int:
@@ -44,7 +53,17 @@ class PartitionWatermark:
         saves a read; a lost race re-reads.
         """
         stored = [sequence_number]
+        drive(self._advance_flow(partition_id, sequence_number, known, stored),
+              lambda step: getattr(self._store, step[0])(*step[1:]))
+        return stored[0]
 
+    @staticmethod
+    def _mark(document: Document | None) -> Mark | None:
+        return None if document is None else Mark(int(document.body["sequenceNumber"]), document)
+
+    def _advance_flow(self, partition_id: str, sequence_number: int,
+                      known: Mark | Unread | None, stored: list[int]
+                      ) -> Generator[DocumentStep, Any, Document | None]:
         def change(current: Document | None) -> dict[str, Any] | None:
             if current is not None and int(current.body["sequenceNumber"]) >= sequence_number:
                 stored[0] = int(current.body["sequenceNumber"])
@@ -52,6 +71,22 @@ class PartitionWatermark:
             return {"sequenceNumber": int(sequence_number), "partitionId": partition_id}
 
         hint = known if isinstance(known, Unread) or known is None else known.document
-        update_document(self._store, self._partition, store_safe_id(partition_id), change,
-                        known=hint, attempts=self._max_attempts)
+        return update_document_flow(self._partition, store_safe_id(partition_id), change,
+                                    known=hint, attempts=self._max_attempts)
+
+
+class AsyncPartitionWatermark(PartitionWatermark):
+    """`PartitionWatermark` on an async document store (`shared.aio`): the same mark, awaited."""
+
+    async def read(self, partition_id: str) -> Mark | None:  # type: ignore[override]
+        return self._mark(await self._store.read_document(self._partition,
+                                                          store_safe_id(partition_id)))
+
+    async def advance(self, partition_id: str, sequence_number: int, *,  # type: ignore[override]
+                      known: Mark | Unread | None = UNREAD) -> int:
+        async def perform(step: DocumentStep) -> Any:
+            return await getattr(self._store, step[0])(*step[1:])
+
+        stored = [sequence_number]
+        await adrive(self._advance_flow(partition_id, sequence_number, known, stored), perform)
         return stored[0]

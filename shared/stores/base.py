@@ -150,21 +150,60 @@ class DocumentStore(abc.ABC):
         forwards `commit`, commits groups the same way. Returns the markers;
         only the first carries its new etag.
         """
-        first, *rest = markers
-        if any(marker.partition_key != first.partition_key for marker in rest):
-            raise ValueError("a group commit holds the markers of one partition")
+        first, rest = group_commit(markers, operations)
         try:
-            committed = self.commit(first, [*(WriteOp.marker(m) for m in rest), *operations])
+            committed = self.commit(first, rest)
         except OperationFailedError as error:
-            if error.index >= len(rest):
-                raise OperationFailedError(error.index - len(rest), error.status_code) from error
-            index = error.index + 1
-            if error.status_code == 409:
-                raise RecordExistsError(markers[index].id, index=index) from error
-            if error.status_code in (404, 412):
-                raise RecordChangedError(markers[index].id, index=index) from error
-            raise
-        return [committed, *(marker.evolve(etag=None) for marker in rest)]
+            failure = group_commit_error(error, markers)
+            if failure is None:
+                raise
+            raise failure from error
+        return [committed, *(marker.evolve(etag=None) for marker in markers[1:])]
+
+
+def group_commit(markers: Sequence[IdempotencyRecord], operations: Sequence[WriteOp]
+                 ) -> tuple[IdempotencyRecord, list[WriteOp]]:
+    """A group commit as one `commit`: the first marker, then the others and `operations`."""
+    first, *rest = markers
+    if any(marker.partition_key != first.partition_key for marker in rest):
+        raise ValueError("a group commit holds the markers of one partition")
+    return first, [*(WriteOp.marker(m) for m in rest), *operations]
+
+
+def group_commit_error(error: OperationFailedError, markers: Sequence[IdempotencyRecord]
+                       ) -> Exception | None:
+    """`commit`'s failure as the group's: the failed marker by index, or the business write's
+    (None: raise `error` as it is)."""
+    others = len(markers) - 1
+    if error.index >= others:
+        return OperationFailedError(error.index - others, error.status_code)
+    index = error.index + 1
+    if error.status_code == 409:
+        return RecordExistsError(markers[index].id, index=index)
+    if error.status_code in (404, 412):
+        return RecordChangedError(markers[index].id, index=index)
+    return None
+
+
+class AsyncDocumentStore:
+    """`DocumentStore.commit_group` for the async stores: built on their awaited `commit`."""
+
+    async def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
+                     marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
+        raise NotImplementedError
+
+    async def commit_group(self, markers: Sequence[IdempotencyRecord],
+                           operations: Sequence[WriteOp]) -> list[IdempotencyRecord]:
+        """See `DocumentStore.commit_group`."""
+        first, rest = group_commit(markers, operations)
+        try:
+            committed = await self.commit(first, rest)
+        except OperationFailedError as error:
+            failure = group_commit_error(error, markers)
+            if failure is None:
+                raise
+            raise failure from error
+        return [committed, *(marker.evolve(etag=None) for marker in markers[1:])]
 
 
 class IdempotencyStore(RecordStore, DocumentStore, abc.ABC):
@@ -248,6 +287,37 @@ async def async_store_call[T](backend: str, action: Callable[[], Awaitable[T]], 
         return None
 
 
+def drive(flow: Generator[Any, Any, Any], perform: Callable[[Any], Any]) -> Any:
+    """Run a flow (a generator of I/O steps) to its return value: each step performed, its
+    error thrown back in. `adrive` is the async driver."""
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = flow.send(value) if error is None else flow.throw(error)
+        except StopIteration as stop:
+            return stop.value
+        try:
+            value, error = perform(step), None
+        except BaseException as failure:  # handed to the flow, which may re-raise
+            value, error = None, failure
+
+
+async def adrive(flow: Generator[Any, Any, Any], perform: Callable[[Any], Awaitable[Any]]) -> Any:
+    """`drive` for async: each step awaited, its error thrown back in."""
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = flow.send(value) if error is None else flow.throw(error)
+        except StopIteration as stop:
+            return stop.value
+        try:
+            value, error = await perform(step), None
+        except BaseException as failure:  # handed to the flow, which may re-raise
+            value, error = None, failure
+
+
 def retry_on_race_flow[T](step: Callable[[], Generator[Any, Any, T]], *, attempts: int,
                           what: str) -> Generator[Any, Any, T]:
     """Run an optimistic read-then-conditional-write step until it does not lose a race.
@@ -288,6 +358,34 @@ class Unread:
 UNREAD = Unread()
 
 
+#: A document step: ("read_document", partition, id) or ("write_documents", partition, ops),
+#: run by the caller on its (sync or async) store.
+DocumentStep = tuple[Any, ...]
+
+
+def update_document_flow(partition: str, document_id: str,
+                         change: Callable[[Document | None], dict[str, Any] | None], *,
+                         known: Document | Unread | None = UNREAD,
+                         attempts: int = 10) -> Generator[DocumentStep, Any, Document | None]:
+    """`update_document` as steps, for a sync or an async store."""
+    hint = [known]
+
+    def step() -> Generator[DocumentStep, Any, Document | None]:
+        first = hint[0]
+        hint[0] = UNREAD
+        current = ((yield ("read_document", partition, document_id)) if isinstance(first, Unread)
+                   else first)
+        body = change(current)
+        if body is None:
+            return None
+        op = (WriteOp("create", document_id, body) if current is None
+              else WriteOp("replace", document_id, body, etag=current.etag))
+        return (yield ("write_documents", partition, [op]))[0]
+
+    return (yield from retry_on_race_flow(step, attempts=attempts,
+                                          what=f"update of {document_id}"))
+
+
 def update_document(store: DocumentStore, partition: str, document_id: str,
                     change: Callable[[Document | None], dict[str, Any] | None], *,
                     known: Document | Unread | None = UNREAD, attempts: int = 10) -> Document | None:
@@ -298,18 +396,6 @@ def update_document(store: DocumentStore, partition: str, document_id: str,
     first read; a lost race re-reads. Returns the written document, or None
     when nothing was written.
     """
-    hint = [known]
-
-    def step() -> Document | None:
-        first = hint[0]
-        hint[0] = UNREAD
-        current = (store.read_document(partition, document_id) if isinstance(first, Unread)
-                   else first)
-        body = change(current)
-        if body is None:
-            return None
-        op = (WriteOp("create", document_id, body) if current is None
-              else WriteOp("replace", document_id, body, etag=current.etag))
-        return store.write_documents(partition, [op])[0]
-
-    return retry_on_race(step, attempts=attempts, what=f"update of {document_id}")
+    return drive(update_document_flow(partition, document_id, change, known=known,
+                                      attempts=attempts),
+                 lambda step: getattr(store, step[0])(*step[1:]))

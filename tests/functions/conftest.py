@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import uuid
 
 import pytest
 
 from function_app import indexed_functions
-from functions.services import build_services, configure
+from functions.services import build_services, configure, real_stores
 from functions.settings import Settings
 from simulator.faults import FakeNotificationApi
 
@@ -39,7 +41,10 @@ def services_for(stack, api, clock):
     """Install app services for a backend; returns them. Undone after the test."""
 
     def install(backend: str, **overrides: str):
-        services = build_services(settings_for(stack, backend, **overrides), sender=api,
+        settings = settings_for(stack, backend, **overrides)
+        # Real stores; the async payments path runs on them through threads (loop-agnostic:
+        # each test may run its own loop). tests/worker covers the real async stores.
+        services = build_services(settings, stores=real_stores(settings), sender=api,
                                   clock=clock, sleep=lambda _: None)
         configure(services)
         return services
@@ -58,8 +63,12 @@ def registered_functions() -> tuple:
 
 
 def function(name: str):
-    """The user function registered under `name`, as the worker would call it."""
+    """The user function registered under `name`, called as the worker would call it (an
+    `async def` one awaited on an event loop of its own)."""
     for fn in registered_functions():
         if fn.get_function_name() == name:
-            return fn.get_user_function()
+            user = fn.get_user_function()
+            if inspect.iscoroutinefunction(user):
+                return lambda *args, **kwargs: asyncio.run(user(*args, **kwargs))
+            return user
     raise KeyError(name)

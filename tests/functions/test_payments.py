@@ -356,10 +356,10 @@ def test_missing_key_falls_back_to_partition_and_sequence_when_opted_in(services
 
 
 def test_parking_failure_raises_so_the_host_retries_the_batch(services, monkeypatch):
-    def down(**_):
+    async def down(**_):
         raise StoreUnavailableError("parking store down")
 
-    monkeypatch.setattr(services.parking, "park", down)
+    monkeypatch.setattr(services.payments_async.parking, "park", down)  # the function's path
     partition = uuid.uuid4().hex[:6]
     with pytest.raises(StoreUnavailableError):
         run([SentEvent(b"{broken", 1)], partition)
@@ -369,14 +369,14 @@ def test_parking_failure_raises_so_the_host_retries_the_batch(services, monkeypa
 def test_an_unexpected_error_parks_the_event_instead_of_stalling_the_partition(services,
                                                                                monkeypatch):
     account, cursed = account_id(), account_id()
-    real_post = services.payments._post
+    real_post = services.payments_async._post  # the function's path
 
-    def buggy(tx, account_id, amounts):
+    async def buggy(tx, account_id, amounts):
         if account_id == cursed:
             raise KeyError("bug")
-        return real_post(tx, account_id, amounts)
+        return await real_post(tx, account_id, amounts)
 
-    monkeypatch.setattr(services.payments, "_post", buggy)
+    monkeypatch.setattr(services.payments_async, "_post", buggy)
     partition = uuid.uuid4().hex[:6]
     run([SentEvent(structured("u1", cursed, 1), 1), SentEvent(structured("u2", account, 4), 2),
          SentEvent(structured("u3", cursed, 2), 3)], partition)

@@ -18,10 +18,18 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from domain.payments import ACCOUNT_DOCUMENT
+from functions.services import build_services, configure, real_async_stores, real_stores
 from local_stack.host_data import SentEvent, SentMessage
 from local_stack.settlement_server import SettlementCall
 from local_stack.worker import WorkerHost
-from shared import DedupKey, request_hash, store_safe_id
+from shared import (
+    AsyncCosmosIdempotencyStore,
+    AsyncTableIdempotencyStore,
+    DedupKey,
+    request_hash,
+    store_safe_id,
+)
+from tests.functions.conftest import settings_for
 from tests.support.settlement import SettlementRecorder
 
 SOURCE = "/payments/api"
@@ -149,7 +157,26 @@ def balance(services, account: str) -> int | None:
     return None if document is None else document.body["balanceCents"]
 
 
-def test_payments_batch_reads_per_event_metadata_and_a_replay_changes_nothing(worker, services):
+@pytest.fixture
+def async_services(worker, stack, api, clock, backend):
+    """App services whose async payments path runs on the real async stores (azure.cosmos.aio,
+    azure.data.tables.aio), as in Azure; their clients live on the worker's loop."""
+    settings = settings_for(stack, backend)
+    services = build_services(settings, stores=real_stores(settings),
+                              async_stores=real_async_stores(settings), sender=api, clock=clock,
+                              sleep=lambda _: None)
+    configure(services)
+    yield services
+    configure(None)
+    worker.run(services.aclose())
+
+
+def test_payments_batch_reads_per_event_metadata_and_a_replay_changes_nothing(worker,
+                                                                              async_services):
+    services = async_services
+    expected = AsyncCosmosIdempotencyStore if services.settings.backend == "cosmos" \
+        else AsyncTableIdempotencyStore
+    assert isinstance(services.async_stores["ledger"], expected)
     account, partition = f"acct-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex[:6]
     debit, debit_props = binary_mode("d1", account, 300, "ce_")
     debit2, debit2_props = binary_mode("d2", account, 200, "cloudEvents:")
