@@ -37,6 +37,7 @@ from shared import (
     TableIdempotencyStore,
 )
 from shared.aio import ThreadedStore
+from shared.cache import DocumentCache
 from shared.maintenance import Maintenance
 from shared.parking import AsyncParkingLot, ParkingLot
 from shared.telemetry import Telemetry
@@ -174,17 +175,22 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
     def idem(role: str) -> Idempotency:
         return Idempotency(by_role[role], config=config, telemetry=telemetry)
 
+    # An instance owns a partition's batches for a while: it remembers the partition's mark
+    # and the balances it wrote (both re-checked by etag when it writes them next).
     mark = {"consumer": "payments", "event_hub": settings.payments_hub,
-            "consumer_group": settings.payments_consumer_group}
+            "consumer_group": settings.payments_consumer_group, "remember": True}
     options = {"event_hub": settings.payments_hub, "missing_key_policy": settings.missing_key_policy,
                "max_attempts": settings.payments_max_attempts,
                "max_concurrency": settings.payments_max_concurrency}
-    payments = PaymentService(idem("ledger"), PartitionWatermark(by_role["dedup"], **mark),
-                              parking, sleep=sleep, **options)
+    payments = PaymentService(
+        Idempotency(by_role["ledger"], config=config, telemetry=telemetry,
+                    documents=DocumentCache()),
+        PartitionWatermark(by_role["dedup"], **mark), parking, sleep=sleep, **options)
     aio = {role: (async_stores(role) if async_stores else ThreadedStore(by_role[role]))
            for role in ("ledger", "dedup", "parked")}
     payments_async = AsyncPaymentService(
-        AsyncIdempotency(aio["ledger"], config=config, telemetry=telemetry),
+        AsyncIdempotency(aio["ledger"], config=config, telemetry=telemetry,
+                         documents=DocumentCache()),
         AsyncPartitionWatermark(aio["dedup"], **mark),
         AsyncParkingLot(aio["parked"], telemetry=telemetry, clock=clock),
         sleep=_async_sleep(sleep), **options)

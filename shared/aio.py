@@ -15,7 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
-from shared.cache import CompletedKeyCache
+from shared.cache import CompletedKeyCache, DocumentCache
 from shared.config import IdempotencyConfig
 from shared.exceptions import RecordChangedError, StoreUnavailableError
 from shared.handler import (
@@ -24,6 +24,7 @@ from shared.handler import (
     Flow,
     GroupMessage,
     HandlerRun,
+    Reads,
     TransactionWrites,
     _FlowCore,
 )
@@ -48,27 +49,30 @@ class AsyncStore(Protocol):
     async def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None: ...
     async def read_document(self, partition: str, document_id: str) -> Document | None: ...
     async def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
-                     marker_body: dict[str, Any] | None = None) -> IdempotencyRecord: ...
+                     marker_body: dict[str, Any] | None = None,
+                     written: list[Document] | None = None) -> IdempotencyRecord: ...
     async def commit_group(self, markers: Sequence[IdempotencyRecord],
-                           operations: Sequence[WriteOp]) -> list[IdempotencyRecord]: ...
+                           operations: Sequence[WriteOp], *,
+                           written: list[Document] | None = None) -> list[IdempotencyRecord]: ...
 
 
 class AsyncTransaction(TransactionWrites):
     """The business writes of one atomic commit; reads are awaited from the async store
     (or answered from `reads`, as in `Transaction`)."""
 
-    def __init__(self, store: AsyncStore, partition: str,
-                 reads: dict[str, Document | None] | None = None) -> None:
+    def __init__(self, store: AsyncStore, partition: str, reads: Reads | None = None) -> None:
         super().__init__(partition)
         self._store = store
         self._reads = reads
 
     async def read(self, document_id: str) -> Document | None:
-        if self._reads is not None and document_id in self._reads:
-            return self._reads[document_id]
+        if self._reads is not None:
+            hit, document = self._reads.known(document_id)
+            if hit:
+                return document
         document = await self._store.read_document(self.partition, document_id)
         if self._reads is not None:
-            self._reads[document_id] = document
+            self._reads.remember(document_id, document)
         return document
 
 
@@ -87,19 +91,17 @@ class AsyncIdempotency(_FlowCore):
     store: AsyncStore
 
     def __init__(self, store: AsyncStore, *, config: IdempotencyConfig | None = None,
-                 telemetry: Telemetry | None = None, cache: CompletedKeyCache | None = None) -> None:
-        super().__init__(store, config=config, telemetry=telemetry, cache=cache)
+                 telemetry: Telemetry | None = None, cache: CompletedKeyCache | None = None,
+                 documents: DocumentCache | None = None) -> None:
+        super().__init__(store, config=config, telemetry=telemetry, cache=cache,
+                         documents=documents)
 
-    def _transaction(self, partition: str,
-                     reads: dict[str, Document | None] | None = None) -> AsyncTransaction:
+    def _transaction(self, partition: str, reads: Reads | None = None) -> AsyncTransaction:
         return AsyncTransaction(self.store, partition, reads)
 
     async def _perform(self, call: Call) -> Any:
         if call.kind == "store":
-            if call.name == "commit":  # marker_body is keyword-only on the store
-                marker, operations, marker_body = call.args
-                return await self.store.commit(marker, operations, marker_body=marker_body)
-            return await getattr(self.store, call.name)(*call.args)
+            return await getattr(self.store, call.name)(*call.args, **call.kwargs)
         assert call.fn is not None
         if call.kind == "build":
             return await _maybe_await(call.fn(*call.args))
@@ -237,8 +239,10 @@ class ThreadedStore(AsyncDocumentStore):
         return await self._call("write_documents", partition, operations)
 
     async def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
-                     marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
-        return await self._call("commit", marker, operations, marker_body=marker_body)
+                     marker_body: dict[str, Any] | None = None,
+                     written: list[Document] | None = None) -> IdempotencyRecord:
+        return await self._call("commit", marker, operations, marker_body=marker_body,
+                                written=written)
 
     async def close(self) -> None:
         await self._call("close")

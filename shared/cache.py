@@ -28,6 +28,7 @@ from datetime import timedelta
 
 from shared.keys import DedupKey
 from shared.records import IdempotencyRecord, RecordState
+from shared.stores.base import Document
 
 DEFAULT_MAX_ENTRIES = 10_000
 DEFAULT_MAX_AGE = timedelta(minutes=5)
@@ -117,3 +118,49 @@ class CompletedKeyCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+
+
+class DocumentCache:
+    """Business documents this process wrote last, with their etags: a bounded LRU.
+
+    A group commit (`Idempotency(..., documents=DocumentCache())`) takes a
+    document from here instead of reading it when this process wrote it last,
+    as an Event Hubs consumer does with the balances of the accounts its
+    partition carries. The commit's etag condition is the check: when someone
+    else changed the document since, the transaction fails as a lost race,
+    nothing is written, the entry is dropped and the document read again. So
+    an entry is only ever used for a document the build writes back under the
+    etag it read (read-modify-write); for any other read the flow goes to the
+    store. Only documents the store answered with an etag are kept.
+    """
+
+    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+        if max_entries < 1:
+            raise ValueError("max_entries must be at least 1")
+        self.max_entries = max_entries
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[tuple[str, str], Document] = OrderedDict()
+
+    def get(self, partition: str, document_id: str) -> Document | None:
+        with self._lock:
+            found = self._entries.get((partition, document_id))
+            if found is not None:
+                self._entries.move_to_end((partition, document_id))
+            return found
+
+    def put(self, document: Document) -> None:
+        if document.etag is None:
+            return
+        with self._lock:
+            self._entries[(document.partition, document.id)] = document
+            self._entries.move_to_end((document.partition, document.id))
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+
+    def forget(self, partition: str, document_id: str) -> None:
+        with self._lock:
+            self._entries.pop((partition, document_id), None)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)

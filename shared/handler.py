@@ -14,10 +14,10 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, ParamSpec
 
-from shared.cache import CompletedKeyCache
+from shared.cache import CompletedKeyCache, DocumentCache
 from shared.config import IdempotencyConfig
 from shared.exceptions import (
     ConcurrencyRetriesExhaustedError,
@@ -72,25 +72,76 @@ class TransactionWrites:
         self.operations.append(WriteOp("delete", document_id, etag=etag))
 
 
+class Reads:
+    """What one group commit read, across its attempts and chunks, so it reads each document
+    once and again only after losing a race on it; and, with a `DocumentCache`, documents
+    this process wrote last, taken instead of a read (the commit's etag checks them)."""
+
+    def __init__(self, partition: str, cache: DocumentCache | None = None) -> None:
+        self.partition = partition
+        self.cache = cache
+        self.documents: dict[str, Document | None] = {}
+        self.cached: dict[str, Document] = {}  # taken from the cache: must be written back
+
+    def known(self, document_id: str) -> tuple[bool, Document | None]:
+        """(True, the document) when it needs no read; (False, None) otherwise."""
+        if document_id in self.documents:
+            return True, self.documents[document_id]
+        found = self.cache.get(self.partition, document_id) if self.cache is not None else None
+        if found is None:
+            return False, None
+        self.documents[document_id] = self.cached[document_id] = found
+        return True, found
+
+    def remember(self, document_id: str, document: Document | None) -> None:
+        self.documents[document_id] = document
+
+    def unchecked(self, operations: Sequence[WriteOp]) -> list[str]:
+        """Cached documents the writes do not write back under the etag taken: read them."""
+        checked = {op.id for op in operations
+                   if op.kind in ("replace", "patch", "delete") and op.id in self.cached
+                   and op.etag == self.cached[op.id].etag}
+        unchecked = [document_id for document_id in self.cached if document_id not in checked]
+        self.forget(unchecked)
+        return unchecked
+
+    def forget(self, document_ids: Sequence[str]) -> None:
+        for document_id in document_ids:
+            self.documents.pop(document_id, None)
+            self.cached.pop(document_id, None)
+            if self.cache is not None:
+                self.cache.forget(self.partition, document_id)
+
+    def lost_race(self) -> None:
+        """A business write failed its condition: read everything again."""
+        self.forget(list(self.cached))
+        self.documents.clear()
+
+    def committed(self, operations: Sequence[WriteOp], written: Sequence[Document]) -> None:
+        """After a commit: remember what it wrote; the next chunk builds on that."""
+        self.forget([op.id for op in operations])
+        self.documents.clear()
+        if self.cache is not None:
+            for document in written:
+                self.cache.put(document)
+
+
 class Transaction(TransactionWrites):
-    """The business writes of one atomic commit. Reads go to the store, or to `reads`.
+    """The business writes of one atomic commit. Reads go to the store, or to `reads`."""
 
-    `reads` remembers documents across the attempts of one group commit, so a
-    group reads each document once and again only after losing a race on it.
-    """
-
-    def __init__(self, store: DocumentStore, partition: str,
-                 reads: dict[str, Document | None] | None = None) -> None:
+    def __init__(self, store: DocumentStore, partition: str, reads: Reads | None = None) -> None:
         super().__init__(partition)
         self._store = store
         self._reads = reads
 
     def read(self, document_id: str) -> Document | None:
-        if self._reads is not None and document_id in self._reads:
-            return self._reads[document_id]
+        if self._reads is not None:
+            hit, document = self._reads.known(document_id)
+            if hit:
+                return document
         document = self._store.read_document(self.partition, document_id)
         if self._reads is not None:
-            self._reads[document_id] = document
+            self._reads.remember(document_id, document)
         return document
 
 
@@ -98,7 +149,7 @@ class Transaction(TransactionWrites):
 class Call:
     """One step a flow asks its driver for: a store method, or the user's code.
 
-    `kind` "store": `getattr(store, name)(*args)`; "build": `fn(*args)` (the
+    `kind` "store": `getattr(store, name)(*args, **kwargs)`; "build": `fn(*args)` (the
     driver awaits it when it returns an awaitable); "handler": run `fn` under
     a renewed lease on `args[0]` and answer with a HandlerRun, never raising.
     """
@@ -107,6 +158,7 @@ class Call:
     name: str = ""
     args: tuple[Any, ...] = ()
     fn: Callable[..., Any] | None = None
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -121,8 +173,8 @@ class HandlerRun:
 Flow = Generator[Call, Any, Any]
 
 
-def _store(name: str, *args: Any) -> Call:
-    return Call("store", name, args)
+def _store(name: str, *args: Any, **kwargs: Any) -> Call:
+    return Call("store", name, args, kwargs=kwargs)
 
 
 @dataclass(frozen=True)
@@ -146,11 +198,13 @@ class _FlowCore:
     store: Any
 
     def __init__(self, store: Any, *, config: IdempotencyConfig | None = None,
-                 telemetry: Telemetry | None = None, cache: CompletedKeyCache | None = None) -> None:
+                 telemetry: Telemetry | None = None, cache: CompletedKeyCache | None = None,
+                 documents: DocumentCache | None = None) -> None:
         self.store = store  # run_atomic also needs it to be a DocumentStore
         self.config = config or IdempotencyConfig()
         self.telemetry = telemetry or Telemetry()
         self.cache = cache  # completed keys only; consulted by run/run_atomic before the store
+        self.documents = documents  # what group commits wrote last; see DocumentCache
 
     # -- helpers -------------------------------------------------------------------
     def _now(self) -> float:
@@ -210,8 +264,7 @@ class _FlowCore:
                                source=source, handler_latency=handler_seconds, context=context)
         return outcome
 
-    def _transaction(self, partition: str,
-                     reads: dict[str, Document | None] | None = None) -> TransactionWrites:
+    def _transaction(self, partition: str, reads: Reads | None = None) -> TransactionWrites:
         """The transaction `build` fills; the driver's kind decides how it reads."""
         raise NotImplementedError
 
@@ -330,7 +383,7 @@ class _FlowCore:
             encode_result(result, self.config.max_result_bytes)
             try:
                 committed = yield _store("commit", marker.evolve(result=result), tx.operations,
-                                         marker_body)
+                                         marker_body=marker_body)
                 return Outcome(OutcomeStatus.PROCESSED, key, digest, result, committed)
             except (RecordExistsError, RecordChangedError):
                 pass
@@ -358,7 +411,7 @@ class _FlowCore:
             elif message.key.encoded not in first_copy:
                 first_copy[message.key.encoded] = index
                 todo.append(index)
-        reads: dict[str, Document | None] = {}
+        reads = Reads(partition, self.documents)
         expired: dict[int, IdempotencyRecord] = {}  # expired markers the next commit replaces
         races: Counter[int] = Counter()  # lost races by message index (-1: a business write)
 
@@ -373,8 +426,9 @@ class _FlowCore:
             markers = [self._marker(messages[i].key, messages[i].digest, partition=partition,
                                     over=expired.get(i)).evolve(result=result)
                        for i, result in zip(chunk, results, strict=True)]
+            written: list[Document] = []
             try:
-                committed = yield _store("commit_group", markers, tx.operations)
+                committed = yield _store("commit_group", markers, tx.operations, written=written)
             except (RecordExistsError, RecordChangedError) as error:
                 index = chunk[error.index]
                 expired.pop(index, None)
@@ -393,14 +447,14 @@ class _FlowCore:
             except OperationFailedError as error:
                 if error.status_code not in RACE_STATUSES:
                     raise
-                reads.clear()  # a business document changed since it was read
+                reads.lost_race()  # a business document changed since it was read
                 lost_race(-1)
                 continue
             for index, marker, result in zip(chunk, committed, results, strict=True):
                 decided[index] = (Outcome(OutcomeStatus.PROCESSED, marker.key, marker.request_hash,
                                           result, marker), "store")
             todo = todo[len(chunk):]
-            reads.clear()  # the next chunk builds on what this one wrote
+            reads.committed(tx.operations, written)  # the next chunk builds on what this wrote
         outcomes = []
         for index, message in enumerate(messages):
             if index not in decided:  # a second copy within the group
@@ -413,12 +467,14 @@ class _FlowCore:
         return outcomes
 
     def _build_chunk_flow(self, partition: str, todo: Sequence[int], build: Callable[..., Any],
-                          reads: dict[str, Document | None]) -> Flow:
+                          reads: Reads) -> Flow:
         """The next messages that fit in one transaction with their writes, built."""
         chunk = list(todo[:MAX_TRANSACTION_OPERATIONS - 1])
         while True:
             tx = self._transaction(partition, reads)
             results = list((yield Call("build", args=(tx, chunk), fn=build)))
+            if reads.unchecked(tx.operations):
+                continue  # a cached document the commit would not check: build on a read
             room = MAX_TRANSACTION_OPERATIONS - len(tx.operations)
             if len(chunk) <= room:
                 break
@@ -437,8 +493,10 @@ class Idempotency(_FlowCore):
     store: RecordStore
 
     def __init__(self, store: RecordStore, *, config: IdempotencyConfig | None = None,
-                 telemetry: Telemetry | None = None, cache: CompletedKeyCache | None = None) -> None:
-        super().__init__(store, config=config, telemetry=telemetry, cache=cache)
+                 telemetry: Telemetry | None = None, cache: CompletedKeyCache | None = None,
+                 documents: DocumentCache | None = None) -> None:
+        super().__init__(store, config=config, telemetry=telemetry, cache=cache,
+                         documents=documents)
 
     def _document_store(self) -> DocumentStore:
         if not isinstance(self.store, DocumentStore):
@@ -446,16 +504,12 @@ class Idempotency(_FlowCore):
                             "is not one")
         return self.store
 
-    def _transaction(self, partition: str,
-                     reads: dict[str, Document | None] | None = None) -> Transaction:
+    def _transaction(self, partition: str, reads: Reads | None = None) -> Transaction:
         return Transaction(self._document_store(), partition, reads)
 
     def _perform(self, call: Call) -> Any:
         if call.kind == "store":
-            if call.name == "commit":  # marker_body is keyword-only on the store
-                marker, operations, marker_body = call.args
-                return self._document_store().commit(marker, operations, marker_body=marker_body)
-            return getattr(self.store, call.name)(*call.args)
+            return getattr(self.store, call.name)(*call.args, **call.kwargs)
         assert call.fn is not None
         if call.kind == "build":
             return call.fn(*call.args)

@@ -34,16 +34,28 @@ class Mark:
 
 
 class PartitionWatermark:
-    """Reads and advances high-water marks kept as documents in a document store."""
+    """Reads and advances high-water marks kept as documents in a document store.
+
+    With `remember=True` the mark this instance last read or wrote is answered
+    from memory, which saves a read per batch while the instance owns the
+    partition. That is safe because a mark only moves up: a remembered mark is
+    never above the stored one, so at worst events between the two are
+    processed again and absorbed by their keys; and the next advance is
+    etag-conditional, so a mark another instance moved meanwhile is re-read.
+    """
 
     def __init__(self, store: DocumentStore, *, consumer: str, event_hub: str,
-                 consumer_group: str, max_attempts: int = 10) -> None:
+                 consumer_group: str, max_attempts: int = 10, remember: bool = False) -> None:
         self._store = store
         self._partition = store_safe_id(f"hwm|{consumer}|{event_hub}|{consumer_group}")
         self._max_attempts = max_attempts
+        self._known: dict[str, Mark] | None = {} if remember else None
 
     def read(self, partition_id: str) -> Mark | None:
-        return self._mark(self._store.read_document(self._partition, store_safe_id(partition_id)))
+        if self._known is not None and partition_id in self._known:
+            return self._known[partition_id]
+        return self._seen(partition_id, self._store.read_document(
+            self._partition, store_safe_id(partition_id)))
 
     def advance(self, partition_id: str, sequence_number: int, *,
                 known: Mark | Unread | None = UNREAD) -> int:
@@ -57,30 +69,45 @@ class PartitionWatermark:
               lambda step: getattr(self._store, step[0])(*step[1:]))
         return stored[0]
 
-    @staticmethod
-    def _mark(document: Document | None) -> Mark | None:
-        return None if document is None else Mark(int(document.body["sequenceNumber"]), document)
+    def _seen(self, partition_id: str, document: Document | None) -> Mark | None:
+        """The mark in `document`, remembered when this instance remembers marks."""
+        mark = None if document is None else Mark(int(document.body["sequenceNumber"]), document)
+        if self._known is not None and mark is not None:
+            self._known[partition_id] = mark
+        return mark
 
     def _advance_flow(self, partition_id: str, sequence_number: int,
                       known: Mark | Unread | None, stored: list[int]
-                      ) -> Generator[DocumentStep, Any, Document | None]:
+                      ) -> Generator[DocumentStep, Any]:
+        seen: list[Document | None] = [None]
+
         def change(current: Document | None) -> dict[str, Any] | None:
+            seen[0] = current
             if current is not None and int(current.body["sequenceNumber"]) >= sequence_number:
                 stored[0] = int(current.body["sequenceNumber"])
                 return None  # already as high: never move it down
             return {"sequenceNumber": int(sequence_number), "partitionId": partition_id}
 
         hint = known if isinstance(known, Unread) or known is None else known.document
-        return update_document_flow(self._partition, store_safe_id(partition_id), change,
-                                    known=hint, attempts=self._max_attempts)
+        try:
+            written = yield from update_document_flow(
+                self._partition, store_safe_id(partition_id), change, known=hint,
+                attempts=self._max_attempts)
+        except BaseException:
+            if self._known is not None:
+                self._known.pop(partition_id, None)  # read it again next time
+            raise
+        self._seen(partition_id, written or seen[0])
 
 
 class AsyncPartitionWatermark(PartitionWatermark):
     """`PartitionWatermark` on an async document store (`shared.aio`): the same mark, awaited."""
 
     async def read(self, partition_id: str) -> Mark | None:  # type: ignore[override]
-        return self._mark(await self._store.read_document(self._partition,
-                                                          store_safe_id(partition_id)))
+        if self._known is not None and partition_id in self._known:
+            return self._known[partition_id]
+        return self._seen(partition_id, await self._store.read_document(
+            self._partition, store_safe_id(partition_id)))
 
     async def advance(self, partition_id: str, sequence_number: int, *,  # type: ignore[override]
                       known: Mark | Unread | None = UNREAD) -> int:

@@ -351,8 +351,9 @@ class _Forwarding(IdempotencyStore):
         self.inner.delete_record_if_unchanged(record)
 
     def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
-               marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
-        return self.inner.commit(marker, operations, marker_body=marker_body)
+               marker_body: dict[str, Any] | None = None,
+               written: list[Document] | None = None) -> IdempotencyRecord:
+        return self.inner.commit(marker, operations, marker_body=marker_body, written=written)
 
     def iter_records(self, *, in_progress_before: float | None = None,
                      expired_before: float | None = None) -> Iterator[IdempotencyRecord]:
@@ -455,9 +456,10 @@ class FaultyStore(_Forwarding):
         self._run(lambda: self.inner.delete_record_if_unchanged(record), write=True)
 
     def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
-               marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
-        return self._run(lambda: self.inner.commit(marker, operations, marker_body=marker_body),
-                         write=True)
+               marker_body: dict[str, Any] | None = None,
+               written: list[Document] | None = None) -> IdempotencyRecord:
+        return self._run(lambda: self.inner.commit(marker, operations, marker_body=marker_body,
+                                                   written=written), write=True)
 
     def read_document(self, partition: str, document_id: str) -> Document | None:
         return self._run(lambda: self.inner.read_document(partition, document_id), write=False)
@@ -485,8 +487,9 @@ class DedupOffStore(_Forwarding):
         return self.inner.put_record_if_absent(record.evolve(record_id=record.id + self._suffix()))
 
     def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
-               marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
-        suffix = self._suffix()
+               marker_body: dict[str, Any] | None = None,
+               written: list[Document] | None = None) -> IdempotencyRecord:
+        suffix = self._suffix()  # nothing goes to `written`: the documents it writes are new
         fresh = marker.evolve(record_id=marker.id + suffix, etag=None)
         ops = [replace(op, id=op.id + suffix) if op.kind == "create" else op for op in operations]
         return self.inner.commit(fresh, ops, marker_body=marker_body)
@@ -524,8 +527,9 @@ class NonAtomicStore(_Forwarding):
             inv.between_steps()
 
     def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
-               marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
-        partition = marker.partition_key
+               marker_body: dict[str, Any] | None = None,
+               written: list[Document] | None = None) -> IdempotencyRecord:
+        partition = marker.partition_key  # nothing goes to `written`: not one transaction
         if self.mode == "marker-first":
             committed = self.inner.commit(marker, [], marker_body=marker_body)
             self._between_steps()

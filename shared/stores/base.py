@@ -130,17 +130,20 @@ class DocumentStore(abc.ABC):
 
     @abc.abstractmethod
     def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
-               marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
+               marker_body: dict[str, Any] | None = None,
+               written: list[Document] | None = None) -> IdempotencyRecord:
         """Write the marker first and `operations` in one transaction in its partition.
 
         The marker is created, or replaced when it carries an etag (taking over
         an expired record). RecordExistsError / RecordChangedError when the
         marker write fails; OperationFailedError when a business write fails.
-        Nothing is written in either case.
+        Nothing is written in either case. `written`, when given, receives the
+        documents `operations` created or replaced, with their new etags
+        (`written_documents`), so a caller can write them again without a read.
         """
 
-    def commit_group(self, markers: Sequence[IdempotencyRecord],
-                     operations: Sequence[WriteOp]) -> list[IdempotencyRecord]:
+    def commit_group(self, markers: Sequence[IdempotencyRecord], operations: Sequence[WriteOp], *,
+                     written: list[Document] | None = None) -> list[IdempotencyRecord]:
         """Write several markers of one partition, in order, then `operations`, in one transaction.
 
         All commit or nothing does. RecordExistsError / RecordChangedError say
@@ -148,17 +151,26 @@ class DocumentStore(abc.ABC):
         counts `operations` only. Built on `commit` (the further markers travel
         as `WriteOp.marker` operations), so every backend, and any wrapper that
         forwards `commit`, commits groups the same way. Returns the markers;
-        only the first carries its new etag.
+        only the first carries its new etag. `written` as for `commit`.
         """
         first, rest = group_commit(markers, operations)
         try:
-            committed = self.commit(first, rest)
+            committed = self.commit(first, rest, written=written)
         except OperationFailedError as error:
             failure = group_commit_error(error, markers)
             if failure is None:
                 raise
             raise failure from error
         return [committed, *(marker.evolve(etag=None) for marker in markers[1:])]
+
+
+def written_documents(partition: str, operations: Sequence[WriteOp],
+                      etags: Sequence[str | None]) -> list[Document]:
+    """The business documents a transaction created or replaced, with the etags it answered
+    (further markers, patches and deletes leave nothing to reuse)."""
+    return [Document(op.id, partition, op.body, etag)
+            for op, etag in zip(operations, etags, strict=True)
+            if op.record is None and op.kind in ("create", "replace", "upsert") and etag]
 
 
 def group_commit(markers: Sequence[IdempotencyRecord], operations: Sequence[WriteOp]
@@ -189,15 +201,17 @@ class AsyncDocumentStore:
     """`DocumentStore.commit_group` for the async stores: built on their awaited `commit`."""
 
     async def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
-                     marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
+                     marker_body: dict[str, Any] | None = None,
+                     written: list[Document] | None = None) -> IdempotencyRecord:
         raise NotImplementedError
 
     async def commit_group(self, markers: Sequence[IdempotencyRecord],
-                           operations: Sequence[WriteOp]) -> list[IdempotencyRecord]:
+                           operations: Sequence[WriteOp], *,
+                           written: list[Document] | None = None) -> list[IdempotencyRecord]:
         """See `DocumentStore.commit_group`."""
         first, rest = group_commit(markers, operations)
         try:
-            committed = await self.commit(first, rest)
+            committed = await self.commit(first, rest, written=written)
         except OperationFailedError as error:
             failure = group_commit_error(error, markers)
             if failure is None:

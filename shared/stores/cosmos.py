@@ -28,6 +28,7 @@ from shared.stores.base import (
     check_transaction_size,
     store_call,
     transaction_failure,
+    written_documents,
 )
 from shared.stores.codec import check_flat, is_record, record_fields, record_from_fields
 
@@ -85,9 +86,13 @@ class CosmosMapping:
         return [first, *(self._batch_op(marker.partition_key, op) for op in operations)]
 
     @staticmethod
-    def _committed(marker: IdempotencyRecord, results: list[dict[str, Any]]) -> IdempotencyRecord:
-        etag = results[0].get("eTag") or (results[0].get("resourceBody") or {}).get("_etag")
-        return marker.evolve(etag=etag)
+    def _committed(marker: IdempotencyRecord, operations: Sequence[WriteOp],
+                   results: list[dict[str, Any]], written: list[Document] | None
+                   ) -> IdempotencyRecord:
+        etags = [r.get("eTag") or (r.get("resourceBody") or {}).get("_etag") for r in results]
+        if written is not None:
+            written += written_documents(marker.partition_key, operations, etags[1:])
+        return marker.evolve(etag=etags[0])
 
     def _document(self, partition: str, document_id: str, item: dict[str, Any]) -> Document:
         # A synthetic "/pk" is storage detail; a business partition field (orderId) stays.
@@ -217,10 +222,11 @@ class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
                 for op, result in zip(operations, results, strict=True)]
 
     def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
-               marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
+               marker_body: dict[str, Any] | None = None,
+               written: list[Document] | None = None) -> IdempotencyRecord:
         results = self._batch(marker.partition_key, self._commit_batch(marker, operations, marker_body),
                               marker_id=marker.id)
-        return self._committed(marker, results)
+        return self._committed(marker, operations, results, written)
 
     def close(self) -> None:
         if self._cosmos is not None:

@@ -148,11 +148,12 @@ class AsyncCosmosIdempotencyStore(CosmosMapping, AsyncDocumentStore):
                 for op, result in zip(operations, results, strict=True)]
 
     async def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
-                     marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
+                     marker_body: dict[str, Any] | None = None,
+                     written: list[Document] | None = None) -> IdempotencyRecord:
         results = await self._batch(marker.partition_key,
                                     self._commit_batch(marker, operations, marker_body),
                                     marker_id=marker.id)
-        return self._committed(marker, results)
+        return self._committed(marker, operations, results, written)
 
     async def close(self) -> None:
         """Close the client this store created; a caller's client stays open."""

@@ -24,6 +24,7 @@ from shared.stores.base import (
     WriteOp,
     check_transaction_size,
     transaction_failure,
+    written_documents,
 )
 from shared.stores.codec import check_flat, is_record, record_fields, record_from_fields
 
@@ -107,10 +108,13 @@ class InMemoryIdempotencyStore(IdempotencyStore):
                 for op, etag in zip(operations, etags, strict=True)]
 
     def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
-               marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
+               marker_body: dict[str, Any] | None = None,
+               written: list[Document] | None = None) -> IdempotencyRecord:
         if marker_body:
             check_flat(marker_body)
         etags = self._transact(marker.partition_key, marker, marker_body, operations)
+        if written is not None:
+            written += written_documents(marker.partition_key, operations, etags[1:])
         return marker.evolve(etag=etags[0])
 
     def _transact(self, partition: str, marker: IdempotencyRecord | None,

@@ -28,6 +28,7 @@ from shared.stores.base import (
     check_transaction_size,
     store_call,
     transaction_failure,
+    written_documents,
 )
 from shared.stores.codec import check_flat, is_record, record_fields, record_from_fields
 
@@ -240,9 +241,13 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
                 for op, meta in zip(operations, results, strict=True)]
 
     def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
-               marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
+               marker_body: dict[str, Any] | None = None,
+               written: list[Document] | None = None) -> IdempotencyRecord:
         results = self._transaction(self._commit_batch(marker, operations, marker_body),
                                     marker_id=marker.id)
+        if written is not None:
+            written += written_documents(marker.partition_key, operations,
+                                         [_etag(meta) for meta in results[1:]])
         return marker.evolve(etag=_etag(results[0]))
 
     def close(self) -> None:

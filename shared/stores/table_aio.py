@@ -25,6 +25,7 @@ from shared.stores.base import (
     async_store_call,
     changed_statuses,
     check_transaction_size,
+    written_documents,
 )
 from shared.stores.codec import is_record
 from shared.stores.table import _IF_UNCHANGED, BACKEND, TableMapping, _etag, transaction_error
@@ -123,9 +124,13 @@ class AsyncTableIdempotencyStore(TableMapping, AsyncDocumentStore):
                 for op, meta in zip(operations, results, strict=True)]
 
     async def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
-                     marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
+                     marker_body: dict[str, Any] | None = None,
+                     written: list[Document] | None = None) -> IdempotencyRecord:
         results = await self._transaction(self._commit_batch(marker, operations, marker_body),
                                           marker_id=marker.id)
+        if written is not None:
+            written += written_documents(marker.partition_key, operations,
+                                         [_etag(meta) for meta in results[1:]])
         return marker.evolve(etag=_etag(results[0]))
 
     async def close(self) -> None:

@@ -184,6 +184,29 @@ def test_new_events_cost_one_read_and_one_commit_per_account(counted_services, a
         sum(m for m in range(1, 21) if m % 4 == i) for i in range(4)]
 
 
+def test_the_next_batch_writes_without_reading_what_the_instance_wrote(counted_services,
+                                                                      any_backend):
+    counted = counted_services(any_backend)
+    services = counted.services
+    accounts = [account_id() for _ in range(4)]
+    batch(services, [SentEvent(structured(f"a{n}", accounts[n % 4], n), n) for n in range(1, 9)])
+    counted.requests()
+    events = [SentEvent(structured(f"b{n}", accounts[n % 4], n), n) for n in range(9, 17)]
+    report = batch(services, events)
+    assert (report.applied, report.watermark) == (8, 16)
+    # the mark and the balances this instance wrote are remembered: one transaction per
+    # account and the mark write, no read
+    assert counted.requests() == 4 + 1
+    assert [balance(services, a) for a in accounts] == [
+        sum(m for m in range(1, 17) if m % 4 == i) for i in range(4)]
+
+
+def restarted(services: Services) -> Services:
+    """The same stores, none of the process-local state: a host restart."""
+    return build_services(services.settings, stores=services.stores.__getitem__,
+                          clock=services.payments.ledger.config.clock, sleep=lambda _: None)
+
+
 def test_replayed_batch_costs_one_request_and_changes_nothing(counted_services, any_backend):
     counted = counted_services(any_backend)
     services = counted.services
@@ -191,7 +214,10 @@ def test_replayed_batch_costs_one_request_and_changes_nothing(counted_services, 
     events = [SentEvent(structured(f"e{n}", account, 100), n) for n in range(1, 6)]
     batch(services, events)
     counted.requests()
-    report = batch(services, events)  # the same batch again after a restart
+    report = batch(services, events)  # the same batch again, same instance
+    assert (report.applied, report.duplicates, report.replay_skipped) == (0, 0, 5)
+    assert counted.requests() == 0  # the mark it wrote is remembered
+    report = batch(restarted(services), events)  # again after a restart
     assert (report.applied, report.duplicates, report.replay_skipped) == (0, 0, 5)
     assert counted.requests() == 1  # the high-water mark read
     assert balance(services, account) == 500
@@ -210,8 +236,9 @@ def test_duplicates_inside_a_group_are_judged_and_the_rest_committed(counted_ser
               SentEvent(structured("o1", other, 5), 4),
               SentEvent(structured("d3", account, 30), 5)]  # a second copy in the same group
     report = batch(services, events)
-    # 2 accounts x (read + commit) + the mark; the duplicate: its record read + one more commit
-    assert counted.requests() == 1 + 2 * 2 + 1 + 2
+    # mark read + other's balance read + a commit per account + mark write (the account's
+    # balance is remembered from the early batch); the duplicate: its record read + a commit
+    assert counted.requests() == 1 + 1 + 2 + 1 + 2
     assert (report.applied, report.duplicates, report.parked) == (3, 2, {})
     assert balance(services, account) == 60 and balance(services, other) == 5
     assert marker_result(services, account, "d2") == {"balanceCents": 20}  # from the first time
@@ -229,8 +256,9 @@ def test_reused_key_inside_a_group_is_parked_and_the_rest_applied(counted_servic
               SentEvent(structured("k2", account, 2), 3),
               SentEvent(structured("k2", account, 777), 4)]  # reused within the batch
     report = batch(services, events)
-    # the mark, a read, the failed commit, k1's record, the commit; two parked entries; the mark
-    assert counted.requests() == 1 + 1 + 1 + 1 + 1 + 2 + 1
+    # the mark, the failed commit (the balance is remembered from the early batch), k1's
+    # record, the commit; two parked entries; the mark
+    assert counted.requests() == 1 + 1 + 1 + 1 + 2 + 1
     assert (report.applied, report.parked) == (2, {"IdempotencyKeyConflict": 2})
     assert balance(services, account) == 103
     assert parked(services, "0", 2)["reason"] == "IdempotencyKeyConflict"
@@ -245,8 +273,9 @@ def test_more_than_a_transaction_for_one_account_is_split_in_order(counted_servi
     account = account_id()
     events = [SentEvent(structured(f"s{n}", account, n), n) for n in range(1, 151)]
     report = batch(services, events)
-    # the mark, then 99 markers + the balance, then 51 + the balance (re-read), then the mark
-    assert counted.requests() == 1 + 2 + 2 + 1
+    # the mark, then a read and 99 markers + the balance, then 51 + the balance (as the first
+    # transaction wrote it: no read), then the mark
+    assert counted.requests() == 1 + 2 + 1 + 1
     assert report.applied == 150
     assert balance(services, account) == sum(range(1, 151))
     assert marker_result(services, account, "s99") == {"balanceCents": sum(range(1, 100))}

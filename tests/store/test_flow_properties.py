@@ -190,9 +190,10 @@ class Scheduled(IdempotencyStore):
         return self.inner.write_documents(partition, operations)
 
     def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
-               marker_body: dict[str, Any] | None = None) -> IdempotencyRecord:
+               marker_body: dict[str, Any] | None = None,
+               written: list[Document] | None = None) -> IdempotencyRecord:
         self.tick()
-        return self.inner.commit(marker, operations, marker_body=marker_body)
+        return self.inner.commit(marker, operations, marker_body=marker_body, written=written)
 
 
 class CheckThenActStore(InMemoryIdempotencyStore):

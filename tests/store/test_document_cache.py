@@ -1,0 +1,149 @@
+"""Group commits take documents this process wrote last from a DocumentCache instead of
+reading them, and the commit's etag condition catches a stale one: on memory, Azurite and the
+Cosmos server."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from shared import AsyncIdempotency, AsyncInMemoryIdempotencyStore, DedupKey, Idempotency
+from shared import request_hash as digest_of
+from shared.cache import DocumentCache
+from shared.exceptions import OperationFailedError
+from shared.handler import GroupMessage
+from shared.records import OutcomeStatus
+from shared.stores.base import Document, WriteOp
+
+PARTITION = "acct-1"
+
+
+def messages(*names: str) -> list[GroupMessage]:
+    return [GroupMessage(DedupKey("ledger", name), digest_of(name)) for name in names]
+
+
+def add(tx: Any, indexes: Any) -> list[int]:
+    """Read-modify-write of one counter: +1 per message, written back under the etag read."""
+    found = tx.read("counter")
+    count = int(found.body["count"]) if found else 0
+    results = [count := count + 1 for _ in indexes]
+    if found is None:
+        tx.create("counter", {"count": count})
+    else:
+        tx.replace("counter", {"count": count}, etag=found.etag)
+    return results
+
+
+class ReadCounter:
+    def __init__(self, store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.reads: list[str] = []
+        real = store.read_document
+
+        def read(partition: str, document_id: str) -> Document | None:
+            self.reads.append(document_id)
+            return real(partition, document_id)
+
+        monkeypatch.setattr(store, "read_document", read)
+
+
+def counter_of(store: Any) -> int:
+    return int(store.read_document(PARTITION, "counter").body["count"])
+
+
+def test_a_commit_reports_what_it_wrote_with_etags_the_store_accepts(store, clock):
+    idem = Idempotency(store)
+    marker = idem._marker(DedupKey("ledger", "m"), "h", partition=PARTITION)
+    written: list[Document] = []
+    store.commit(marker, [WriteOp("create", "counter", {"count": 1}),
+                          WriteOp("create", "note", {"text": "x"})], written=written)
+    assert [(d.id, d.body) for d in written] == [("counter", {"count": 1}), ("note", {"text": "x"})]
+    # The etag is the stored one: a conditional replace under it succeeds, a second one fails.
+    store.write_documents(PARTITION, [WriteOp("replace", "counter", {"count": 2},
+                                              etag=written[0].etag)])
+    with pytest.raises(OperationFailedError):
+        store.write_documents(PARTITION, [WriteOp("replace", "counter", {"count": 3},
+                                                  etag=written[0].etag)])
+
+
+def test_the_next_group_takes_the_document_from_the_cache_without_a_read(store, monkeypatch):
+    idem = Idempotency(store, documents=DocumentCache())
+    counted = ReadCounter(store, monkeypatch)
+    first = idem.run_atomic_group(messages("a", "b"), add, partition=PARTITION)
+    second = idem.run_atomic_group(messages("c", "d", "e"), add, partition=PARTITION)
+    assert [o.result for o in first + second] == [1, 2, 3, 4, 5]
+    assert counted.reads == ["counter"]  # the first group's read only
+    assert counter_of(store) == 5
+
+
+def test_without_a_cache_every_group_reads(store, monkeypatch):
+    idem = Idempotency(store)
+    counted = ReadCounter(store, monkeypatch)
+    idem.run_atomic_group(messages("a"), add, partition=PARTITION)
+    idem.run_atomic_group(messages("b"), add, partition=PARTITION)
+    assert counted.reads == ["counter", "counter"]
+
+
+def test_a_document_someone_else_changed_fails_the_commit_and_is_read_again(store, monkeypatch):
+    idem = Idempotency(store, documents=DocumentCache())
+    idem.run_atomic_group(messages("a", "b"), add, partition=PARTITION)
+    current = store.read_document(PARTITION, "counter")
+    store.write_documents(PARTITION, [WriteOp("replace", "counter", {"count": 100},
+                                              etag=current.etag)])  # another instance
+    counted = ReadCounter(store, monkeypatch)
+    outcomes = idem.run_atomic_group(messages("c"), add, partition=PARTITION)
+    assert outcomes[0].status is OutcomeStatus.PROCESSED and outcomes[0].result == 101
+    assert counted.reads == ["counter"]  # the stale copy failed the commit, then one read
+    assert counter_of(store) == 101
+
+
+def test_a_cached_document_the_build_does_not_write_back_is_read_from_the_store(store,
+                                                                               monkeypatch):
+    idem = Idempotency(store, documents=DocumentCache())
+    idem.run_atomic_group(messages("a"), add, partition=PARTITION)
+    current = store.read_document(PARTITION, "counter")
+    store.write_documents(PARTITION, [WriteOp("replace", "counter", {"count": 7},
+                                              etag=current.etag)])
+    counted = ReadCounter(store, monkeypatch)
+
+    def copy_elsewhere(tx: Any, indexes: Any) -> list[int]:  # reads the counter, writes another
+        count = int(tx.read("counter").body["count"])
+        tx.upsert("copy", {"count": count})
+        return [count for _ in indexes]
+
+    outcomes = idem.run_atomic_group(messages("b"), copy_elsewhere, partition=PARTITION)
+    assert outcomes[0].result == 7  # not the cached 1: nothing would have checked it
+    assert counted.reads == ["counter"]
+
+
+def test_the_async_flow_uses_the_cache_the_same_way():
+    store = AsyncInMemoryIdempotencyStore()
+    idem = AsyncIdempotency(store, documents=DocumentCache())
+
+    async def add_async(tx: Any, indexes: Any) -> list[int]:
+        found = await tx.read("counter")
+        count = int(found.body["count"]) if found else 0
+        results = [count := count + 1 for _ in indexes]
+        if found is None:
+            tx.create("counter", {"count": count})
+        else:
+            tx.replace("counter", {"count": count}, etag=found.etag)
+        return results
+
+    async def main() -> list[Any]:
+        first = await idem.run_atomic_group(messages("a"), add_async, partition=PARTITION)
+        before = store.requests
+        second = await idem.run_atomic_group(messages("b"), add_async, partition=PARTITION)
+        return [first[0].result, second[0].result, store.requests - before]
+
+    assert asyncio.run(main()) == [1, 2, 1]  # one request: the commit
+
+
+def test_the_cache_is_bounded_and_keeps_only_documents_with_an_etag():
+    cache = DocumentCache(max_entries=2)
+    for name in ("a", "b", "c"):
+        cache.put(Document(name, "p", {}, etag=f"e-{name}"))
+    cache.put(Document("d", "p", {}, etag=None))
+    assert cache.get("p", "a") is None and cache.get("p", "c").etag == "e-c"
+    assert cache.get("p", "d") is None and len(cache) == 2
