@@ -30,12 +30,14 @@ from urllib.parse import urlsplit
 import requests
 from azure.core.pipeline import PipelineRequest
 from azure.core.pipeline.policies import SansIOHTTPPolicy
-from azure.core.pipeline.transport import RequestsTransport
+from azure.core.pipeline.transport import AioHttpTransport, RequestsTransport
 from azure.cosmos import CosmosClient
+from azure.cosmos.aio import CosmosClient as AsyncCosmosClient
 from azure.data.tables import TableClient
 from requests.adapters import HTTPAdapter
 
 from shared.stores import CosmosIdempotencyStore, TableIdempotencyStore
+from shared.stores.table_aio import AsyncTableIdempotencyStore
 
 
 def classify(backend: str, method: str, url: str) -> str:
@@ -160,6 +162,41 @@ class CountingTransport(RequestsTransport):
         except Exception as error:  # e.g. a keep-alive connection the server had closed
             self._counter.record_error(error)
             raise
+
+
+class AsyncCountingTransport(AioHttpTransport):
+    """`CountingTransport` for the async clients (aiohttp): every request counted as sent."""
+
+    def __init__(self, counter: RequestCounter, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._counter = counter
+
+    async def send(self, request: Any, **kwargs: Any) -> Any:
+        self._counter.record("wire", request.method, request.url)
+        try:
+            return await super().send(request, **kwargs)
+        except Exception as error:
+            self._counter.record_error(error)
+            raise
+
+
+def counted_async_table_store(connection_string: str, table_name: str, counter: RequestCounter,
+                              **options: Any) -> AsyncTableIdempotencyStore:
+    """An async Table store whose calls and wire attempts are counted like the sync one's."""
+    return AsyncTableIdempotencyStore.from_connection_string(
+        connection_string, table_name=table_name,
+        per_call_policies=[CountingPolicy(counter, "call")],
+        per_retry_policies=[CountingPolicy(counter, "wire")], **options)
+
+
+async def counted_async_cosmos_client(endpoint: str, key: str, counter: RequestCounter, *,
+                                      verify: bool = True, **options: Any) -> AsyncCosmosClient:
+    """An async CosmosClient (entered: account read, session consistency) counting every request
+    at its transport; `enable_endpoint_discovery=False` behind a relay, as for the sync one."""
+    client = AsyncCosmosClient(endpoint, key, connection_verify=verify,
+                               transport=AsyncCountingTransport(counter), **options)
+    await client.__aenter__()
+    return client
 
 
 def counted_table_client(connection_string: str, table_name: str,

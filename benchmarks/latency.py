@@ -19,6 +19,7 @@ other processes) and data-plane store requests (exact, `benchmarks.counting`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import ipaddress
@@ -38,6 +39,8 @@ from azure.data.tables import TableClient, TableServiceClient
 
 from benchmarks.counting import (
     RequestCounter,
+    counted_async_cosmos_client,
+    counted_async_table_store,
     counted_cosmos_client,
     counted_cosmos_store,
     counted_table_store,
@@ -55,7 +58,7 @@ from benchmarks.latency_variants import (
 from functions.services import build_services
 from functions.settings import Settings
 from local_stack.relay import Relay
-from shared import InMemoryIdempotencyStore
+from shared import AsyncCosmosIdempotencyStore, InMemoryIdempotencyStore
 
 PARTITION = "0"
 DEFAULT_CONCURRENCY = 16
@@ -112,6 +115,7 @@ class LatencyResult:
     batch_retried: list[int] = field(default_factory=list)  # requests sent again after a failure
     replay_events: int = 0
     replay_requests: int = 0
+    replay_retried: int = 0  # of those, sent again after a transport failure
     replay_seconds: float = 0.0
     meta_requests: int = 0
     retried_calls: int = 0  # requests sent again (Table: SDK retries; Cosmos: transport failures)
@@ -283,38 +287,62 @@ class _Stores:
         self.database = f"lat-{uuid.uuid4().hex[:8]}"
         self.tables: list[str] = []
         self.closables: list[Any] = []
+        self.async_closables: list[Any] = []
+        self.loop = asyncio.Runner()  # the async variants' event loop (their clients live on it)
         self.database_used = False
 
-    def _table(self, counter: RequestCounter) -> Any:
+    def _table(self, counter: RequestCounter) -> tuple[Any, Any]:
+        """A fresh table: a sync store on it and, for the async variants, an async one."""
         name = f"lat{uuid.uuid4().hex[:12]}"
         self.tables.append(name)
         store = counted_table_store(self.relayed.table_connection_string, name, counter,
                                     transport=pooled_transport(self.pool_size))
         self.closables.append(store)
-        return store
+        aio = counted_async_table_store(self.relayed.table_connection_string, name, counter)
+        self.async_closables.append(aio)
+        return store, aio
 
     def stores(self, backend: str, roles: tuple[str, ...]) -> tuple[PaymentStores, list[RequestCounter]]:
         table_counter = RequestCounter("table")
         if backend == "table":
             made = {role: self._table(table_counter) for role in roles}
-            return PaymentStores(**made), [table_counter]
+            return self._payment_stores(made), [table_counter]
         cosmos_counter = RequestCounter("cosmos")
         client = counted_cosmos_client(self.relayed.cosmos_endpoint, self.relayed.cosmos_key,
                                        cosmos_counter, verify=self.relayed.cosmos_verify,
                                        pool_size=self.pool_size, enable_endpoint_discovery=False)
         self.closables.append(client)
+        aio_client = self.loop.run(counted_async_cosmos_client(
+            self.relayed.cosmos_endpoint, self.relayed.cosmos_key, cosmos_counter,
+            verify=self.relayed.cosmos_verify, enable_endpoint_discovery=False))
+        self.async_closables.append(aio_client)
         self.database_used = True
-        made = {role: counted_cosmos_store(client, self.database, f"{role}-{uuid.uuid4().hex[:8]}")
-                for role in roles if role != "parked"}
-        if "parked" in roles:  # the parking lot always lives in Table Storage
-            made["parked"] = self._table(table_counter)
-        return PaymentStores(**made), [cosmos_counter, table_counter]
+        made = {}
+        for role in roles:
+            if role == "parked":  # the parking lot always lives in Table Storage
+                made[role] = self._table(table_counter)
+                continue
+            store = counted_cosmos_store(client, self.database, f"{role}-{uuid.uuid4().hex[:8]}")
+            container = (aio_client.get_database_client(self.database)
+                         .get_container_client(store.container.id))
+            made[role] = (store, AsyncCosmosIdempotencyStore.from_container(container))
+        return self._payment_stores(made), [cosmos_counter, table_counter]
+
+    def _payment_stores(self, made: dict[str, tuple[Any, Any]]) -> PaymentStores:
+        stores = PaymentStores(**{role: pair[0] for role, pair in made.items()})
+        stores.aio = {role: pair[1] for role, pair in made.items()}
+        stores.run = self.loop.run
+        return stores
 
     def close(self) -> None:
         """Best effort, directly (not through the relays)."""
         for closable in self.closables:
             with contextlib.suppress(Exception):
                 closable.close()
+        for closable in self.async_closables:
+            with contextlib.suppress(Exception):
+                self.loop.run(closable.close())
+        self.loop.close()
         if self.tables:
             service = TableServiceClient.from_connection_string(self.direct.table_connection_string)
             for table in self.tables:
@@ -419,9 +447,11 @@ def run_scenario(direct: Endpoints, relayed: Endpoints, *, rtt_ms: float, accoun
         last = workload.batches[-1]
         for slot in slots:  # a host restart, then the last checkpointed batch again
             slot.variant.restart()
-            requests, _, elapsed, _ = _measure(slot, lambda s=slot: s.variant.process(last, PARTITION))
+            requests, retried, elapsed, _ = _measure(
+                slot, lambda s=slot: s.variant.process(last, PARTITION))
             slot.result.replay_events = len(last)
             slot.result.replay_requests = requests
+            slot.result.replay_retried = retried
             slot.result.replay_seconds = elapsed
         for slot in slots:
             slot.result.meta_requests = slot.meta() - meta_before[id(slot)]

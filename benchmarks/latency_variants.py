@@ -15,9 +15,12 @@ partition, as `domain.payments` keeps it):
 * `no-dedup-grouped`: the limit for grouped dedup: per batch, one read and one
   single-document write per account, accounts run concurrently on a bounded
   thread pool. 2 requests per account per batch.
-* `app`: the app's dedup path, whatever it is when the benchmark runs:
-  `PaymentService.process_batch(events, partition_id)` built by
-  `functions.services.build_services` on the benchmark's counted stores.
+* `app`: what the `payments` function runs, whatever it is when the benchmark
+  runs: `AsyncPaymentService.process_batch(events, partition_id)` built by
+  `functions.services.build_services` on the benchmark's counted async stores
+  (azure.cosmos.aio, azure.data.tables.aio), awaited on one event loop.
+* `app-sync`: the same batch through the sync `PaymentService` (account groups
+  on threads, sync SDKs), as the HTTP API and the replay tool use it.
 
 The no-dedup variants are the cheapest store traffic that produces the same
 balances when nothing is delivered twice (a replay applies a batch again).
@@ -29,13 +32,14 @@ import json
 import random
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.variants import ChangedError, ExistsError, RawStore, raw_store
 from domain.messages import InboundEvent
+from domain.payments import BatchReport
 from functions.services import Services, build_services
 from functions.settings import Settings
 from shared import (
@@ -154,6 +158,8 @@ class PaymentStores:
     ledger: IdempotencyStore
     dedup: IdempotencyStore | None = None
     parked: IdempotencyStore | None = None
+    aio: dict[str, Any] = field(default_factory=dict)  # async stores on the same tables, by role
+    run: Callable[[Coroutine[Any, Any, Any]], Any] | None = None  # runs on the async stores' loop
 
     def factory(self) -> Callable[[str], IdempotencyStore]:
         """For `build_services(stores=...)`: payments' roles here, the others in memory (unused)."""
@@ -312,10 +318,11 @@ class NoDedupGrouped(_NoDedup):
         self._pool.shutdown(wait=True)
 
 
-class AppPath(PaymentVariant):
-    """`PaymentService.process_batch` as `functions.services.build_services` wires it."""
+class SyncAppPath(PaymentVariant):
+    """`PaymentService.process_batch` (threads, sync SDKs) as `build_services` wires it: the
+    service behind the HTTP API and the replay tool."""
 
-    name, label = "app", "This project: PaymentService.process_batch"
+    name, label = "app-sync", "This project: PaymentService (threads)"
     roles = ("ledger", "dedup", "parked")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -325,8 +332,11 @@ class AppPath(PaymentVariant):
     def restart(self) -> None:
         self.services: Services = build_services(self.settings, stores=self.stores.factory())
 
+    def _report(self, events: list[InboundEvent], partition_id: str) -> BatchReport:
+        return self.services.payments.process_batch(events, partition_id)
+
     def process(self, events: list[InboundEvent], partition_id: str) -> None:
-        report = self.services.payments.process_batch(events, partition_id)
+        report = self._report(events, partition_id)
         self.outcomes["applied"] += report.applied
         self.outcomes["duplicate"] += report.duplicates
         self.outcomes["replay_skipped"] += report.replay_skipped
@@ -334,6 +344,23 @@ class AppPath(PaymentVariant):
             self.outcomes[f"parked:{reason}"] += count
 
 
+class AppPath(SyncAppPath):
+    """What the `payments` function runs: `AsyncPaymentService.process_batch` on the async
+    stores (azure.cosmos.aio, azure.data.tables.aio), awaited on one event loop."""
+
+    name, label = "app", "This project: payments function (async)"
+
+    def restart(self) -> None:
+        self.services = build_services(self.settings, stores=self.stores.factory(),
+                                       async_stores=self.stores.aio.__getitem__)
+
+    def _report(self, events: list[InboundEvent], partition_id: str) -> BatchReport:
+        assert self.stores.run is not None
+        return self.stores.run(self.services.payments_async.process_batch(events, partition_id))
+
+
 LATENCY_VARIANTS: dict[str, type[PaymentVariant]] = {
-    cls.name: cls for cls in (PerEventDedup, NoDedupSequential, NoDedupGrouped, AppPath)}
-PER_EVENT, LIMIT, APP = PerEventDedup.name, NoDedupGrouped.name, AppPath.name
+    cls.name: cls for cls in (PerEventDedup, NoDedupSequential, NoDedupGrouped, SyncAppPath,
+                              AppPath)}
+PER_EVENT, LIMIT, APP, SYNC_APP = (PerEventDedup.name, NoDedupGrouped.name, AppPath.name,
+                                   SyncAppPath.name)

@@ -39,6 +39,7 @@ transient failure as a permanent rejection, so the app refuses valid messages).
 
 from __future__ import annotations
 
+import contextvars
 import enum
 import hashlib
 import json
@@ -208,24 +209,33 @@ class Invocation:
 
 
 _current = threading.local()
+#: The invocation in this context: follows an `async def` function into its tasks and
+#: `asyncio.to_thread` calls (the worker runs it on a coroutine scheduled from the caller's
+#: context), where the thread-local answer is not set.
+_current_in_context: contextvars.ContextVar[Invocation | None] = contextvars.ContextVar(
+    "simulated_invocation", default=None)
 
 
 def current() -> Invocation | None:
-    return getattr(_current, "invocation", None)
+    return getattr(_current, "invocation", None) or _current_in_context.get()
 
 
 class invocation:
-    """`with invocation(inv):` makes `inv` the current thread's invocation."""
+    """`with invocation(inv):` makes `inv` the current thread's (and context's) invocation."""
 
     def __init__(self, value: Invocation) -> None:
         self.value = value
+        self._token: contextvars.Token[Invocation | None] | None = None
 
     def __enter__(self) -> Invocation:
         _current.invocation = self.value
+        self._token = _current_in_context.set(self.value)
         return self.value
 
     def __exit__(self, *exc: object) -> None:
         _current.invocation = None
+        if self._token is not None:
+            _current_in_context.reset(self._token)
 
 
 # -- outages ---------------------------------------------------------------------------

@@ -62,6 +62,7 @@ from simulator.faults import (
     Invocation,
     OutageController,
     SimulatedCrash,
+    invocation,
     stable_seed,
 )
 from simulator.servicebus import Delivery, MessageLockLostError, Origin, ServiceBusNamespace
@@ -590,7 +591,9 @@ class SimulatedHost:
             started = time.perf_counter()
             outcome = "ok"
             try:
-                with INVOCATIONS.running(invocation_id, inv):
+                # The registry finds it on the worker's pool threads (sync functions), the
+                # context (`invocation`) in an async function's tasks and threads.
+                with INVOCATIONS.running(invocation_id, inv), invocation(inv):
                     result = self.worker.invoke_event_hub_batch(
                         fn.name, sent, partition_id=batch.partition_id, event_hub=self.hub.name,
                         consumer_group=self.hub.consumer_group, invocation_id=invocation_id,

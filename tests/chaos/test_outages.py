@@ -76,8 +76,11 @@ def test_a_sustained_outage_leaves_no_valid_message_behind(outage_runs, run, bac
         for key, n in calls.items():
             hit["payments" if key.endswith(": payments") else "servicebus"] += n
     assert all(hit[what] >= n for what, n in minimum.items()), (hit, result["report"])
-    if "payments" in minimum:
-        assert summary["hostRetries"] >= 1  # the failed batch went back to the host's retry policy
+    if mode == "fail-fast" and "payments" in minimum:
+        # Calls fail at once: the account groups' own retries are spent within the outage and
+        # the batch goes back to the host's retry policy. (Paused, a call holds for the SDK's
+        # timeouts, so a group's retries may outlast the pause; either way nothing is parked.)
+        assert summary["hostRetries"] >= 1
     # And no valid message was left behind.
     assert summary["validNotEffected"] == 0 and summary["validAlsoRefused"] == 0, result["report"]
     assert summary["doubleEffects"] == 0 and summary["lost"] == 0, result["report"]
