@@ -157,6 +157,12 @@ def _x(value: float) -> str:
     return "n/a" if math.isnan(value) else f"{value:.2f}x"
 
 
+def _replay_cell(row: LatencyRow) -> str:
+    """Requests of the replayed batch; one resent after a transport failure shown apart."""
+    first = row.replay_requests - row.replay_retried
+    return f"{first} (+{row.replay_retried} resent)" if row.replay_retried else str(first)
+
+
 def _rtt_cell(row: LatencyRow) -> str:
     return f"{row.rtt_ms:g} ({row.added_ms:.1f})"
 
@@ -189,7 +195,7 @@ def summary_rows(run: LatencyRun) -> list[list[str]]:
                     _x(app.vs_limit) if app else "n/a", _x(app.vs_per_event) if app else "n/a",
                     _num(app.requests_per_event, 2) if app else "n/a",
                     f"{app.cpu_ms_per_event:.2f} ms" if app else "n/a",
-                    str(app.replay_requests) if app else "n/a"])
+                    _replay_cell(app) if app else "n/a"])
     return out
 
 
