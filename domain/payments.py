@@ -7,7 +7,15 @@ account: one transaction per account holds every event's marker (in sequence
 order, each with the balance after that event) and one balance write, and
 accounts are committed concurrently, up to a bound. A replayed batch is
 absorbed by the partition's high-water mark; a producer duplicate (same
-source+id at another sequence number) by the per-event key.
+source+id at another sequence number) by the per-event key. The instance
+remembers the balances and the mark it wrote (re-checked by etag when it
+writes them next), so a steady partition costs one transaction per account
+and one mark write per batch.
+
+The batch is written once, as a flow of steps (`_batch_flow`):
+`PaymentService` runs it with account groups on threads (the HTTP API and
+the replay tool use it), `AsyncPaymentService` awaits it with groups as tasks
+(the `payments` function).
 
 Transient is not poison: a store outage, throttling or lost races never park
 a valid event. The batch raises instead (after waiting out a Retry-After), the
@@ -106,9 +114,6 @@ class Gather:
 #: awaits them and runs groups as tasks. One definition of the batch for both.
 Step = Callable[[], Any] | Sleep | Gather
 BatchFlow = Generator[Step, Any, Any]
-#: A group's per-event results (an Exception: a bug for that event), or the transient error
-#: the whole group failed with.
-GroupResult = list[Outcome | Exception] | Exception
 SETTLED = frozenset({OutcomeStatus.PROCESSED, OutcomeStatus.TAKEN_OVER, OutcomeStatus.DUPLICATE,
                      OutcomeStatus.CONFLICT})
 
@@ -305,8 +310,9 @@ class PaymentService:
         return list(by_account.values()), invalid
 
     def _group_flow(self, group: list[Event], partition_id: str) -> BatchFlow:
-        """The group's per-event results, or the transient error it still failed with after
-        `max_attempts` tries (returned, not raised, so the other groups finish first)."""
+        """The group's per-event results (an Exception: a bug for that event), or the transient
+        error it still failed with after `max_attempts` tries (returned, not raised, so the
+        other groups finish first)."""
         for attempt in range(1, self.max_attempts + 1):
             try:
                 return (yield from self._attempt_flow(group, partition_id, attempt))

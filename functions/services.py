@@ -53,41 +53,62 @@ def _credential(settings: Settings) -> Any:
     return DefaultAzureCredential(managed_identity_client_id=settings.azure_client_id)
 
 
-def _async_credential(settings: Settings) -> Any:
-    from azure.identity.aio import DefaultAzureCredential
+class RealAsyncStores:
+    """Async stores (`azure.cosmos.aio`, `azure.data.tables.aio`) for the async functions, by
+    role as `real_stores` places them: endpoint + the app's identity in Azure (one async
+    credential for all), keys or connection strings locally. `real_stores` creates the
+    tables and containers they use.
 
-    return DefaultAzureCredential(managed_identity_client_id=settings.azure_client_id)
-
-
-def real_async_stores(settings: Settings, **client_options: Any) -> AsyncStoreFactory:
-    """Async stores (`azure.cosmos.aio`, `azure.data.tables.aio`) for the async functions,
-    by role as `real_stores` places them: endpoint + the app's identity in Azure, keys or
-    connection strings locally. `real_stores` creates the tables and containers they use.
-
-    A client binds to the event loop of its first request: build them for the worker's
-    loop (`services()` does), not across loops.
+    A client binds to the event loop of its first request: use them on the worker's loop
+    (`services()` does), and `aclose()` them there.
     """
-    built: dict[str, Any] = {}
 
-    def store(role: str) -> Any:
-        if role in built:
-            return built[role]
+    def __init__(self, settings: Settings, **client_options: Any) -> None:
+        self.settings = settings
+        self.client_options = client_options
+        self.built: dict[str, Any] = {}
+        self._credential: Any = None
+
+    def _identity(self) -> Any:
+        if self._credential is None:
+            from azure.identity.aio import DefaultAzureCredential
+
+            self._credential = DefaultAzureCredential(
+                managed_identity_client_id=self.settings.azure_client_id)
+        return self._credential
+
+    def __call__(self, role: str) -> Any:
+        if role not in self.built:
+            self.built[role] = self._build(role)
+        return self.built[role]
+
+    def _build(self, role: str) -> Any:
+        settings, options = self.settings, self.client_options
         if settings.backend == "cosmos" and role in COSMOS_CONTAINERS:
-            built[role] = AsyncCosmosIdempotencyStore(
-                settings.cosmos_endpoint, settings.cosmos_key or _async_credential(settings),
+            return AsyncCosmosIdempotencyStore(
+                settings.cosmos_endpoint, settings.cosmos_key or self._identity(),
                 database=settings.cosmos_database, container=role,
                 partition_key_path=COSMOS_CONTAINERS[role],
-                connection_verify=settings.cosmos_verify_tls, **client_options)
-        elif settings.table_connection_string:
-            built[role] = AsyncTableIdempotencyStore.from_connection_string(
-                settings.table_connection_string, table_name=TABLE_FOR[role], **client_options)
-        else:
-            built[role] = AsyncTableIdempotencyStore(
-                settings.table_endpoint, _async_credential(settings), table_name=TABLE_FOR[role],
-                **client_options)
-        return built[role]
+                connection_verify=settings.cosmos_verify_tls, **options)
+        if settings.table_connection_string:
+            return AsyncTableIdempotencyStore.from_connection_string(
+                settings.table_connection_string, table_name=TABLE_FOR[role], **options)
+        return AsyncTableIdempotencyStore(settings.table_endpoint, self._identity(),
+                                          table_name=TABLE_FOR[role], **options)
 
-    return store
+    async def aclose(self) -> None:
+        """Close every store built here, then the credential (the stores do not own it)."""
+        for store in self.built.values():
+            await store.close()
+        self.built.clear()
+        if self._credential is not None:
+            await self._credential.close()
+            self._credential = None
+
+
+def real_async_stores(settings: Settings, **client_options: Any) -> RealAsyncStores:
+    """`RealAsyncStores` for these settings."""
+    return RealAsyncStores(settings, **client_options)
 
 
 def real_stores(settings: Settings, **client_options: Any) -> StoreFactory:
@@ -139,6 +160,7 @@ class Services:
     payments: PaymentService
     payments_async: AsyncPaymentService  # the Event Hubs trigger's path; same stores
     async_stores: dict[str, Any]  # by role, what payments_async runs on
+    async_factory: Any = None  # what built them, when it has more to close (RealAsyncStores)
     notify: NotificationService
     audit: NotificationService
     http_payments: HttpPaymentService
@@ -148,9 +170,12 @@ class Services:
     telemetry: Telemetry
 
     async def aclose(self) -> None:
-        """Close the async stores' clients, on the event loop that used them."""
-        for store in {id(s): s for s in self.async_stores.values()}.values():
-            await store.close()
+        """Close what the async stores' factory opened (`RealAsyncStores`: clients and the
+        credential), on the event loop that used them. Sync stores behind `ThreadedStore`
+        stay open: they are the sync services' too."""
+        closer = getattr(self.async_factory, "aclose", None)
+        if closer is not None:
+            await closer()
 
 
 def build_services(settings: Settings, *, stores: StoreFactory | None = None,
@@ -209,6 +234,7 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
         payments=payments,
         payments_async=payments_async,
         async_stores=aio,
+        async_factory=async_stores,
         notify=notifications("notify"),
         audit=notifications("audit"),
         http_payments=HttpPaymentService(idem("dedup"), payments),
