@@ -160,7 +160,6 @@ class Services:
     payments: PaymentService
     payments_async: AsyncPaymentService  # the Event Hubs trigger's path; same stores
     async_stores: dict[str, Any]  # by role, what payments_async runs on
-    async_factory: Any = None  # what built them, when it has more to close (RealAsyncStores)
     notify: NotificationService
     audit: NotificationService
     http_payments: HttpPaymentService
@@ -168,6 +167,7 @@ class Services:
     maintenance: Maintenance
     parking: ParkingLot
     telemetry: Telemetry
+    async_factory: Any = None  # what built async_stores, when it has more to close
 
     async def aclose(self) -> None:
         """Close what the async stores' factory opened (`RealAsyncStores`: clients and the
