@@ -5,6 +5,7 @@ Cosmos server."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from shared import AsyncIdempotency, AsyncInMemoryIdempotencyStore, DedupKey, Idempotency
 from shared import request_hash as digest_of
 from shared.cache import DocumentCache
-from shared.exceptions import OperationFailedError
+from shared.exceptions import ConcurrencyRetriesExhaustedError, OperationFailedError
 from shared.handler import GroupMessage
 from shared.records import OutcomeStatus
 from shared.stores.base import Document, WriteOp
@@ -147,3 +148,35 @@ def test_the_cache_is_bounded_and_keeps_only_documents_with_an_etag():
     cache.put(Document("d", "p", {}, etag=None))
     assert cache.get("p", "a") is None and cache.get("p", "c").etag == "e-c"
     assert cache.get("p", "d") is None and len(cache) == 2
+
+
+def test_two_instances_with_caches_of_their_own_never_lose_an_update(store):
+    """Two consumers of one account, each remembering what it wrote, committing groups at the
+    same time: each stale copy fails its commit and is read again, so every message counts
+    once (the results are exactly 1..60) and the counter ends at 60. (A partition has one
+    owner at a time; this is the worst case, around a rebalance.)"""
+    instances = [Idempotency(store, documents=DocumentCache()) for _ in range(2)]
+    results: list[int] = []
+    lock = threading.Lock()
+
+    def consume(index: int) -> None:
+        for group in range(10):
+            names = [f"i{index}-g{group}-m{n}" for n in range(3)]
+            while True:  # as a consumer does: lost too many races, so try the group again
+                try:
+                    outcomes = instances[index].run_atomic_group(messages(*names), add,
+                                                                 partition=PARTITION)
+                    break
+                except ConcurrencyRetriesExhaustedError:
+                    continue
+            assert all(o.status is OutcomeStatus.PROCESSED for o in outcomes)
+            with lock:
+                results.extend(o.result for o in outcomes)
+
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results) == list(range(1, 61))
+    assert counter_of(store) == 60
