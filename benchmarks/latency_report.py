@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.latency import LatencyResult, LatencyRun
-from benchmarks.latency_variants import APP, LIMIT, PER_EVENT, SYNC_APP
+from benchmarks.latency_variants import APP, COLD_APP, LIMIT, PER_EVENT, SYNC_APP
 from benchmarks.report import aligned, machine
 
 TARGET_RTT_MS = 5.0
@@ -169,7 +169,7 @@ def _rtt_cell(row: LatencyRow) -> str:
 
 SUMMARY = ("Backend", "Accounts", "RTT ms (measured)", "Dedup per event (old), ev/s",
            "No dedup sequential, ev/s", "No dedup grouped (limit), ev/s",
-           "Sync service (threads), ev/s", "App, ev/s",
+           "Sync service (threads), ev/s", "App, nothing remembered, ev/s", "App, ev/s",
            "App vs limit", "App vs old", "App req/event", "App CPU/event", "App replay req")
 FULL = ("RTT ms (measured)", "Accounts", "Backend", "Variant", "Events/s", "Req/event",
         "Client CPU/event", "Replayed batch: req", "vs limit", "vs per-event", "Balances")
@@ -191,7 +191,7 @@ def summary_rows(run: LatencyRun) -> list[list[str]]:
                     continue
                 out.append([
                     backend, str(accounts), _rtt_cell(ref), eps(PER_EVENT), eps("no-dedup-seq"),
-                    eps(LIMIT), eps(SYNC_APP), eps(APP),
+                    eps(LIMIT), eps(SYNC_APP), eps(COLD_APP), eps(APP),
                     _x(app.vs_limit) if app else "n/a", _x(app.vs_per_event) if app else "n/a",
                     _num(app.requests_per_event, 2) if app else "n/a",
                     f"{app.cpu_ms_per_event:.2f} ms" if app else "n/a",

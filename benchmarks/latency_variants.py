@@ -21,6 +21,8 @@ partition, as `domain.payments` keeps it):
   (azure.cosmos.aio, azure.data.tables.aio), awaited on one event loop.
 * `app-sync`: the same batch through the sync `PaymentService` (account groups
   on threads, sync SDKs), as the HTTP API and the replay tool use it.
+* `app-cold`: `app` rebuilt before every batch, so it remembers no mark and no
+  balance: a mark read, a balance read per account, then the same transactions.
 
 The no-dedup variants are the cheapest store traffic that produces the same
 balances when nothing is delivered twice (a replay applies a batch again).
@@ -359,8 +361,19 @@ class AppPath(SyncAppPath):
         return self.stores.run(self.services.payments_async.process_batch(events, partition_id))
 
 
+class ColdAppPath(AppPath):
+    """`app` with nothing remembered between batches (a restart before each): it reads the
+    mark and every balance, as the no-dedup limit does, so the two make the same round trips."""
+
+    name, label = "app-cold", "This project: payments function, nothing remembered"
+
+    def process(self, events: list[InboundEvent], partition_id: str) -> None:
+        self.restart()
+        super().process(events, partition_id)
+
+
 LATENCY_VARIANTS: dict[str, type[PaymentVariant]] = {
     cls.name: cls for cls in (PerEventDedup, NoDedupSequential, NoDedupGrouped, SyncAppPath,
-                              AppPath)}
-PER_EVENT, LIMIT, APP, SYNC_APP = (PerEventDedup.name, NoDedupGrouped.name, AppPath.name,
-                                   SyncAppPath.name)
+                              AppPath, ColdAppPath)}
+PER_EVENT, LIMIT, APP, SYNC_APP, COLD_APP = (PerEventDedup.name, NoDedupGrouped.name,
+                                             AppPath.name, SyncAppPath.name, ColdAppPath.name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -24,9 +25,11 @@ from shared.handler import (
     Flow,
     GroupMessage,
     HandlerRun,
+    P,
     Reads,
     TransactionWrites,
     _FlowCore,
+    _identify,
 )
 from shared.keys import DedupKey
 from shared.records import IdempotencyRecord, Outcome
@@ -160,6 +163,20 @@ class AsyncIdempotency(_FlowCore):
         """Commit many messages of one partition at once (see `Idempotency.run_atomic_group`)."""
         return await self._drive(self._run_atomic_group_flow(messages, build,
                                                              partition=partition))
+
+
+    def idempotent(self, *, key: Callable[..., DedupKey], payload: Callable[..., Any] | None = None,
+                   fields: tuple[str, ...] | None = None
+                   ) -> Callable[[Callable[P, Any]], Callable[P, Awaitable[Outcome]]]:
+        """Decorate a handler (sync or async) so each call runs once per key; the decorated
+        handler is a coroutine function (see `Idempotency.idempotent`)."""
+        def decorate(function: Callable[P, Any]) -> Callable[P, Awaitable[Outcome]]:
+            @functools.wraps(function)
+            async def wrapper(*args: P.args, **kwargs: P.kwargs) -> Outcome:
+                dedup_key, digest = _identify(key, payload, fields, args, kwargs)
+                return await self.run(dedup_key, digest, lambda: function(*args, **kwargs))
+            return wrapper
+        return decorate
 
 
 class _AsyncLeaseRenewal:

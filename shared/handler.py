@@ -177,6 +177,14 @@ def _store(name: str, *args: Any, **kwargs: Any) -> Call:
     return Call("store", name, args, kwargs=kwargs)
 
 
+def _identify(key: Callable[..., DedupKey], payload: Callable[..., Any] | None,
+              fields: tuple[str, ...] | None, args: tuple[Any, ...],
+              kwargs: Mapping[str, Any]) -> tuple[DedupKey, str]:
+    """The decorators' key and request hash for one call of the decorated handler."""
+    data = payload(*args, **kwargs) if payload else (args[0] if args else kwargs)
+    return key(*args, **kwargs), request_hash(data, fields=fields)
+
+
 @dataclass(frozen=True)
 class GroupMessage:
     """One message of a group commit: its key, request hash and log context."""
@@ -611,9 +619,7 @@ class Idempotency(_FlowCore):
         def decorate(function: Callable[P, Any]) -> Callable[P, Outcome]:
             @functools.wraps(function)
             def wrapper(*args: P.args, **kwargs: P.kwargs) -> Outcome:
-                dedup_key = key(*args, **kwargs)
-                data = payload(*args, **kwargs) if payload else (args[0] if args else kwargs)
-                digest = request_hash(data, fields=fields)
+                dedup_key, digest = _identify(key, payload, fields, args, kwargs)
                 return self.run(dedup_key, digest, lambda: function(*args, **kwargs))
             return wrapper
         return decorate

@@ -189,10 +189,13 @@ def test_latency_mode_request_counts_are_exact(latency, backend):
         assert first == grouped, (name, first)
         assert app.replay_requests - app.replay_retried == 1
     assert app_shape(latency) == "grouped"
+    cold, first = result("app-cold")  # nothing remembered: the mark and every balance read
+    assert first == [2 + 2 * a for a in accounts]
+    assert cold.replay_requests - cold.replay_retried == 1
 
 
 def test_latency_mode_report_and_outputs(latency, tmp_path):
-    assert [r.events for r in rows_latency(latency)] == [LATENCY_SIZES.events] * 10
+    assert [r.events for r in rows_latency(latency)] == [LATENCY_SIZES.events] * 12
     written = write_latency_outputs(latency, tmp_path)
     text = written["markdown"].read_text()
     assert text == latency_markdown(latency)

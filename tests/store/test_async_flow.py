@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import timedelta
@@ -210,3 +211,25 @@ def test_a_live_async_handler_keeps_its_lease_past_the_lease_length(open_store):
             assert done.status is OutcomeStatus.PROCESSED and done.result == "sent"
 
     asyncio.run(main())
+
+
+def test_the_async_decorator_makes_a_coroutine_function_that_runs_once_per_key(open_store,
+                                                                               clock):
+    sent: list[dict] = []
+
+    async def scenario(store: Any, first: AsyncIdempotency, second: AsyncIdempotency) -> None:
+        @first.idempotent(key=lambda body: DedupKey.from_business_key("mail", body["ref"],
+                                                                       field="ref"))
+        async def send(body: dict) -> str:
+            sent.append(body)
+            await asyncio.sleep(0)
+            return "sent"
+
+        assert inspect.iscoroutinefunction(send)  # the worker awaits it, as it should
+        assert (await send({"ref": "r1", "to": "a"})).status is OutcomeStatus.PROCESSED
+        again = await send({"ref": "r1", "to": "a"})
+        assert again.status is OutcomeStatus.DUPLICATE and again.result == "sent"
+        assert (await send({"ref": "r1", "to": "b"})).status is OutcomeStatus.CONFLICT
+
+    run(open_store, clock, scenario)
+    assert sent == [{"ref": "r1", "to": "a"}]
