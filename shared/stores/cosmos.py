@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Self
 
 from azure.core import MatchConditions
 from azure.cosmos import ContainerProxy, CosmosClient
@@ -41,6 +41,17 @@ class CosmosMapping:
     """Record <-> item and WriteOp -> batch operation mapping, shared by the sync and async stores."""
 
     _pk_field: str
+    _container: Any  # a container proxy of the sync or the async SDK
+
+    @classmethod
+    def from_container(cls, container: Any, partition_key_path: str = "/pk") -> Self:
+        """Around a container of the caller's (who keeps its client and closes it)."""
+        return cls("", database="", container=container.id,  # type: ignore[call-arg]
+                   partition_key_path=partition_key_path, container_client=container)
+
+    @property
+    def container(self) -> Any:
+        return self._container
 
     def _record_document(self, record: IdempotencyRecord,
                          body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -140,16 +151,6 @@ class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
                                    partition_key_path)
         store._cosmos = client  # closed with the store
         return store
-
-    @classmethod
-    def from_container(cls, container: ContainerProxy, partition_key_path: str = "/pk"
-                       ) -> CosmosIdempotencyStore:
-        return cls("", database="", container=container.id, partition_key_path=partition_key_path,
-                   container_client=container)
-
-    @property
-    def container(self) -> ContainerProxy:
-        return self._container
 
     def _batch(self, partition: str, batch: list[tuple[Any, ...]], *,
                marker_id: str | None) -> list[dict[str, Any]]:

@@ -73,16 +73,6 @@ class AsyncCosmosIdempotencyStore(CosmosMapping, AsyncDocumentStore):
         store._cosmos = client  # initialized on first use and closed with the store
         return store
 
-    @classmethod
-    def from_container(cls, container: ContainerProxy, partition_key_path: str = "/pk"
-                       ) -> AsyncCosmosIdempotencyStore:
-        return cls("", database="", container=container.id, partition_key_path=partition_key_path,
-                   container_client=container)
-
-    @property
-    def container(self) -> ContainerProxy:
-        return self._container
-
     async def _ready(self) -> None:
         """Initialize an owned client once (account read, session consistency), as
         `async with CosmosClient(...)` would; a caller's client is the caller's to initialize."""

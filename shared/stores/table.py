@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Self
 
 from azure.core import MatchConditions
 from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential, TokenCredential
@@ -58,6 +58,18 @@ def _plain(entity: Any) -> dict[str, Any]:
 class TableMapping:
     """Record <-> entity and WriteOp -> transaction operation mapping, shared by the sync
     and async stores."""
+
+    _client: Any  # a table client of the sync or the async SDK
+
+    @classmethod
+    def from_table_client(cls, client: Any) -> Self:
+        """Around a table client of the caller's."""
+        return cls(client.url, table_name=client.table_name,  # type: ignore[call-arg]
+                   table_client=client)
+
+    @property
+    def client(self) -> Any:
+        return self._client
 
     @staticmethod
     def _record_entity(record: IdempotencyRecord,
@@ -138,14 +150,6 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
                                ) -> TableIdempotencyStore:
         client = TableClient.from_connection_string(conn_str, table_name, **client_options)
         return cls(client.url, table_name=table_name, table_client=client, create_table=create_table)
-
-    @classmethod
-    def from_table_client(cls, client: TableClient) -> TableIdempotencyStore:
-        return cls(client.url, table_name=client.table_name, table_client=client)
-
-    @property
-    def client(self) -> TableClient:
-        return self._client
 
     def ensure_table(self) -> None:
         """Create the table if it is missing (local runs; in Azure, Bicep creates it)."""

@@ -61,14 +61,6 @@ class AsyncTableIdempotencyStore(TableMapping, AsyncDocumentStore):
         store._owned = client  # closed with the store
         return store
 
-    @classmethod
-    def from_table_client(cls, client: TableClient) -> AsyncTableIdempotencyStore:
-        return cls(client.url, table_name=client.table_name, table_client=client)
-
-    @property
-    def client(self) -> TableClient:
-        return self._client
-
     async def ensure_table(self) -> None:
         """Create the table if it is missing (local runs; in Azure, Bicep creates it)."""
         with contextlib.suppress(RecordExistsError):

@@ -21,6 +21,7 @@ from shared.cache import DocumentCache
 from shared.handler import GroupMessage
 from shared.records import IdempotencyRecord, OutcomeStatus
 from shared.stores.base import Document, WriteOp
+from tests.store.test_document_cache import add
 
 ACCOUNTS = ("a", "b")
 NAMES = tuple(f"m{n}" for n in range(12))
@@ -53,18 +54,6 @@ class EtagBlindStore(LossyStore):
         blind = [WriteOp(op.kind, op.id, op.body, None, op.patch, op.record)
                  if op.record is None and op.kind == "replace" else op for op in operations]
         return super().commit(marker, blind, marker_body=marker_body, written=written)
-
-
-def add(tx: Any, indexes: Sequence[int]) -> list[int]:
-    """+1 per message on the account's counter (read-modify-write under the etag)."""
-    found = tx.read("counter")
-    count = int(found.body["count"]) if found else 0
-    results = [count := count + 1 for _ in indexes]
-    if found is None:
-        tx.create("counter", {"count": count})
-    else:
-        tx.replace("counter", {"count": count}, etag=found.etag)
-    return results
 
 
 operation = st.one_of(
