@@ -1,4 +1,6 @@
-"""Async counterparts of the dedup flow and the in-memory store.
+"""Async counterparts of the dedup flow, and stores that put a sync store behind the async
+interface (`ThreadedStore`, `AsyncInMemoryIdempotencyStore`); the Cosmos and Table async
+stores are in `shared.stores`.
 
 `AsyncIdempotency` drives the same I/O-free flows as `Idempotency` (see
 `shared.handler._FlowCore`), awaiting each store request, so an `async def`
@@ -163,7 +165,6 @@ class AsyncIdempotency(_FlowCore):
         """Commit many messages of one partition at once (see `Idempotency.run_atomic_group`)."""
         return await self._drive(self._run_atomic_group_flow(messages, build,
                                                              partition=partition))
-
 
     def idempotent(self, *, key: Callable[..., DedupKey], payload: Callable[..., Any] | None = None,
                    fields: tuple[str, ...] | None = None
