@@ -106,11 +106,6 @@ class RealAsyncStores:
             self._credential = None
 
 
-def real_async_stores(settings: Settings, **client_options: Any) -> RealAsyncStores:
-    """`RealAsyncStores` for these settings."""
-    return RealAsyncStores(settings, **client_options)
-
-
 def real_stores(settings: Settings, **client_options: Any) -> StoreFactory:
     """The stores of `STORE_ROLES` in Cosmos DB or Table Storage, as settings say.
 
@@ -191,9 +186,8 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
     telemetry = telemetry or Telemetry()
     if stores is None:
         stores = real_stores(settings)
-        async_stores = async_stores or real_async_stores(settings)
-    factory = stores
-    by_role = {role: factory(role) for role in STORE_ROLES}
+        async_stores = async_stores or RealAsyncStores(settings)
+    by_role = {role: stores(role) for role in STORE_ROLES}
     config = dataclasses.replace(settings.idempotency_config(), clock=clock)
     parking = ParkingLot(by_role["parked"], telemetry=telemetry, clock=clock)
 

@@ -72,6 +72,15 @@ class TableMapping:
         return self._client
 
     @staticmethod
+    def _committed(marker: IdempotencyRecord, operations: Sequence[WriteOp],
+                   results: list[Any], written: list[Document] | None) -> IdempotencyRecord:
+        """The marker with its new etag; what `operations` wrote goes to `written`."""
+        if written is not None:
+            written += written_documents(marker.partition_key, operations,
+                                         [_etag(meta) for meta in results[1:]])
+        return marker.evolve(etag=_etag(results[0]))
+
+    @staticmethod
     def _record_entity(record: IdempotencyRecord,
                        body: dict[str, Any] | None = None) -> dict[str, Any]:
         return _typed({**(body or {}), **record_fields(record),
@@ -249,10 +258,7 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
                written: list[Document] | None = None) -> IdempotencyRecord:
         results = self._transaction(self._commit_batch(marker, operations, marker_body),
                                     marker_id=marker.id)
-        if written is not None:
-            written += written_documents(marker.partition_key, operations,
-                                         [_etag(meta) for meta in results[1:]])
-        return marker.evolve(etag=_etag(results[0]))
+        return self._committed(marker, operations, results, written)
 
     def close(self) -> None:
         self._client.close()

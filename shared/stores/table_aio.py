@@ -25,7 +25,6 @@ from shared.stores.base import (
     async_store_call,
     changed_statuses,
     check_transaction_size,
-    written_documents,
 )
 from shared.stores.codec import is_record
 from shared.stores.table import _IF_UNCHANGED, BACKEND, TableMapping, _etag, transaction_error
@@ -120,10 +119,7 @@ class AsyncTableIdempotencyStore(TableMapping, AsyncDocumentStore):
                      written: list[Document] | None = None) -> IdempotencyRecord:
         results = await self._transaction(self._commit_batch(marker, operations, marker_body),
                                           marker_id=marker.id)
-        if written is not None:
-            written += written_documents(marker.partition_key, operations,
-                                         [_etag(meta) for meta in results[1:]])
-        return marker.evolve(etag=_etag(results[0]))
+        return self._committed(marker, operations, results, written)
 
     async def close(self) -> None:
         """Close the client this store created; a caller's client stays open."""

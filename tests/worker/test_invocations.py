@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from domain.payments import ACCOUNT_DOCUMENT
-from functions.services import build_services, configure, real_async_stores, real_stores
+from functions.services import RealAsyncStores, build_services, configure, real_stores
 from local_stack.host_data import SentEvent, SentMessage
 from local_stack.settlement_server import SettlementCall
 from local_stack.worker import WorkerHost
@@ -163,7 +163,7 @@ def async_services(worker, stack, api, clock, backend):
     azure.data.tables.aio), as in Azure; their clients live on the worker's loop."""
     settings = settings_for(stack, backend)
     services = build_services(settings, stores=real_stores(settings),
-                              async_stores=real_async_stores(settings), sender=api, clock=clock,
+                              async_stores=RealAsyncStores(settings), sender=api, clock=clock,
                               sleep=lambda _: None)
     configure(services)
     yield services
