@@ -10,8 +10,15 @@ long, and the same run behaves the same on a fast or a slow machine.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
 import time
+from collections.abc import Iterator
+
+#: The virtual time a context has slept to, inside `SimClock.overlapping`.
+_slept_to: contextvars.ContextVar[tuple[SimClock, float] | None] = contextvars.ContextVar(
+    "simclock_slept_to", default=None)
 
 
 class SimClock:
@@ -42,5 +49,26 @@ class SimClock:
             return self._now
 
     def sleep(self, seconds: float) -> None:
-        """A `sleep` for the services: virtual time passes, the thread does not wait."""
-        self.advance(seconds)
+        """A `sleep` for the services: virtual time passes, the thread does not wait.
+
+        Inside `overlapping()` a context sleeps from its own time, so concurrent sleeps
+        overlap as they do in real time: the account groups of a batch (copies of the
+        invocation's context) each wake at their start plus their own sleeps, and the clock
+        moves to the latest wake-up. Elsewhere sleeps add up.
+        """
+        with self._lock:
+            mine = _slept_to.get()
+            since = mine[1] if mine is not None and mine[0] is self else self._now
+            wake = since + max(0.0, seconds)
+            if mine is not None and mine[0] is self:
+                _slept_to.set((self, wake))
+            self._now = max(self._now, wake)
+
+    @contextlib.contextmanager
+    def overlapping(self) -> Iterator[None]:
+        """Sleeps in this context (and the tasks and threads it starts) count from now."""
+        token = _slept_to.set((self, self._now))
+        try:
+            yield
+        finally:
+            _slept_to.reset(token)

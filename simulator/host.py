@@ -592,8 +592,11 @@ class SimulatedHost:
             outcome = "ok"
             try:
                 # The registry finds it on the worker's pool threads (sync functions), the
-                # context (`invocation`) in an async function's tasks and threads.
-                with INVOCATIONS.running(invocation_id, inv), invocation(inv):
+                # context (`invocation`) in an async function's tasks and threads. The account
+                # groups' retry sleeps overlap in virtual time as in real time (summed, they
+                # ended a fail-fast outage before the groups had spent their retries).
+                with (INVOCATIONS.running(invocation_id, inv), invocation(inv),
+                      self.clock.overlapping()):
                     result = self.worker.invoke_event_hub_batch(
                         fn.name, sent, partition_id=batch.partition_id, event_hub=self.hub.name,
                         consumer_group=self.hub.consumer_group, invocation_id=invocation_id,
