@@ -3,7 +3,8 @@
 Claim = `create_entity` (409 = exists). Takeover, completion and release are
 etag-conditional. Table Storage has no TTL: every read checks `idemExpiresAt`
 and `purge_expired` deletes expired rows in entity-group transactions.
-Atomic path = one `submit_transaction` (same PartitionKey, <= 100 entities).
+Atomic path = one entity-group transaction (same PartitionKey, <= 100 entities), sent
+through `table_batch` (the SDK's requests and pipeline, a lean multipart codec).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from shared.stores.base import (
     written_documents,
 )
 from shared.stores.codec import check_flat, is_record, record_fields, record_from_fields
+from shared.stores.table_batch import submit_transaction
 
 BACKEND = "Table Storage"
 _SYSTEM = ("PartitionKey", "RowKey", "Timestamp", "etag")
@@ -172,7 +174,7 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
 
         def submit() -> list[Any]:
             try:
-                return self._client.submit_transaction(batch)
+                return submit_transaction(self._client, batch)
             except TableTransactionError as error:
                 raise transaction_error(error, marker_id) from error
 

@@ -28,6 +28,7 @@ from shared.stores.base import (
 )
 from shared.stores.codec import is_record
 from shared.stores.table import _IF_UNCHANGED, BACKEND, TableMapping, _etag, transaction_error
+from shared.stores.table_batch import submit_transaction_async
 
 
 class AsyncTableIdempotencyStore(TableMapping, AsyncDocumentStore):
@@ -72,7 +73,7 @@ class AsyncTableIdempotencyStore(TableMapping, AsyncDocumentStore):
 
         async def submit() -> list[Any]:
             try:
-                return await self._client.submit_transaction(batch)
+                return await submit_transaction_async(self._client, batch)
             except TableTransactionError as error:
                 raise transaction_error(error, marker_id) from error
 
