@@ -3,9 +3,10 @@
 `TableClient.submit_transaction` builds a transaction's `multipart/mixed`
 body and parses the answer with the standard library's `email` package
 (header registry, policy machinery; the sync pipeline also starts a thread
-pool per request). Measured here that is about 3 ms of client CPU per
-transaction of 6 entities, against 1.4 ms for a single upsert, and an
-Event Hubs batch that commits one transaction per account is bound by it.
+pool per request). Measured here on Azurite, a transaction of 6 entities
+costs 4.6 ms of client CPU that way, 1.7 ms with this codec, and a single
+upsert 1.4 ms: an Event Hubs batch that commits one transaction per account
+was bound by the codec.
 
 This module keeps all of the SDK's work but that codec: the per-operation
 requests (entity serialization, EDM types, conditions) come from the SDK's
@@ -14,8 +15,9 @@ requests (entity serialization, EDM types, conditions) come from the SDK's
 `TableTransactionError` with the index and message the SDK would give, and a
 failed request the SDK's own error. The body is the documented `$batch`
 format: one changeset of `application/http` parts. It reaches into the SDK's
-private attributes (`_client`, `_table_batch`), so the SDK version is pinned
-and `tests/store/test_table_batch.py` holds it to the SDK's results on Azurite.
+private attributes (`_client`, `_table_batch`, `_error`), so the SDK version is
+pinned (requirements.txt) and `tests/store/test_table_batch.py` holds it to the
+SDK's results and errors on Azurite.
 """
 
 from __future__ import annotations
