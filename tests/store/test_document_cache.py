@@ -27,7 +27,11 @@ def messages(*names: str) -> list[GroupMessage]:
 
 def add(tx: Any, indexes: Any) -> list[int]:
     """Read-modify-write of one counter: +1 per message, written back under the etag read."""
-    found = tx.read("counter")
+    return count_up(tx, tx.read("counter"), indexes)
+
+
+def count_up(tx: Any, found: Any, indexes: Any) -> list[int]:
+    """`add` after its read (the sync and async builds share it)."""
     count = int(found.body["count"]) if found else 0
     results = [count := count + 1 for _ in indexes]
     if found is None:
@@ -123,14 +127,7 @@ def test_the_async_flow_uses_the_cache_the_same_way():
     idem = AsyncIdempotency(store, documents=DocumentCache())
 
     async def add_async(tx: Any, indexes: Any) -> list[int]:
-        found = await tx.read("counter")
-        count = int(found.body["count"]) if found else 0
-        results = [count := count + 1 for _ in indexes]
-        if found is None:
-            tx.create("counter", {"count": count})
-        else:
-            tx.replace("counter", {"count": count}, etag=found.etag)
-        return results
+        return count_up(tx, await tx.read("counter"), indexes)
 
     async def main() -> list[Any]:
         first = await idem.run_atomic_group(messages("a"), add_async, partition=PARTITION)
