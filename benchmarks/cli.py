@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="comma-separated account counts, one scenario each")
     lat.add_argument("--concurrency", type=int, default=None,
                      help="threads of the no-dedup grouped limit (default: the app's bound on "
-                          "concurrent account groups, PaymentService.max_concurrency)")
+                          "concurrent account groups, PartitionBatchProcessor.max_concurrency)")
     return p
 
 

@@ -75,7 +75,8 @@ class LatencySizes:
     batch_size: int = 100
     accounts: tuple[int, ...] = (20, 200)
     warmup_events: int = 100
-    # Threads of the no-dedup grouped limit; None: the app's own bound (PaymentService.max_concurrency)
+    # Threads of the no-dedup grouped limit; None: the app's own bound
+    # (PartitionBatchProcessor.max_concurrency)
     concurrency: int | None = None
     probe_reads: int = 30  # point reads per path (direct, relayed) when checking the RTT
 

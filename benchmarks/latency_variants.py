@@ -4,7 +4,7 @@ Every variant turns the same Event Hubs batches of payment CloudEvents into
 account balances (one `balance` document per account, in the account's
 partition, as `domain.payments` keeps it):
 
-* `per-event`: the dedup path as `PaymentService.process_batch` was before
+* `per-event`: the dedup path as the payments batch was before
   grouped commits, kept here as a benchmark variant only. Per batch: read the
   partition's high-water mark; per fresh event, in sequence order: read the
   balance, then commit the marker + the new balance in one transaction
@@ -16,10 +16,10 @@ partition, as `domain.payments` keeps it):
   single-document write per account, accounts run concurrently on a bounded
   thread pool. 2 requests per account per batch.
 * `app`: what the `payments` function runs, whatever it is when the benchmark
-  runs: `AsyncPaymentService.process_batch(events, partition_id)` built by
+  runs: `Asyncthe payments PartitionBatchProcessor.process_batch(events, partition_id)` built by
   `functions.services.build_services` on the benchmark's counted async stores
   (azure.cosmos.aio, azure.data.tables.aio), awaited on one event loop.
-* `app-sync`: the same batch through the sync `PaymentService` (account groups
+* `app-sync`: the same batch through the sync `PartitionBatchProcessor` (account groups
   on threads, sync SDKs), as the HTTP API and the replay tool use it.
 * `app-cold`: `app` rebuilt before every batch, so it remembers no mark and no
   balance: a mark read, a balance read per account, then the same transactions.
@@ -41,7 +41,6 @@ from typing import Any
 
 from benchmarks.variants import ChangedError, ExistsError, RawStore, raw_store
 from domain.messages import InboundEvent
-from domain.payments import BatchReport
 from functions.services import Services, build_services
 from functions.settings import Settings
 from shared import (
@@ -55,6 +54,7 @@ from shared import (
     request_hash,
     store_safe_id,
 )
+from shared.batch import BatchReport
 from shared.cloudevents import parse_cloudevent
 from shared.telemetry import Telemetry
 from shared.watermark import PartitionWatermark
@@ -207,7 +207,8 @@ class PaymentVariant:
 
 
 class PerEventDedup(PaymentVariant):
-    """A copy of `PaymentService.process_batch` before grouped commits (parking left out)."""
+    """A copy of the payments batch (`PartitionBatchProcessor.process_batch`) before grouped
+    commits (parking left out)."""
 
     name, label = "per-event", "Dedup, per event, sequential (old path)"
     roles = ("ledger", "dedup")
@@ -321,10 +322,10 @@ class NoDedupGrouped(_NoDedup):
 
 
 class SyncAppPath(PaymentVariant):
-    """`PaymentService.process_batch` (threads, sync SDKs) as `build_services` wires it: the
-    service behind the HTTP API and the replay tool."""
+    """The payments `PartitionBatchProcessor.process_batch` (threads, sync SDKs) as
+    `build_services` wires it: the processor behind the HTTP API and the replay tool."""
 
-    name, label = "app-sync", "This project: PaymentService (threads)"
+    name, label = "app-sync", "This project: PartitionBatchProcessor (threads)"
     roles = ("ledger", "dedup", "parked")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -347,8 +348,8 @@ class SyncAppPath(PaymentVariant):
 
 
 class AppPath(SyncAppPath):
-    """What the `payments` function runs: `AsyncPaymentService.process_batch` on the async
-    stores (azure.cosmos.aio, azure.data.tables.aio), awaited on one event loop."""
+    """What the `payments` function runs: `shared.aio.PartitionBatchProcessor.process_batch` on
+    the async stores (azure.cosmos.aio, azure.data.tables.aio), awaited on one event loop."""
 
     name, label = "app", "This project: payments function (async)"
 

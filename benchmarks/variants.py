@@ -15,7 +15,7 @@ Baselines (implemented here, straight on the SDK clients, one request per call):
   duplicate reads the record (Powertools on DynamoDB gets it back from the
   failed put). Expired-record takeover is left out: this workload has none.
 
-This project (through `shared.handler.Idempotency`):
+This project (through `shared.idempotency.Idempotency`):
 
 * `two-phase`: `Idempotency.run` (claim in progress, effect, complete).
 * `atomic`: `Idempotency.run_atomic`, marker and effect in one Cosmos
@@ -52,7 +52,8 @@ from azure.data.tables import UpdateMode
 
 from benchmarks.workload import Message
 from shared.cache import CompletedKeyCache
-from shared.handler import Idempotency, Transaction
+from shared.flow import Transaction
+from shared.idempotency import Idempotency
 from shared.keys import DedupKey, request_hash
 from shared.stores import CosmosIdempotencyStore, IdempotencyStore, TableIdempotencyStore
 from shared.telemetry import Telemetry

@@ -3,8 +3,9 @@
 First request: processed, response stored. Retry with the same key and body:
 the stored response, marked `Idempotent-Replayed: true`. Same key, different
 body: 422. Same key while the first request is still running: 409. No key:
-400. The key is also passed down to the ledger write (spec requirement 12),
-so the balance changes once even if this layer's record were lost.
+400. The key is also passed down to the ledger write (the payments processor's
+single-event entry point), so the balance changes once even if this layer's
+record were lost.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from domain.messages import InvalidMessageError, parse_json_object
-from domain.payments import PaymentService, payment_from
+from domain.payments import PaymentProcessor, payment_from
 from shared import (
     ConcurrencyRetriesExhaustedError,
     DedupKey,
@@ -52,7 +53,7 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
 
 
 class HttpPaymentService:
-    def __init__(self, idempotency: Idempotency, payments: PaymentService) -> None:
+    def __init__(self, idempotency: Idempotency, payments: PaymentProcessor) -> None:
         self.idempotency = idempotency
         self.payments = payments
 

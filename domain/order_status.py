@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from domain.messages import InboundMessage, InvalidMessageError, parse_json_object
-from shared import Document, DocumentStore, IdempotencyError, store_safe_id, update_document
+from shared import Document, DocumentStore, IdempotencyError, run_sync, store_safe_id, update_document
 from shared.payload import exact_integer
 from shared.settlement import Decision, decision_for_error
 
@@ -60,7 +60,8 @@ class OrderStatusService:
                     "incoming_version": state["version"], "stored_version": stored_version})
             return None
 
-        update_document(self.store, document_id, document_id, change, attempts=self.max_attempts)
+        run_sync(update_document(document_id, document_id, change, attempts=self.max_attempts),
+                 self.store)
         return verdict[0]
 
     def handle(self, message: InboundMessage) -> Decision:

@@ -39,5 +39,5 @@ async def payments(events: typing.List[func.EventHubEvent]) -> None:  # noqa: UP
     logger.info("payments batch", extra={"event": "PaymentsBatch", "applied": report.applied,
                                          "duplicates": report.duplicates,
                                          "replay_skipped": report.replay_skipped,
-                                         "accounts": report.accounts,
+                                         "accounts": report.groups,
                                          "parked": report.parked, "watermark": report.watermark})

@@ -25,23 +25,29 @@ from domain.http_payments import HttpPaymentService
 from domain.notifications import NotificationService, Sender, urllib_sender
 from domain.order_status import OrderStatusService
 from domain.orders import OrderService
-from domain.payments import AsyncPaymentService, PaymentService
+from domain.payments import (
+    AsyncPaymentProcessor,
+    PaymentProcessor,
+    PaymentRules,
+    async_payment_processor,
+    payment_processor,
+)
 from functions.settings import COSMOS_CONTAINERS, STORE_ROLES, TABLE_FOR, TABLES, Settings
 from shared import (
     AsyncCosmosIdempotencyStore,
-    AsyncIdempotency,
     AsyncTableIdempotencyStore,
     CosmosIdempotencyStore,
     Idempotency,
     IdempotencyStore,
     TableIdempotencyStore,
+    aio,
 )
 from shared.aio import ThreadedStore
 from shared.cache import DocumentCache
 from shared.maintenance import Maintenance
-from shared.parking import AsyncParkingLot, ParkingLot
+from shared.parking import ParkingLot
 from shared.telemetry import Telemetry
-from shared.watermark import AsyncPartitionWatermark, PartitionWatermark
+from shared.watermark import PartitionWatermark
 
 StoreFactory = Callable[[str], IdempotencyStore]
 AsyncStoreFactory = Callable[[str], Any]  # role -> an async store (shared.aio.AsyncStore)
@@ -152,8 +158,8 @@ class Services:
     settings: Settings
     stores: dict[str, IdempotencyStore]  # by role, as the services use them
     orders: OrderService
-    payments: PaymentService
-    payments_async: AsyncPaymentService  # the Event Hubs trigger's path; same stores
+    payments: PaymentProcessor
+    payments_async: AsyncPaymentProcessor  # the Event Hubs trigger's path; same stores
     async_stores: dict[str, Any]  # by role, what payments_async runs on
     notify: NotificationService
     audit: NotificationService
@@ -198,21 +204,21 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
     # and the balances it wrote (both re-checked by etag when it writes them next).
     mark = {"consumer": "payments", "event_hub": settings.payments_hub,
             "consumer_group": settings.payments_consumer_group, "remember": True}
-    options = {"event_hub": settings.payments_hub, "missing_key_policy": settings.missing_key_policy,
-               "max_attempts": settings.payments_max_attempts,
-               "max_concurrency": settings.payments_max_concurrency}
-    payments = PaymentService(
+    rules = PaymentRules(settings.payments_hub, settings.missing_key_policy)
+    options: dict[str, Any] = {"max_attempts": settings.payments_max_attempts,
+                               "max_concurrency": settings.payments_max_concurrency}
+    payments = payment_processor(
         Idempotency(by_role["ledger"], config=config, telemetry=telemetry,
                     documents=DocumentCache()),
-        PartitionWatermark(by_role["dedup"], **mark), parking, sleep=sleep, **options)
-    aio = {role: (async_stores(role) if async_stores else ThreadedStore(by_role[role]))
-           for role in ("ledger", "dedup", "parked")}
-    payments_async = AsyncPaymentService(
-        AsyncIdempotency(aio["ledger"], config=config, telemetry=telemetry,
-                         documents=DocumentCache()),
-        AsyncPartitionWatermark(aio["dedup"], **mark),
-        AsyncParkingLot(aio["parked"], telemetry=telemetry, clock=clock),
-        sleep=_async_sleep(sleep), **options)
+        PartitionWatermark(by_role["dedup"], **mark), parking, rules=rules, sleep=sleep, **options)
+    on_loop = {role: (async_stores(role) if async_stores else ThreadedStore(by_role[role]))
+               for role in ("ledger", "dedup", "parked")}
+    payments_async = async_payment_processor(
+        aio.Idempotency(on_loop["ledger"], config=config, telemetry=telemetry,
+                        documents=DocumentCache()),
+        aio.PartitionWatermark(on_loop["dedup"], **mark),
+        aio.ParkingLot(on_loop["parked"], telemetry=telemetry, clock=clock),
+        rules=rules, sleep=_async_sleep(sleep), **options)
 
     def notifications(consumer: str) -> NotificationService:
         return NotificationService(consumer, idem("notifications"), parking,
@@ -227,7 +233,7 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
         orders=OrderService(idem("orders")),
         payments=payments,
         payments_async=payments_async,
-        async_stores=aio,
+        async_stores=on_loop,
         async_factory=async_stores,
         notify=notifications("notify"),
         audit=notifications("audit"),

@@ -6,7 +6,8 @@
                        request_hash(body), lambda: send(body))
 """
 
-from shared.aio import AsyncIdempotency, AsyncInMemoryIdempotencyStore, AsyncTransaction
+from shared import aio
+from shared.aio import AsyncInMemoryIdempotencyStore
 from shared.config import IdempotencyConfig, RedeliveryWindow, validate_retention
 from shared.exceptions import (
     ConcurrencyRetriesExhaustedError,
@@ -18,7 +19,8 @@ from shared.exceptions import (
     StoreRequestError,
     StoreUnavailableError,
 )
-from shared.handler import Idempotency, Transaction
+from shared.flow import AsyncTransaction, Transaction, run_async, run_sync, update_document
+from shared.idempotency import AsyncIdempotency, Idempotency
 from shared.keys import DedupKey, request_hash, store_safe_id
 from shared.records import IdempotencyRecord, Outcome, OutcomeStatus, RecordState
 from shared.stores import (
@@ -30,8 +32,6 @@ from shared.stores import (
     RecordStore,
     TableIdempotencyStore,
     WriteOp,
-    retry_on_race,
-    update_document,
 )
 from shared.stores.cosmos_aio import AsyncCosmosIdempotencyStore
 from shared.stores.table_aio import AsyncTableIdempotencyStore
@@ -67,8 +67,10 @@ __all__ = [
     "TableIdempotencyStore",
     "Transaction",
     "WriteOp",
+    "aio",
     "request_hash",
-    "retry_on_race",
+    "run_async",
+    "run_sync",
     "store_safe_id",
     "update_document",
     "validate_retention",

@@ -20,9 +20,20 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.flow import (
+    Async,
+    Flow,
+    OnStore,
+    ReadDocument,
+    ReplaceRecordIfUnchanged,
+    Sync,
+    WriteDocuments,
+    flowmethod,
+    update_document,
+)
 from shared.keys import store_safe_id
 from shared.records import IdempotencyRecord, RecordState
-from shared.stores.base import Document, DocumentStore, RecordStore, WriteOp, update_document
+from shared.stores.base import Document, WriteOp
 from shared.telemetry import Telemetry
 
 MAX_INLINE_PAYLOAD_CHARS = 30_000  # a Table string property holds 32K UTF-16 chars
@@ -84,26 +95,32 @@ class ParkedEntry:
             history=tuple(loads("history", [])), etag=document.etag)
 
 
-class ParkingLot:
-    """Writes parked entries to a store partitioned by consumer."""
+class _ParkingLot:
+    """Parked entries in a document store, partitioned by consumer; `ParkingLot` and
+    `shared.aio.ParkingLot` are its faces."""
 
-    def __init__(self, store: DocumentStore, *, telemetry: Telemetry | None = None,
+    def __init__(self, store: Any, *, telemetry: Telemetry | None = None,
                  clock: Callable[[], float] = time.time, lister: EntryLister | None = None) -> None:
-        self._store = store
+        self.store = store
         self._telemetry = telemetry or Telemetry()
         self._clock = clock
         self._lister = lister
 
+    @flowmethod
     def park(self, *, consumer: str, entry_id: str, reason: str, payload: bytes | str,
-             error: str = "", alert: bool = True, context: Mapping[str, Any] | None = None) -> str:
+             error: str = "", alert: bool = True, context: Mapping[str, Any] | None = None
+             ) -> Flow[str]:
         """Upsert the entry and raise an alert event; returns the stored id.
 
         `context` (where the message came from: partition, sequence number,
         properties, message id) is kept on the entry for the person resolving it.
         """
         partition, write = self._entry(consumer, entry_id, reason, payload, error, context)
-        self._store.write_documents(partition, [write])
-        return self._parked(consumer, entry_id, reason, error, context, alert=alert, written=write)
+        yield WriteDocuments(partition, (write,))
+        if alert:
+            self._telemetry.parked(consumer=consumer, reason=reason, context={
+                **(context or {}), "entry_id": entry_id, "error": error[:500]})
+        return write.id
 
     def _entry(self, consumer: str, entry_id: str, reason: str, payload: bytes | str, error: str,
                context: Mapping[str, Any] | None) -> tuple[str, WriteOp]:
@@ -125,36 +142,28 @@ class ParkingLot:
         }
         return store_safe_id(consumer), WriteOp("upsert", store_safe_id(entry_id), body)
 
-    def _parked(self, consumer: str, entry_id: str, reason: str, error: str,
-                context: Mapping[str, Any] | None, *, alert: bool, written: WriteOp) -> str:
-        if alert:
-            self._telemetry.parked(consumer=consumer, reason=reason, context={
-                **(context or {}), "entry_id": entry_id, "error": error[:500]})
-        return written.id
-
-    def park_record(self, store: RecordStore, record: IdempotencyRecord, *, reason: str,
+    @flowmethod
+    def park_record(self, store: Any, record: IdempotencyRecord, *, reason: str,
                     payload: bytes | str, error: str, now: float,
-                    context: Mapping[str, Any] | None = None) -> IdempotencyRecord:
-        """Park an in-progress record nobody can resolve automatically, then close it.
+                    context: Mapping[str, Any] | None = None) -> Flow[IdempotencyRecord]:
+        """Park an in-progress record nobody can resolve automatically, then close it in
+        `store` (the record's).
 
         Closed = completed with result {"parked": reason}, so no redelivery repeats
         its effect; a person decides from the parked entry. Raises the store's
         error when the record changed meanwhile or the store is down.
         """
-        self.park(consumer=record.key.consumer, entry_id=record.key.key, reason=reason,
-                  payload=payload, error=error, context={**(context or {}),
-                                                         "attempts": record.attempts})
+        yield from self.park.flow(consumer=record.key.consumer, entry_id=record.key.key,
+                                  reason=reason, payload=payload, error=error,
+                                  context={**(context or {}), "attempts": record.attempts})
         closed = record.evolve(state=RecordState.COMPLETED, lease_expires_at=None,
                                result={"parked": reason}, updated_at=now)
-        return store.replace_record_if_unchanged(closed)
+        return (yield OnStore(store, _replace(closed)))
 
-    def get(self, consumer: str, entry_id: str) -> dict[str, Any] | None:
-        document = self._store.read_document(store_safe_id(consumer), store_safe_id(entry_id))
-        return document.body if document else None
-
-    def entry(self, consumer: str, entry_id: str) -> ParkedEntry | None:
+    @flowmethod
+    def entry(self, consumer: str, entry_id: str) -> Flow[ParkedEntry | None]:
         """One entry with its resolution state and etag, or None."""
-        document = self._store.read_document(store_safe_id(consumer), store_safe_id(entry_id))
+        document = yield ReadDocument(store_safe_id(consumer), store_safe_id(entry_id))
         return ParkedEntry.from_document(document) if document else None
 
     def entries(self, consumer: str | None = None, *, include_resolved: bool = False
@@ -167,8 +176,9 @@ class ParkingLot:
         return sorted((e for e in found if include_resolved or not e.resolved),
                       key=lambda e: (e.parked_at, e.consumer, e.entry_id))
 
+    @flowmethod
     def mark(self, consumer: str, entry_id: str, *, action: str, by: str, outcome: str,
-             note: str = "", resolved: bool) -> ParkedEntry:
+             note: str = "", resolved: bool) -> Flow[ParkedEntry]:
         """Record an action on the entry (who, when, outcome, note) under its etag.
 
         `resolved=True` closes the entry with `action` as its resolution; False
@@ -191,20 +201,19 @@ class ParkingLot:
                 body.update(resolved=True, resolution=action, resolvedBy=by, resolvedAt=now)
             return body
 
-        written = update_document(self._store, store_safe_id(consumer), store_safe_id(entry_id),
-                                  change)
+        written, _ = yield from update_document(store_safe_id(consumer), store_safe_id(entry_id),
+                                                change)
         assert written is not None  # change() never leaves the entry as it is
         return ParkedEntry.from_document(written)
 
 
-class AsyncParkingLot(ParkingLot):
-    """Parks through an async document store (`shared.aio`); resolving stays sync (the replay
-    tool's side)."""
+def _replace(record: IdempotencyRecord) -> Flow[IdempotencyRecord]:
+    return (yield ReplaceRecordIfUnchanged(record))
 
-    async def park(self, *, consumer: str, entry_id: str,  # type: ignore[override]
-                   reason: str, payload: bytes | str, error: str = "", alert: bool = True,
-                   context: Mapping[str, Any] | None = None) -> str:
-        """See `ParkingLot.park`."""
-        partition, write = self._entry(consumer, entry_id, reason, payload, error, context)
-        await self._store.write_documents(partition, [write])
-        return self._parked(consumer, entry_id, reason, error, context, alert=alert, written=write)
+
+class ParkingLot(_ParkingLot, Sync):
+    """Writes parked entries to a document store partitioned by consumer, and resolves them."""
+
+
+class AsyncParkingLot(_ParkingLot, Async):
+    """`ParkingLot` on an async document store (`shared.aio.ParkingLot`)."""

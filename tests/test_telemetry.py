@@ -33,6 +33,7 @@ from shared.telemetry import (
     Telemetry,
 )
 from shared.watermark import PartitionWatermark
+from tests.support.parking import parked_body
 
 OUTCOME_FIELDS = ("event", "dedup_key", "dedup_key_encoded", "consumer", "message_id",
                   "correlation_id", "outcome", "attempt", "store_latency_ms", "backend", "source",
@@ -224,7 +225,7 @@ def test_parked_is_an_error_event_and_a_message_outcome(store, telemetry, reader
     assert record.getMessage().startswith(EVENT_PARKED)
     assert (record.consumer, record.reason, record.outcome) == ("payments", "PaymentRejected", "parked")
     assert (record.message_id, record.correlation_id) == ("evt-42", "corr-42")
-    assert lot.get("payments", "0:42")["reason"] == "PaymentRejected"
+    assert parked_body(lot, "payments", "0:42")["reason"] == "PaymentRejected"
     assert counts(reader) == {attrs(consumer="payments", outcome="parked",
                                     reason="PaymentRejected"): 1}
     assert counts(reader, METRIC_PARKED) == {attrs(consumer="payments", reason="PaymentRejected"): 1}

@@ -6,8 +6,6 @@ from shared.stores.base import (
     IdempotencyStore,
     RecordStore,
     WriteOp,
-    retry_on_race,
-    update_document,
 )
 from shared.stores.cosmos import CosmosIdempotencyStore
 from shared.stores.memory import InMemoryIdempotencyStore
@@ -22,6 +20,4 @@ __all__ = [
     "RecordStore",
     "TableIdempotencyStore",
     "WriteOp",
-    "retry_on_race",
-    "update_document",
 ]

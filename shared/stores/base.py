@@ -4,8 +4,8 @@
 operations by location, each a single conditional request (the Powertools
 idempotency utility draws the same line). `DocumentStore` holds business
 documents and commits them atomically in one partition, optionally with a
-marker record first: that is the atomic path of requirement 4. Backends
-implement both; the flow in `shared.handler` knows nothing of any backend.
+marker record first: the atomic path. Backends implement both; the flows
+(`shared.flow`, `shared.idempotency`) know nothing of any backend.
 
 Business documents are backend-neutral: an id, a partition and a flat body,
 mapped to a Cosmos document (`id` + partition key field) or a Table entity
@@ -15,7 +15,7 @@ mapped to a Cosmos document (`id` + partition key field) or a Table entity
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -23,7 +23,6 @@ from azure.core.exceptions import AzureError, HttpResponseError
 
 from shared.exceptions import (
     RETRIABLE_STATUS,
-    ConcurrencyRetriesExhaustedError,
     IdempotencyError,
     OperationFailedError,
     RecordChangedError,
@@ -299,117 +298,3 @@ async def async_store_call[T](backend: str, action: Callable[[], Awaitable[T]], 
     except AzureError as error:
         translate_error(backend, error, on_status=on_status, none_if_missing=none_if_missing)
         return None
-
-
-def drive(flow: Generator[Any, Any, Any], perform: Callable[[Any], Any]) -> Any:
-    """Run a flow (a generator of I/O steps) to its return value: each step performed, its
-    error thrown back in. `adrive` is the async driver."""
-    value: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            step = flow.send(value) if error is None else flow.throw(error)
-        except StopIteration as stop:
-            return stop.value
-        try:
-            value, error = perform(step), None
-        except BaseException as failure:  # handed to the flow, which may re-raise
-            value, error = None, failure
-
-
-async def adrive(flow: Generator[Any, Any, Any], perform: Callable[[Any], Awaitable[Any]]) -> Any:
-    """`drive` for async: each step awaited, its error thrown back in."""
-    value: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            step = flow.send(value) if error is None else flow.throw(error)
-        except StopIteration as stop:
-            return stop.value
-        try:
-            value, error = await perform(step), None
-        except BaseException as failure:  # handed to the flow, which may re-raise
-            value, error = None, failure
-
-
-def retry_on_race_flow[T](step: Callable[[], Generator[Any, Any, T]], *, attempts: int,
-                          what: str) -> Generator[Any, Any, T]:
-    """Run an optimistic read-then-conditional-write step until it does not lose a race.
-
-    A step raises RecordChangedError/RecordExistsError, or OperationFailedError
-    with a race status, when a concurrent writer got there first; it is run
-    again (re-reading what it depends on). Any other error propagates. The step
-    is a generator (the I/O-free flow core), so sync and async drivers share it.
-    """
-    for _ in range(attempts):
-        try:
-            return (yield from step())
-        except (RecordChangedError, RecordExistsError):
-            continue
-        except OperationFailedError as error:
-            if error.status_code not in RACE_STATUSES:
-                raise
-    raise ConcurrencyRetriesExhaustedError(f"{what}: lost {attempts} races in a row")
-
-
-def retry_on_race[T](step: Callable[[], T], *, attempts: int, what: str) -> T:
-    """`retry_on_race_flow` for a plain function step (one definition of the retry rule)."""
-    def once() -> Generator[Any, Any, T]:
-        return step()
-        yield  # makes this a generator that never suspends
-
-    try:
-        next(retry_on_race_flow(once, attempts=attempts, what=what))
-    except StopIteration as stop:
-        return stop.value
-    raise AssertionError("a plain step never suspends")
-
-
-class Unread:
-    """The caller has not read the document (None means: read, and there is none)."""
-
-
-UNREAD = Unread()
-
-
-#: A document step: ("read_document", partition, id) or ("write_documents", partition, ops),
-#: run by the caller on its (sync or async) store.
-DocumentStep = tuple[Any, ...]
-
-
-def update_document_flow(partition: str, document_id: str,
-                         change: Callable[[Document | None], dict[str, Any] | None], *,
-                         known: Document | Unread | None = UNREAD,
-                         attempts: int = 10) -> Generator[DocumentStep, Any, Document | None]:
-    """`update_document` as steps, for a sync or an async store."""
-    hint = [known]
-
-    def step() -> Generator[DocumentStep, Any, Document | None]:
-        first = hint[0]
-        hint[0] = UNREAD
-        current = ((yield ("read_document", partition, document_id)) if isinstance(first, Unread)
-                   else first)
-        body = change(current)
-        if body is None:
-            return None
-        op = (WriteOp("create", document_id, body) if current is None
-              else WriteOp("replace", document_id, body, etag=current.etag))
-        return (yield ("write_documents", partition, [op]))[0]
-
-    return (yield from retry_on_race_flow(step, attempts=attempts,
-                                          what=f"update of {document_id}"))
-
-
-def update_document(store: DocumentStore, partition: str, document_id: str,
-                    change: Callable[[Document | None], dict[str, Any] | None], *,
-                    known: Document | Unread | None = UNREAD, attempts: int = 10) -> Document | None:
-    """Create or replace one document under its etag, as `change` decides from the current one.
-
-    `change` returns the new body, or None to leave the document as it is.
-    `known` is the document as the caller already read it, which saves the
-    first read; a lost race re-reads. Returns the written document, or None
-    when nothing was written.
-    """
-    return drive(update_document_flow(partition, document_id, change, known=known,
-                                      attempts=attempts),
-                 lambda step: getattr(store, step[0])(*step[1:]))

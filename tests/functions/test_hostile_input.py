@@ -25,6 +25,7 @@ from simulator.host_inputs import (
     service_bus_message,
 )
 from tests.functions.conftest import function
+from tests.support.parking import parked_body
 
 DEEP = b"[" * 5000 + b"]" * 5000
 SOURCE = "/payments/hostile"
@@ -94,7 +95,7 @@ def test_hostile_events_are_parked_with_a_reason_and_the_partition_moves_on(serv
     function("payments")(events=event_hub_batch([ok[0], SentEvent(body, 2, properties), ok[1]],
                                                 partition_id=partition))
     assert _balance(services, account) == 10
-    parked = services.parking.get("payments", f"{services.settings.payments_hub}/{partition}/2")
+    parked = parked_body(services.parking, "payments", f"{services.settings.payments_hub}/{partition}/2")
     assert parked["reason"] == reason
     assert services.payments.watermark.read(partition).sequence_number == 3
 

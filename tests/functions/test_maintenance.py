@@ -10,6 +10,7 @@ from azure.functions.timer import TimerRequestConverter
 
 from shared import DedupKey, request_hash
 from tests.functions.conftest import function
+from tests.support.parking import parked_body
 
 
 def test_timer_purges_expired_records_and_parks_abandoned_claims(services, clock):
@@ -30,5 +31,5 @@ def test_timer_purges_expired_records_and_parks_abandoned_claims(services, clock
     assert idem.store.get_record(done_key.encoded, done_key.encoded) is None
     closed = idem.store.get_record(held.partition_key, held.id)
     assert closed.state.value == "completed" and closed.result == {"parked": "StaleInProgress"}
-    assert services.parking.get("audit", stuck_key.key)["reason"] == "StaleInProgress"
+    assert parked_body(services.parking, "audit", stuck_key.key)["reason"] == "StaleInProgress"
     assert not list(idem.store.iter_records(in_progress_before=clock()))

@@ -11,6 +11,7 @@ import pytest
 from shared import DedupKey, RecordState, request_hash
 from simulator.host_inputs import RecordingActions, SentMessage, service_bus_message
 from tests.functions.conftest import function
+from tests.support.parking import parked_body
 
 pytestmark = pytest.mark.parametrize("backend", ["table"])  # notifications use Table Storage
 
@@ -78,7 +79,7 @@ def test_stale_record_is_parked_for_a_person_when_the_api_does_not_honour_keys(
     _stale_claim(services, message_id, body, clock)
     assert send("notify", message_id, body, delivery_count=2) == ("complete", None, None)
     assert api.requests == []  # nothing re-sent blindly
-    parked = services.parking.get("notify", message_id)
+    parked = parked_body(services.parking, "notify", message_id)
     assert parked["reason"] == "StaleInProgress"
     encoded = DedupKey("notify", message_id).encoded
     record = services.notify.idempotency.store.get_record(encoded, encoded)
@@ -147,7 +148,7 @@ def test_uncertain_failure_is_parked_not_resent_when_the_api_ignores_keys(
     services.notify.sender = flaky
     message_id, body = mid(), {"text": "once"}
     assert send("notify", message_id, body) == ("complete", None, None)
-    parked = services.parking.get("notify", message_id)
+    parked = parked_body(services.parking, "notify", message_id)
     assert parked["reason"] == "OutcomeUnknown"
     services.notify.sender = api
     assert send("notify", message_id, body, delivery_count=2)[0] == "complete"

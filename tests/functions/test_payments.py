@@ -19,7 +19,7 @@ from benchmarks.counting import (
     counted_cosmos_store,
     counted_table_store,
 )
-from domain.payments import ACCOUNT_DOCUMENT, CONSUMER, MAX_RETRY_AFTER_SECONDS, BatchReport
+from domain.payments import ACCOUNT_DOCUMENT, CONSUMER
 from functions.services import Services, build_services, configure
 from functions.settings import COSMOS_CONTAINERS, TABLE_FOR
 from shared import (
@@ -29,9 +29,11 @@ from shared import (
     StoreUnavailableError,
     store_safe_id,
 )
+from shared.batch import MAX_RETRY_AFTER_SECONDS, BatchReport
 from shared.exceptions import retry_after
 from simulator.host_inputs import SentEvent, event_hub_batch
 from tests.functions.conftest import function, settings_for
+from tests.support.parking import parked_body
 
 SOURCE = "/payments/api"
 ALL_BACKENDS = ("memory", "table", "cosmos")
@@ -69,7 +71,8 @@ def marker_result(services, account: str, event_id: str) -> Any:
 
 
 def parked(services, partition: str, sequence: int) -> dict | None:
-    return services.parking.get("payments", f"{services.settings.payments_hub}/{partition}/{sequence}")
+    entry_id = f"{services.settings.payments_hub}/{partition}/{sequence}"
+    return parked_body(services.parking, "payments", entry_id)
 
 
 def account_id() -> str:
@@ -173,7 +176,7 @@ def test_new_events_cost_one_read_and_one_commit_per_account(counted_services, a
     accounts = [account_id() for _ in range(4)]
     events = [SentEvent(structured(f"n{n}", accounts[n % 4], n), n) for n in range(1, 21)]
     report = batch(services, events)
-    assert (report.applied, report.accounts, report.watermark) == (20, 4, 20)
+    assert (report.applied, report.groups, report.watermark) == (20, 4, 20)
     # mark read + (balance read + one transaction) per account + mark write
     assert counted.requests() == 1 + 2 * 4 + 1
     for n in range(1, 21):  # each marker keeps the balance right after its own event
@@ -305,7 +308,7 @@ def test_groups_run_concurrently_up_to_the_configured_limit(counted_services, an
     accounts = [account_id() for _ in range(10)]
     report = batch(services, [SentEvent(structured(f"c{n}", a, 1), n)
                               for n, a in enumerate(accounts, start=1)])
-    assert report.applied == 10 and report.accounts == 10
+    assert report.applied == 10 and report.groups == 10
     assert peak[0] == 3
     assert all(balance(services, a) == 1 for a in accounts)
 
@@ -314,7 +317,7 @@ def test_partially_processed_batch_replayed_applies_only_the_rest(services):
     account = account_id()
     events = [SentEvent(structured(f"e{n}", account, 10 ** n), n) for n in range(1, 5)]
     for event in events[:2]:  # the host crashed after two effects, before the mark moved
-        services.payments.apply(services.payments._payment(_view(event), "0"))
+        services.payments.apply(services.payments.parse(_view(event), "0"))
     report = batch(services, events)
     assert (report.applied, report.duplicates) == (2, 2)
     assert balance(services, account) == 10 + 100 + 1000 + 10000
@@ -377,7 +380,7 @@ def test_missing_key_falls_back_to_partition_and_sequence_when_opted_in(services
                           "data": {"accountId": account, "amountCents": 40}}).encode()
     run([SentEvent(keyless, 1)], "7")
     # A replay of the same partition+sequence is absorbed, even past the mark:
-    payment = services.payments._payment(_view(SentEvent(keyless, 1), "7"), "7")
+    payment = services.payments.parse(_view(SentEvent(keyless, 1), "7"), "7")
     assert services.payments.apply(payment).status.value == "duplicate"
     # ...but a producer retry arrives at a new sequence number and is applied again (documented).
     run([SentEvent(keyless, 2)], "7")
@@ -385,10 +388,11 @@ def test_missing_key_falls_back_to_partition_and_sequence_when_opted_in(services
 
 
 def test_parking_failure_raises_so_the_host_retries_the_batch(services, monkeypatch):
-    async def down(**_):
+    async def down(*_):
         raise StoreUnavailableError("parking store down")
 
-    monkeypatch.setattr(services.payments_async.parking, "park", down)  # the function's path
+    # the function's path: the parking lot's store refuses the entry
+    monkeypatch.setattr(services.payments_async.parking.store, "write_documents", down)
     partition = uuid.uuid4().hex[:6]
     with pytest.raises(StoreUnavailableError):
         run([SentEvent(b"{broken", 1)], partition)
@@ -398,14 +402,14 @@ def test_parking_failure_raises_so_the_host_retries_the_batch(services, monkeypa
 def test_an_unexpected_error_parks_the_event_instead_of_stalling_the_partition(services,
                                                                                monkeypatch):
     account, cursed = account_id(), account_id()
-    real_post = services.payments_async._post  # the function's path
+    real_post = services.payments_async.build  # the function's path
 
-    async def buggy(tx, account_id, amounts):
-        if account_id == cursed:
+    async def buggy(tx, payments):
+        if payments[0].account_id == cursed:
             raise KeyError("bug")
-        return await real_post(tx, account_id, amounts)
+        return await real_post(tx, payments)
 
-    monkeypatch.setattr(services.payments_async, "_post", buggy)
+    monkeypatch.setattr(services.payments_async, "build", buggy)
     partition = uuid.uuid4().hex[:6]
     run([SentEvent(structured("u1", cursed, 1), 1), SentEvent(structured("u2", account, 4), 2),
          SentEvent(structured("u3", cursed, 2), 3)], partition)
@@ -574,5 +578,5 @@ def test_a_balance_beyond_what_the_stores_hold_exactly_parks_the_event_never_rou
     events.append(SentEvent(structured(f"small-{account}", account, 7), 11))
     run(events, partition)
     assert balance(services, account) == 9 * big + 7  # the tenth would pass 2^53 - 1
-    parked = services.parking.get(CONSUMER, f"{services.settings.payments_hub}/{partition}/10")
+    parked = parked_body(services.parking, CONSUMER, f"{services.settings.payments_hub}/{partition}/10")
     assert parked["reason"] == "BalanceOutOfRange"

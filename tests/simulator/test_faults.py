@@ -208,7 +208,7 @@ def test_every_store_the_app_uses_comes_from_the_factory_seam():
     services = build_services(settings, stores=factory, sender=FakeNotificationApi())
     assert sorted(asked) == sorted(STORE_ROLES)
     assert all(isinstance(store, FaultyStore) for store in services.stores.values())
-    assert services.parking._store is services.stores["parked"]
+    assert services.parking.store is services.stores["parked"]
     assert services.orders.idempotency.store is services.stores["orders"]
     assert services.notify.idempotency.store is services.stores["notifications"]
 

@@ -23,7 +23,7 @@ from shared import (
     IdempotencyConfig,
     request_hash,
 )
-from shared.aio import AsyncTransaction
+from shared.flow import AsyncTransaction
 from shared.records import OutcomeStatus, RecordState
 
 KEY, DIGEST = DedupKey("notify", "m-1"), request_hash({"text": "hi"})

@@ -6,8 +6,8 @@ from datetime import timedelta
 from typing import Any
 
 from shared import AsyncIdempotency, DedupKey, request_hash
-from shared.aio import AsyncTransaction
-from shared.handler import GroupMessage
+from shared.flow import AsyncTransaction
+from shared.idempotency import GroupMessage
 from shared.records import OutcomeStatus
 from shared.stores.base import WriteOp
 from tests.store import test_async_flow

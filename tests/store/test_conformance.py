@@ -415,7 +415,7 @@ def test_group_commit_holds_at_most_a_transaction(idem, store):
 
 
 def group_messages(names: list[str], contents: list[str] | None = None) -> list:
-    from shared.handler import GroupMessage
+    from shared.idempotency import GroupMessage
 
     return [GroupMessage(key(name, "ledger"), request_hash(content))
             for name, content in zip(names, contents or names, strict=True)]

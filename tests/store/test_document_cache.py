@@ -14,7 +14,7 @@ from shared import AsyncIdempotency, AsyncInMemoryIdempotencyStore, DedupKey, Id
 from shared import request_hash as digest_of
 from shared.cache import DocumentCache
 from shared.exceptions import ConcurrencyRetriesExhaustedError, OperationFailedError
-from shared.handler import GroupMessage
+from shared.idempotency import GroupMessage
 from shared.records import OutcomeStatus
 from shared.stores.base import Document, WriteOp
 

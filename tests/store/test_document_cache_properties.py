@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from shared import DedupKey, Idempotency, InMemoryIdempotencyStore, StoreUnavailableError
 from shared import request_hash as digest_of
 from shared.cache import DocumentCache
-from shared.handler import GroupMessage
+from shared.idempotency import GroupMessage
 from shared.records import IdempotencyRecord, OutcomeStatus
 from shared.stores.base import Document, WriteOp
 from tests.store.test_document_cache import add

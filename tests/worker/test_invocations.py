@@ -30,6 +30,7 @@ from shared import (
     store_safe_id,
 )
 from tests.functions.conftest import settings_for
+from tests.support.parking import parked_body
 from tests.support.settlement import SettlementRecorder
 
 SOURCE = "/payments/api"
@@ -190,7 +191,7 @@ def test_payments_batch_reads_per_event_metadata_and_a_replay_changes_nothing(wo
     assert result.ok, result.exception
     assert balance(services, account) == 500  # the debits needed their own PropertiesArray entry
     hub = services.settings.payments_hub
-    parked = services.parking.get("payments", f"{hub}/{partition}/13")  # SystemPropertiesArray
+    parked = parked_body(services.parking, "payments", f"{hub}/{partition}/13")  # SystemPropertiesArray
     assert parked["reason"] == "MalformedJson"
     assert services.payments.watermark.read(partition).sequence_number == 14  # PartitionContext
     replay = worker.invoke_event_hub_batch("payments", batch, partition_id=partition,
@@ -254,4 +255,4 @@ def test_timer_runs_maintenance_which_parks_an_abandoned_claim(worker, services,
     assert result.ok, result.exception
     closed = idem.store.get_record(held.partition_key, held.id)
     assert closed.state.value == "completed" and closed.result == {"parked": "StaleInProgress"}
-    assert services.parking.get("audit", stuck.key)["reason"] == "StaleInProgress"
+    assert parked_body(services.parking, "audit", stuck.key)["reason"] == "StaleInProgress"

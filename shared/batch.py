@@ -1,0 +1,288 @@
+"""One Event Hubs partition's batch, each event's effect exactly once.
+
+`PartitionBatchProcessor` owns what any Event Hubs consumer of the library
+needs around its business rule: read the partition's high-water mark and skip
+what is at or below it (a checkpoint replay); parse each new event (bad input
+is parked with its reason, never retried); group the events by the user's
+partition key; commit each group's markers and business writes in one
+transaction per group (`Idempotency.run_atomic_group`), groups concurrently up
+to a bound; retry a group that failed for a transient reason, waiting out a
+Retry-After; park what can never succeed (a key reused for other content, an
+event the build refuses or trips on); and advance the mark once every group
+committed or was parked.
+
+Transient is never poison: an outage, throttling or lost races never park a
+valid event. When a group still fails after its tries, the batch raises once
+every group finished, so the host's retry policy runs it again before the
+checkpoint; the mark and the keys absorb what was already done.
+
+Written once as flows: `PartitionBatchProcessor` runs groups on threads,
+`shared.aio.PartitionBatchProcessor` as tasks on one event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from shared.exceptions import ConcurrencyRetriesExhaustedError, retry_after
+from shared.flow import Async, Flow, Gather, OnStore, Sleep, Sync, flowmethod
+from shared.idempotency import GroupMessage, _Idempotency
+from shared.keys import DedupKey
+from shared.parking import _ParkingLot
+from shared.payload import InvalidPayloadError
+from shared.records import Outcome, OutcomeStatus
+from shared.settlement import TRANSIENT_ERRORS
+from shared.watermark import _PartitionWatermark
+
+MAX_RETRY_AFTER_SECONDS = 30.0  # the longest Retry-After honoured before the batch raises
+#: Outcomes after which an event needs nothing more (applied now or before, or refused).
+SETTLED = frozenset({OutcomeStatus.PROCESSED, OutcomeStatus.TAKEN_OVER, OutcomeStatus.DUPLICATE,
+                     OutcomeStatus.CONFLICT})
+logger = logging.getLogger(__name__)
+
+
+class BatchEvent(Protocol):
+    """What the processor reads of an event (the app's view of an EventHubEvent)."""
+
+    @property
+    def sequence_number(self) -> int: ...
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def properties(self) -> Mapping[str, Any]: ...
+    @property
+    def offset(self) -> str | None: ...
+
+
+@dataclass
+class BatchReport:
+    """What one batch did, for logs, tests and the simulator."""
+
+    applied: int = 0
+    duplicates: int = 0
+    replay_skipped: int = 0
+    parked: dict[str, int] = field(default_factory=dict)
+    watermark: int | None = None
+    groups: int = 0  # groups committed (one or more transactions each)
+
+    def park(self, reason: str) -> None:
+        self.parked[reason] = self.parked.get(reason, 0) + 1
+
+
+@dataclass(frozen=True)
+class _Parsed[E, I]:
+    event: E
+    item: I
+    key: DedupKey
+    request_hash: str
+
+
+class _PartitionBatchProcessor[E: BatchEvent, I]:
+    """Parametrised by the user's rule:
+
+    * `parse(event, partition_id)`: the event's item; InvalidPayloadError for bad input;
+    * `identify(item)`: its dedup key and request hash;
+    * `group(item)`: the store partition its effect lives in (events of one group commit
+      together, in sequence order);
+    * `build(tx, items)`: add the items' writes to the transaction and return one result
+      per item (kept on its marker); InvalidPayloadError refuses an item (parked).
+    """
+
+    def __init__(self, ledger: _Idempotency, watermark: _PartitionWatermark, parking: _ParkingLot,
+                 *, consumer: str, event_hub: str, parse: Callable[[E, str], I],
+                 identify: Callable[[I], tuple[DedupKey, str]], group: Callable[[I], str],
+                 build: Callable[..., Any], max_attempts: int = 3, backoff: float = 0.2,
+                 max_concurrency: int = 16, max_retry_after: float = MAX_RETRY_AFTER_SECONDS,
+                 sleep: Callable[[float], object] | None = None) -> None:
+        if max_concurrency < 1:
+            raise ValueError("max_concurrency must be at least 1")
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        self.store = None  # every step names its store (OnStore)
+        self.ledger = ledger
+        self.watermark = watermark
+        self.parking = parking
+        self.consumer = consumer
+        self.event_hub = event_hub
+        self.parse = parse
+        self.identify = identify
+        self.group = group
+        self.build = build
+        self.max_attempts = max_attempts  # tries per group before the batch raises
+        self.backoff = backoff
+        self.max_concurrency = max_concurrency  # groups committed at the same time
+        self.max_retry_after = max_retry_after
+        if sleep is not None:
+            self.sleep = sleep
+
+    @flowmethod
+    def process_batch(self, events: Sequence[E], partition_id: str) -> Flow[BatchReport]:
+        """Apply a batch from one partition: one group per partition key, groups concurrently.
+
+        The mark moves only after every group committed or was parked. When a group failed
+        for a transient reason, the batch raises once every group has finished (after
+        waiting out a Retry-After) so the host retries it.
+        """
+        report = BatchReport()
+        watermark = self.watermark
+        mark = yield OnStore(watermark.store, watermark.read.flow(partition_id))
+        fresh = sorted((e for e in events if mark is None or e.sequence_number > mark.sequence_number),
+                       key=lambda e: e.sequence_number)
+        report.replay_skipped = len(events) - len(fresh)
+        self.ledger.telemetry.replay_skipped(report.replay_skipped, consumer=self.consumer,
+                                             partition_id=partition_id)
+        groups, invalid = self._groups(fresh, partition_id)
+        for event, reason, detail in invalid:
+            yield from self._park(event, partition_id, reason, detail, report)
+        report.groups = len(groups)
+        results: list[list[Outcome | Exception] | Exception] = yield Gather(
+            tuple(self._group_flow(group, partition_id) for group in groups),
+            limit=self.max_concurrency)
+        failure: Exception | None = None
+        for group, outcomes in zip(groups, results, strict=True):
+            if isinstance(outcomes, Exception):
+                failure = failure or outcomes
+                continue
+            for parsed, outcome in zip(group, outcomes, strict=True):
+                park = self._count(parsed, outcome, report)
+                if park is not None:
+                    yield from self._park(parsed.event, partition_id, *park, report)
+        if failure is not None:
+            delay = retry_after(failure)
+            if delay:
+                yield Sleep(min(delay, self.max_retry_after))
+            raise failure
+        if fresh:
+            report.watermark = yield OnStore(watermark.store, watermark.advance.flow(
+                partition_id, fresh[-1].sequence_number, known=mark))
+        elif mark is not None:
+            report.watermark = mark.sequence_number
+        return report
+
+    @flowmethod
+    def apply(self, item: I, context: Mapping[str, Any] | None = None) -> Flow[Outcome]:
+        """One item on its own: its marker and writes in one transaction (the single-event
+        entry point: an HTTP request, a replayed entry)."""
+        key, request_hash = self.identify(item)
+        outcomes = yield from self._commit([GroupMessage(key, request_hash, context)], [item])
+        return outcomes[0]
+
+    def _commit(self, messages: list[GroupMessage], items: Sequence[I]) -> Flow[list[Outcome]]:
+        ledger = self.ledger
+
+        def build(tx: Any, indexes: Sequence[int]) -> Any:
+            return self.build(tx, [items[i] for i in indexes])
+
+        return (yield OnStore(ledger.store, ledger.run_atomic_group.flow(
+            messages, build, partition=self.group(items[0]))))
+
+    def _groups(self, fresh: Sequence[E], partition_id: str
+                ) -> tuple[list[list[_Parsed[E, I]]], list[tuple[E, str, str]]]:
+        """Valid events by group, in sequence order; the rest with the reason to park them."""
+        by_group: dict[str, list[_Parsed[E, I]]] = {}
+        invalid: list[tuple[E, str, str]] = []
+        for event in fresh:
+            try:
+                item = self.parse(event, partition_id)
+                key, request_hash = self.identify(item)
+                group = self.group(item)
+            except InvalidPayloadError as error:
+                invalid.append((event, error.reason, error.detail))
+                continue
+            except Exception as error:  # a bug for this event: park it, keep the partition moving
+                logger.exception("%s: unexpected error", self.consumer,
+                                 extra=self._context(event, partition_id))
+                invalid.append((event, "UnexpectedError", repr(error)))
+                continue
+            by_group.setdefault(group, []).append(_Parsed(event, item, key, request_hash))
+        return list(by_group.values()), invalid
+
+    def _group_flow(self, group: list[_Parsed[E, I]], partition_id: str
+                    ) -> Flow[list[Outcome | Exception] | Exception]:
+        """The group's per-event results (an Exception: a bug for that event), or the transient
+        error it still failed with after `max_attempts` tries (returned, not raised, so the
+        other groups finish first)."""
+        attempt = 1
+        while True:
+            try:
+                return (yield from self._attempt(group, partition_id, attempt))
+            except TRANSIENT_ERRORS as error:
+                if attempt == self.max_attempts:
+                    return error
+                yield Sleep(min(retry_after(error) or self.backoff * 2 ** (attempt - 1),
+                                self.max_retry_after))
+                attempt += 1
+
+    def _attempt(self, group: list[_Parsed[E, I]], partition_id: str, attempt: int
+                 ) -> Flow[list[Outcome | Exception]]:
+        contexts = [{**self._context(p.event, partition_id), "attempt": attempt} for p in group]
+        items = [p.item for p in group]
+        try:
+            results: list[Outcome | Exception] = list((yield from self._commit(
+                [GroupMessage(p.key, p.request_hash, c) for p, c in zip(group, contexts, strict=True)],
+                items)))
+        except TRANSIENT_ERRORS:
+            raise
+        except Exception:  # not the store's availability: find the event it is about
+            logger.exception("%s: group failed; applying its events one by one", self.consumer,
+                             extra=contexts[0])
+            results = []
+            for parsed, context in zip(group, contexts, strict=True):
+                try:
+                    results.append((yield from self.apply.flow(parsed.item, context)))
+                except TRANSIENT_ERRORS:
+                    raise
+                except Exception as error:  # refused or a bug for this event: park it, go on
+                    if not isinstance(error, InvalidPayloadError):
+                        logger.exception("%s: unexpected error", self.consumer, extra=context)
+                    results.append(error)
+        held = [r for r in results if isinstance(r, Outcome) and r.status not in SETTLED]
+        if held:  # a live claim by someone else (not a ledger marker): retry the batch later
+            raise ConcurrencyRetriesExhaustedError(f"{held[0].key.encoded} is {held[0].status}")
+        return results
+
+    @staticmethod
+    def _count(parsed: _Parsed[E, I], result: Outcome | Exception,
+               report: BatchReport) -> tuple[str, str] | None:
+        """Count the result; the reason and detail to park the event with, if it must be."""
+        if isinstance(result, InvalidPayloadError):  # valid alone, refused by the group's state
+            return result.reason, result.detail
+        if isinstance(result, Exception):
+            return "UnexpectedError", repr(result)
+        if result.status is OutcomeStatus.CONFLICT:
+            return "IdempotencyKeyConflict", f"{parsed.key.key} was applied with different content"
+        if result.status is OutcomeStatus.DUPLICATE:
+            report.duplicates += 1
+        else:
+            report.applied += 1
+        return None
+
+    def _context(self, event: E, partition_id: str) -> dict[str, Any]:
+        return {"partition_id": partition_id, "sequence_number": event.sequence_number,
+                "event_hub": self.event_hub}
+
+    def _park(self, event: E, partition_id: str, reason: str, detail: str,
+              report: BatchReport) -> Flow[None]:
+        """Durably park; if even that fails, raise so the host's retry policy re-runs the batch."""
+        parking = self.parking
+        entry_id = f"{self.event_hub}/{partition_id}/{event.sequence_number}"
+        yield OnStore(parking.store, parking.park.flow(
+            consumer=self.consumer, entry_id=entry_id, reason=reason, payload=event.body,
+            error=detail, context={
+                "partition_id": partition_id, "sequence_number": event.sequence_number,
+                "offset": event.offset,
+                "properties": {str(k): str(v) for k, v in event.properties.items()}}))
+        report.park(reason)
+
+
+class PartitionBatchProcessor[E: BatchEvent, I](_PartitionBatchProcessor[E, I], Sync):
+    """Runs a partition's batches on sync stores; groups commit on a bounded thread pool, each
+    thread in a copy of the caller's context (trace, the worker's invocation id)."""
+
+
+class AsyncPartitionBatchProcessor[E: BatchEvent, I](_PartitionBatchProcessor[E, I], Async):
+    """`PartitionBatchProcessor` on async stores (`shared.aio.PartitionBatchProcessor`): groups
+    are tasks on one event loop, at most `max_concurrency` in flight; builds may be async."""

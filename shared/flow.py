@@ -1,0 +1,668 @@
+"""The step protocol every flow of the library speaks, and its two drivers.
+
+A flow is a generator: it yields a step (a frozen dataclass of the closed
+union `Step`), receives the step's answer, or has the step's error thrown in,
+and returns its value. It performs no I/O, so one flow serves a sync caller
+(`run_sync`, on a sync store) and an async one (`await run_async`, on an async
+store), and a test can step it by hand, feeding answers and errors with no
+store at all (as h11's tests feed its connection events).
+
+A class written as flows gets its sync and async faces from one definition:
+its methods are `@flowmethod`s (each returns a flow), and the face it is mixed
+with (`Sync` or `Async`) decides how calling one runs it. `shared.aio` holds
+the async faces under the same names as the sync ones (as the Azure SDK does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Callable, Coroutine, Generator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Concatenate, Protocol, Self, overload
+
+from shared.exceptions import (
+    ConcurrencyRetriesExhaustedError,
+    OperationFailedError,
+    RecordChangedError,
+    RecordExistsError,
+    StoreUnavailableError,
+)
+from shared.records import IdempotencyRecord
+from shared.stores.base import RACE_STATUSES, Document, WriteOp
+from shared.transaction import Reads, Writes
+
+logger = logging.getLogger(__name__)
+
+
+# -- the steps ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class GetRecord:
+    """Read a dedup record by location. Answer: the record, or None."""
+
+    partition: str
+    record_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class PutRecordIfAbsent:
+    """Create a record. Answer: it with its etag; RecordExistsError when one is there."""
+
+    record: IdempotencyRecord
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaceRecordIfUnchanged:
+    """Replace a record under its etag. Answer: it with its new etag; RecordChangedError."""
+
+    record: IdempotencyRecord
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRecordIfUnchanged:
+    """Delete a record under its etag. Answer: None; RecordChangedError."""
+
+    record: IdempotencyRecord
+
+
+@dataclass(frozen=True, slots=True)
+class ReadDocument:
+    """Point read of a business document. Answer: the document, or None."""
+
+    partition: str
+    document_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class WriteDocuments:
+    """Apply writes atomically in one partition, no marker. Answer: the written documents."""
+
+    partition: str
+    operations: tuple[WriteOp, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """The answer to `Commit` and `CommitGroup`: the markers as stored and the business
+    documents the transaction created or replaced, with their new etags."""
+
+    markers: tuple[IdempotencyRecord, ...]
+    written: tuple[Document, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """Commit a marker and business writes in one transaction. Answer: `Committed`;
+    RecordExistsError / RecordChangedError for the marker, OperationFailedError for a write."""
+
+    marker: IdempotencyRecord
+    writes: Writes
+    marker_body: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CommitGroup:
+    """Commit several markers of one partition, in order, and business writes in one
+    transaction. Answer: `Committed`; a marker's error names it by `index`."""
+
+    markers: tuple[IdempotencyRecord, ...]
+    writes: Writes
+
+
+@dataclass(frozen=True, slots=True)
+class Built:
+    """The answer to `Build`: what the user's build returned, and the writes it added."""
+
+    value: Any
+    writes: Writes
+
+
+@dataclass(frozen=True, slots=True)
+class Build:
+    """Run the user's `build(tx, *args)` on a fresh transaction of `partition` (its reads
+    answered from `reads` first). The driver awaits an async build. Answer: `Built`."""
+
+    build: Callable[..., Any]
+    partition: str
+    args: tuple[Any, ...] = ()
+    reads: Reads | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerRun:
+    """The answer to `RunHandler`: the handler's result or error, and the last held record
+    (renewals replace it). Never raised: the flow decides what the error means."""
+
+    held: IdempotencyRecord
+    result: Any = None
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunHandler:
+    """Run the user's handler while its lease is renewed every `every` seconds until
+    `until` (on `clock`), each renewal the flow `renew(held)`. Answer: `HandlerRun`."""
+
+    handler: Callable[[], Any]
+    held: IdempotencyRecord
+    renew: Callable[[IdempotencyRecord], Flow[IdempotencyRecord]]
+    every: float
+    until: float
+    clock: Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    """Wait (a backoff, a Retry-After) on the driver's clock. Answer: None."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Gather:
+    """Run flows concurrently, at most `limit` at a time (threads in `run_sync`, tasks in
+    `run_async`). Answer: their values in order; the first error (in order) is raised once
+    every flow has finished."""
+
+    flows: tuple[Flow[Any], ...]
+    limit: int = 16
+
+
+@dataclass(frozen=True, slots=True)
+class OnStore:
+    """Run `flow` with its store steps going to `store` (a flow that spans stores: a batch
+    reads a mark in one, commits in another). Answer: the flow's value."""
+
+    store: Any
+    flow: Flow[Any]
+
+
+Step = (GetRecord | PutRecordIfAbsent | ReplaceRecordIfUnchanged | DeleteRecordIfUnchanged
+        | ReadDocument | WriteDocuments | Commit | CommitGroup | Build | RunHandler | Sleep | Gather
+        | OnStore)
+type Flow[T] = Generator[Step, Any, T]
+
+
+# -- composing flows ---------------------------------------------------------------------
+def retry_on_race[T](attempt: Callable[[], Flow[T]], *, attempts: int, what: str) -> Flow[T]:
+    """Run an optimistic read-then-conditional-write attempt until it does not lose a race.
+
+    An attempt raises RecordChangedError / RecordExistsError, or OperationFailedError with
+    a race status, when a concurrent writer got there first; it is run again, re-reading
+    what it depends on. Any other error propagates.
+    """
+    for _ in range(attempts):
+        try:
+            return (yield from attempt())
+        except (RecordChangedError, RecordExistsError):
+            continue
+        except OperationFailedError as error:
+            if error.status_code not in RACE_STATUSES:
+                raise
+    raise ConcurrencyRetriesExhaustedError(f"{what}: lost {attempts} races in a row")
+
+
+class Unread:
+    """The caller has not read the document (None means: read, and there is none)."""
+
+
+UNREAD = Unread()
+
+
+def update_document(partition: str, document_id: str,
+                    change: Callable[[Document | None], dict[str, Any] | None], *,
+                    known: Document | Unread | None = UNREAD, attempts: int = 10
+                    ) -> Flow[tuple[Document | None, Document | None]]:
+    """Create or replace one document under its etag, as `change` decides from the current one.
+
+    `change` returns the new body, or None to leave the document as it is. `known` is the
+    document as the caller already read it (saves the first read); a lost race re-reads.
+    Returns (the written document or None, the document `change` last saw).
+    """
+    hint = known
+
+    def attempt() -> Flow[tuple[Document | None, Document | None]]:
+        nonlocal hint
+        current = (yield ReadDocument(partition, document_id)) if isinstance(hint, Unread) else hint
+        hint = UNREAD
+        body = change(current)
+        if body is None:
+            return None, current
+        op = (WriteOp("create", document_id, body) if current is None
+              else WriteOp("replace", document_id, body, etag=current.etag))
+        written: list[Document] = yield WriteDocuments(partition, (op,))
+        return written[0], current
+
+    return (yield from retry_on_race(attempt, attempts=attempts, what=f"update of {document_id}"))
+
+
+# -- the stores the drivers talk to --------------------------------------------------------
+class SyncStore(Protocol):
+    """The requests `run_sync` makes (`shared.stores.base.IdempotencyStore` has them)."""
+
+    def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None: ...
+    def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord: ...
+    def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord: ...
+    def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None: ...
+    def read_document(self, partition: str, document_id: str) -> Document | None: ...
+    def write_documents(self, partition: str, operations: Sequence[WriteOp]) -> list[Document]: ...
+    def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
+               marker_body: dict[str, Any] | None = None,
+               written: list[Document] | None = None) -> IdempotencyRecord: ...
+    def commit_group(self, markers: Sequence[IdempotencyRecord], operations: Sequence[WriteOp], *,
+                     written: list[Document] | None = None) -> list[IdempotencyRecord]: ...
+
+
+class AsyncStore(Protocol):
+    """The requests `run_async` awaits (the async Cosmos and Table stores have them)."""
+
+    name: str
+
+    async def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None: ...
+    async def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord: ...
+    async def replace_record_if_unchanged(self, record: IdempotencyRecord
+                                          ) -> IdempotencyRecord: ...
+    async def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None: ...
+    async def read_document(self, partition: str, document_id: str) -> Document | None: ...
+    async def write_documents(self, partition: str, operations: Sequence[WriteOp]
+                              ) -> list[Document]: ...
+    async def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
+                     marker_body: dict[str, Any] | None = None,
+                     written: list[Document] | None = None) -> IdempotencyRecord: ...
+    async def commit_group(self, markers: Sequence[IdempotencyRecord],
+                           operations: Sequence[WriteOp], *,
+                           written: list[Document] | None = None) -> list[IdempotencyRecord]: ...
+
+
+# -- the drivers -----------------------------------------------------------------------------
+def run_sync[T](flow: Flow[T], store: Any, *, sleep: Callable[[float], object] = time.sleep) -> T:
+    """Run `flow` to its value on a sync store: each step performed, its error thrown in."""
+    answer: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = flow.send(answer) if error is None else flow.throw(error)
+        except StopIteration as stop:
+            return stop.value
+        try:
+            answer, error = _perform_sync(step, store, sleep), None
+        except BaseException as failure:  # handed to the flow, which may re-raise
+            answer, error = None, failure
+
+
+def _perform_sync(step: Step, store: SyncStore, sleep: Callable[[float], object]) -> Any:
+    match step:
+        case GetRecord(partition, record_id):
+            return store.get_record(partition, record_id)
+        case PutRecordIfAbsent(record):
+            return store.put_record_if_absent(record)
+        case ReplaceRecordIfUnchanged(record):
+            return store.replace_record_if_unchanged(record)
+        case DeleteRecordIfUnchanged(record):
+            return store.delete_record_if_unchanged(record)
+        case ReadDocument(partition, document_id):
+            return store.read_document(partition, document_id)
+        case WriteDocuments(partition, operations):
+            return store.write_documents(partition, operations)
+        case Commit(marker, writes, marker_body):
+            written: list[Document] = []
+            committed = store.commit(marker, writes.operations, marker_body=marker_body,
+                                     written=written)
+            return Committed((committed,), tuple(written))
+        case CommitGroup(markers, writes):
+            written = []
+            return Committed(tuple(store.commit_group(markers, writes.operations, written=written)),
+                             tuple(written))
+        case Build(build, partition, args, reads):
+            tx = Transaction(store, partition, reads)
+            value = build(tx, *args)
+            if inspect.isawaitable(value):
+                _close(value)
+                raise TypeError("an async build needs the async face (shared.aio)")
+            return Built(value, tx.writes)
+        case RunHandler():
+            return _LeaseRenewal(step, store).run()
+        case Sleep(seconds):
+            sleep(seconds)
+            return None
+        case Gather(flows, limit):
+            def run(flow: Flow[Any]) -> Any:
+                return run_sync(flow, store, sleep=sleep)
+            if min(limit, len(flows)) <= 1:
+                return _in_order([_outcome(run, flow) for flow in flows])
+            with ThreadPoolExecutor(max_workers=min(limit, len(flows)),
+                                    thread_name_prefix="flow") as pool:
+                futures = [pool.submit(contextvars.copy_context().run, _outcome, run, flow)
+                           for flow in flows]
+                return _in_order([future.result() for future in futures])
+        case OnStore(other, flow):
+            return run_sync(flow, other, sleep=sleep)
+
+
+async def run_async[T](flow: Flow[T], store: Any, *,
+                       sleep: Callable[[float], object] = asyncio.sleep) -> T:
+    """Run `flow` to its value on an async store: each step awaited, its error thrown in.
+    `sleep` may be sync or async."""
+    answer: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = flow.send(answer) if error is None else flow.throw(error)
+        except StopIteration as stop:
+            return stop.value
+        try:
+            answer, error = await _perform_async(step, store, sleep), None
+        except BaseException as failure:  # handed to the flow, which may re-raise
+            answer, error = None, failure
+
+
+async def _perform_async(step: Step, store: AsyncStore, sleep: Callable[[float], object]) -> Any:
+    match step:
+        case GetRecord(partition, record_id):
+            return await store.get_record(partition, record_id)
+        case PutRecordIfAbsent(record):
+            return await store.put_record_if_absent(record)
+        case ReplaceRecordIfUnchanged(record):
+            return await store.replace_record_if_unchanged(record)
+        case DeleteRecordIfUnchanged(record):
+            return await store.delete_record_if_unchanged(record)
+        case ReadDocument(partition, document_id):
+            return await store.read_document(partition, document_id)
+        case WriteDocuments(partition, operations):
+            return await store.write_documents(partition, operations)
+        case Commit(marker, writes, marker_body):
+            written: list[Document] = []
+            committed = await store.commit(marker, writes.operations, marker_body=marker_body,
+                                           written=written)
+            return Committed((committed,), tuple(written))
+        case CommitGroup(markers, writes):
+            written = []
+            markers = await store.commit_group(markers, writes.operations, written=written)
+            return Committed(tuple(markers), tuple(written))
+        case Build(build, partition, args, reads):
+            tx = AsyncTransaction(store, partition, reads)
+            value = build(tx, *args)
+            return Built(await value if inspect.isawaitable(value) else value, tx.writes)
+        case RunHandler():
+            return await _AsyncLeaseRenewal(step, store).run()
+        case Sleep(seconds):
+            slept = sleep(seconds)
+            if inspect.isawaitable(slept):
+                await slept
+            return None
+        case Gather(flows, limit):
+            bound = asyncio.Semaphore(limit)
+
+            async def run(flow: Flow[Any]) -> Any:
+                async with bound:
+                    try:
+                        return await run_async(flow, store, sleep=sleep)
+                    except BaseException as error:
+                        return _Raised(error)
+
+            return _in_order(list(await asyncio.gather(*(run(flow) for flow in flows))))
+        case OnStore(other, flow):
+            return await run_async(flow, other, sleep=sleep)
+
+
+def _outcome(run: Callable[[Flow[Any]], Any], flow: Flow[Any]) -> Any:
+    """A gathered flow's value, or the error it raised (as a value: the others finish)."""
+    try:
+        return run(flow)
+    except BaseException as error:
+        return _Raised(error)
+
+
+@dataclass(frozen=True, slots=True)
+class _Raised:
+    error: BaseException
+
+
+def _in_order(results: list[Any]) -> list[Any]:
+    """Gather's answer: the values, or the first error in order once all have finished."""
+    for result in results:
+        if isinstance(result, _Raised):
+            raise result.error
+    return results
+
+
+def _close(value: object) -> None:
+    if inspect.iscoroutine(value):
+        value.close()  # never awaited: no "was never awaited" warning
+
+
+class _LeaseRenewal:
+    """Runs the handler while a thread renews its lease, the way the host renews a lock.
+
+    A lost renewal (someone took the key over) stops renewing; the completion then
+    reports LEASE_LOST. A store outage is retried at the next tick.
+    """
+
+    def __init__(self, step: RunHandler, store: SyncStore) -> None:
+        self._step = step
+        self._store = store
+        self._lock = threading.Lock()
+        self._held = step.held
+        self._done = threading.Event()
+
+    def run(self) -> HandlerRun:
+        thread = threading.Thread(target=self._renew, name="lease-renewal", daemon=True)
+        thread.start()
+        try:
+            result = self._step.handler()
+        except BaseException as error:  # the flow decides: release or keep
+            return HandlerRun(self._stop(thread), error=error)
+        return HandlerRun(self._stop(thread), result)
+
+    def _stop(self, thread: threading.Thread) -> IdempotencyRecord:
+        self._done.set()
+        thread.join()
+        with self._lock:
+            return self._held
+
+    def _renew(self) -> None:
+        step = self._step
+        while not self._done.wait(step.every) and step.clock() < step.until:
+            with self._lock:
+                if self._done.is_set():
+                    return
+                try:
+                    self._held = run_sync(step.renew(self._held), self._store)
+                except RecordChangedError:
+                    _lease_lost(self._held)
+                    return
+                except StoreUnavailableError as error:
+                    logger.warning("could not renew lease: %s", error)
+
+
+class _AsyncLeaseRenewal:
+    """`_LeaseRenewal` for an async handler: a task renews, not a thread."""
+
+    def __init__(self, step: RunHandler, store: AsyncStore) -> None:
+        self._step = step
+        self._store = store
+        self._held = step.held
+        self._done = asyncio.Event()
+
+    async def run(self) -> HandlerRun:
+        task = asyncio.get_running_loop().create_task(self._renew())
+        try:
+            result = self._step.handler()
+            if inspect.isawaitable(result):
+                result = await result
+        except BaseException as error:  # the flow decides: release or keep
+            return HandlerRun(await self._stop(task), error=error)
+        return HandlerRun(await self._stop(task), result)
+
+    async def _stop(self, task: asyncio.Task[None]) -> IdempotencyRecord:
+        self._done.set()
+        await task  # a renewal in flight lands first
+        return self._held
+
+    async def _renew(self) -> None:
+        step = self._step
+        while step.clock() < step.until:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._done.wait(), step.every)
+            if self._done.is_set():
+                return
+            try:
+                self._held = await run_async(step.renew(self._held), self._store)
+            except RecordChangedError:
+                _lease_lost(self._held)
+                return
+            except StoreUnavailableError as error:
+                logger.warning("could not renew lease: %s", error)
+
+
+def _lease_lost(held: IdempotencyRecord) -> None:
+    logger.warning("lease lost while the handler ran",
+                   extra={"dedup_key": held.key.key, "consumer": held.key.consumer})
+
+
+# -- faces: one flow definition, a sync and an async way to call it ---------------------------
+class Sync:
+    """Mixed into a class of `@flowmethod`s: calling one runs its flow with `run_sync` on
+    `self.store` (sleeping with `self.sleep`, when the class sets one)."""
+
+    store: Any
+    sleep: Callable[[float], object] = staticmethod(time.sleep)
+
+
+class Async:
+    """Mixed into a class of `@flowmethod`s: calling one returns a coroutine that runs its
+    flow with `run_async` on `self.store`."""
+
+    store: Any
+    sleep: Callable[[float], object] = staticmethod(asyncio.sleep)
+
+
+class BoundFlow[**P, T]:
+    """A flow method bound to its object: `.flow(...)` is the flow (to compose it in another)."""
+
+    __slots__ = ("_fn", "_owner")
+
+    def __init__(self, fn: Callable[Concatenate[Any, P], Flow[T]], owner: Any) -> None:
+        self._fn = fn
+        self._owner = owner
+
+    def flow(self, *args: P.args, **kwargs: P.kwargs) -> Flow[T]:
+        return self._fn(self._owner, *args, **kwargs)
+
+
+class SyncMethod[**P, T](BoundFlow[P, T]):
+    """A flow method of a `Sync` object: call it to run the flow; `.flow(...)` is the flow."""
+
+    __slots__ = ()
+    _owner: Sync
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> T:
+        owner = self._owner
+        return run_sync(self._fn(owner, *args, **kwargs), owner.store, sleep=owner.sleep)
+
+
+class AsyncMethod[**P, T](BoundFlow[P, T]):
+    """A flow method of an `Async` object: call it for a coroutine; `.flow(...)` is the flow."""
+
+    __slots__ = ()
+    _owner: Async
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, T]:
+        owner = self._owner
+        return run_async(self._fn(owner, *args, **kwargs), owner.store, sleep=owner.sleep)
+
+
+class flowmethod[**P, T]:
+    """Marks a method that returns a flow: on a `Sync` object calling it runs the flow, on an
+    `Async` one it returns a coroutine that does. One definition, two faces."""
+
+    def __init__(self, fn: Callable[Concatenate[Any, P], Flow[T]]) -> None:
+        self._fn = fn
+        self.__doc__ = fn.__doc__
+        self.__name__ = fn.__name__
+
+    @overload
+    def __get__(self, owner: None, kind: type | None = None) -> Self: ...
+    @overload
+    def __get__(self, owner: Sync, kind: type | None = None) -> SyncMethod[P, T]: ...
+    @overload
+    def __get__(self, owner: Async, kind: type | None = None) -> AsyncMethod[P, T]: ...
+    @overload
+    def __get__(self, owner: object, kind: type | None = None) -> BoundFlow[P, T]: ...
+    def __get__(self, owner: object, kind: type | None = None
+                ) -> Self | BoundFlow[P, T]:
+        if owner is None:
+            return self
+        if isinstance(owner, Async):
+            return AsyncMethod(self._fn, owner)
+        if isinstance(owner, Sync):
+            return SyncMethod(self._fn, owner)
+        return BoundFlow(self._fn, owner)
+
+
+# -- the transaction a build fills --------------------------------------------------------------
+class _TransactionReads:
+    """The read half of a transaction, written once as a flow."""
+
+    def __init__(self, store: Any, partition: str, reads: Reads | None = None) -> None:
+        self.store = store
+        self.partition = partition
+        self.writes = Writes(partition)
+        self._reads = reads
+
+    @flowmethod
+    def read(self, document_id: str) -> Flow[Document | None]:
+        """The current document (None: there is none), from what this commit already read
+        when it can be (the commit's etag condition checks it)."""
+        if self._reads is not None:
+            hit, document = self._reads.known(document_id)
+            if hit:
+                return document
+        document: Document | None = yield ReadDocument(self.partition, document_id)
+        if self._reads is not None:
+            self._reads.remember(document_id, document)
+        return document
+
+    # The business writes join the commit (one partition, after the marker).
+    def create(self, document_id: str, body: dict[str, Any]) -> None:
+        self.writes.create(document_id, body)
+
+    def replace(self, document_id: str, body: dict[str, Any], *, etag: str | None) -> None:
+        self.writes.replace(document_id, body, etag=etag)
+
+    def upsert(self, document_id: str, body: dict[str, Any]) -> None:
+        self.writes.upsert(document_id, body)
+
+    def patch(self, document_id: str, operations: list[dict[str, Any]], *,
+              etag: str | None = None) -> None:
+        self.writes.patch(document_id, operations, etag=etag)
+
+    def delete(self, document_id: str, *, etag: str | None = None) -> None:
+        self.writes.delete(document_id, etag=etag)
+
+    @property
+    def operations(self) -> list[WriteOp]:
+        return self.writes.operations
+
+
+class Transaction(_TransactionReads, Sync):
+    """What a sync build receives: `read` a document, add writes to the commit."""
+
+
+class AsyncTransaction(_TransactionReads, Async):
+    """What an async build receives (`shared.aio.Transaction`): `await tx.read(...)`."""
+
+
+__all__ = [
+    "UNREAD", "AsyncStore", "AsyncTransaction", "Build", "Built", "Commit", "CommitGroup",
+    "Committed", "DeleteRecordIfUnchanged", "Flow", "Gather", "GetRecord", "HandlerRun",
+    "OnStore", "PutRecordIfAbsent", "ReadDocument", "ReplaceRecordIfUnchanged", "RunHandler",
+    "Sleep", "Step", "Sync", "SyncStore", "Transaction", "Unread", "WriteDocuments",
+    "flowmethod", "retry_on_race", "run_async", "run_sync", "update_document",
+]

@@ -1,0 +1,464 @@
+"""The dedup flow: claim, process, complete; or commit marker and effect at once.
+
+`run` is the two-phase flow for effects that cannot join a store transaction:
+claim the key (a create that fails on conflict, a takeover under the etag of an
+expired or abandoned claim), run the handler once under a renewed lease, record
+its result. `run_atomic` writes the marker and the business documents in one
+transaction; `run_atomic_group` commits many messages of one partition at once.
+The store arbitrates concurrent copies with conditional writes.
+
+Each method is written once, as a flow (`shared.flow`): `Idempotency` runs it
+on a sync store, `shared.aio.Idempotency` awaits it on an async one.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ParamSpec
+
+from shared.cache import CompletedKeyCache, DocumentCache
+from shared.config import IdempotencyConfig
+from shared.exceptions import (
+    ConcurrencyRetriesExhaustedError,
+    EffectUncertainError,
+    LeaseLostError,
+    OperationFailedError,
+    RecordChangedError,
+    RecordExistsError,
+    ResultTooLargeError,
+    StoreUnavailableError,
+)
+from shared.flow import (
+    Async,
+    Build,
+    Built,
+    Commit,
+    CommitGroup,
+    Committed,
+    DeleteRecordIfUnchanged,
+    Flow,
+    GetRecord,
+    HandlerRun,
+    PutRecordIfAbsent,
+    ReplaceRecordIfUnchanged,
+    RunHandler,
+    Sync,
+    flowmethod,
+    retry_on_race,
+)
+from shared.keys import DedupKey
+from shared.keys import request_hash as hash_request
+from shared.records import IdempotencyRecord, Outcome, OutcomeStatus, RecordState, encode_result
+from shared.stores.base import MAX_TRANSACTION_OPERATIONS, RACE_STATUSES
+from shared.telemetry import Telemetry
+from shared.transaction import Reads, Writes
+
+P = ParamSpec("P")
+logger = logging.getLogger(__name__)
+Context = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class GroupMessage:
+    """One message of a group commit: its key, request hash and log context."""
+
+    key: DedupKey
+    request_hash: str
+    context: Context | None = None
+
+
+def identify(key: Callable[..., DedupKey], payload: Callable[..., Any] | None,
+             fields: tuple[str, ...] | None, args: tuple[Any, ...],
+             kwargs: Mapping[str, Any]) -> tuple[DedupKey, str]:
+    """The decorators' key and request hash for one call of the decorated handler."""
+    data = payload(*args, **kwargs) if payload else (args[0] if args else kwargs)
+    return key(*args, **kwargs), hash_request(data, fields=fields)
+
+
+class _Idempotency:
+    """The dedup flow over one store; `Idempotency` and `shared.aio.Idempotency` are its faces."""
+
+    def __init__(self, store: Any, *, config: IdempotencyConfig | None = None,
+                 telemetry: Telemetry | None = None, cache: CompletedKeyCache | None = None,
+                 documents: DocumentCache | None = None) -> None:
+        self.store = store  # the atomic paths also need it to hold documents
+        self.config = config or IdempotencyConfig()
+        self.telemetry = telemetry or Telemetry()
+        self.cache = cache  # completed keys only; consulted by run/run_atomic before the store
+        self.documents = documents  # what group commits wrote last; see DocumentCache
+
+    # -- helpers -------------------------------------------------------------------
+    def _now(self) -> float:
+        return self.config.clock()
+
+    def _new_record(self, key: DedupKey, request_hash: str, state: RecordState, *,
+                    partition: str | None = None, record_id: str | None = None,
+                    expires: bool = True) -> IdempotencyRecord:
+        now = self._now()
+        return IdempotencyRecord(
+            key=key, state=state, request_hash=request_hash, created_at=now, updated_at=now,
+            expires_at=now + self.config.ttl.total_seconds() if expires else None,
+            lease_expires_at=(now + self.config.lease.total_seconds()
+                              if state is RecordState.IN_PROGRESS else None),
+            partition=partition, record_id=record_id,
+        )
+
+    def _judge(self, existing: IdempotencyRecord, request_hash: str, key: DedupKey) -> Outcome:
+        """Outcome for a live record someone else wrote first."""
+        if existing.request_hash != request_hash:
+            return Outcome(OutcomeStatus.CONFLICT, key, request_hash, existing.result, existing)
+        if existing.state is RecordState.COMPLETED:
+            return Outcome(OutcomeStatus.DUPLICATE, key, request_hash, existing.result, existing)
+        return Outcome(OutcomeStatus.IN_PROGRESS, key, request_hash, None, existing)
+
+    def _marker(self, key: DedupKey, request_hash: str, *, partition: str | None,
+                record_id: str | None = None, expires: bool = True,
+                over: IdempotencyRecord | None = None) -> IdempotencyRecord:
+        """A completed marker to commit; `over` is an expired one it replaces under its etag."""
+        marker = self._new_record(key, request_hash, RecordState.COMPLETED, partition=partition,
+                                  record_id=record_id, expires=expires)
+        if over is None:
+            return marker
+        return marker.evolve(etag=over.etag, attempts=over.attempts + 1)
+
+    def _after_failed_marker(self, marker: IdempotencyRecord) -> Flow[Outcome | IdempotencyRecord]:
+        """After a marker write failed: the outcome the live record there decides, or the
+        expired record to take over. RecordChangedError when it vanished meanwhile."""
+        existing: IdempotencyRecord | None = yield GetRecord(marker.partition_key, marker.id)
+        if existing is None:
+            raise RecordChangedError(marker.id)  # deleted meanwhile: commit again
+        if existing.is_expired(self._now()):
+            return existing
+        return self._judge(existing, marker.request_hash, marker.key)
+
+    def _cached(self, key: DedupKey, request_hash: str) -> Outcome | None:
+        """A duplicate (or conflict) answered by the local cache, without a store request."""
+        record = self.cache.get(key, now=self._now()) if self.cache is not None else None
+        return None if record is None else self._judge(record, request_hash, key)
+
+    def _finish(self, outcome: Outcome, started: float, context: Context | None, *,
+                handler_seconds: float = 0.0, source: str = "store") -> Outcome:
+        if self.cache is not None and outcome.record is not None and source == "store":
+            self.cache.put(outcome.record)  # refuses anything not completed
+        elapsed = time.perf_counter() - started
+        self.telemetry.outcome(outcome, latency=elapsed - handler_seconds, backend=self.store.name,
+                               source=source, handler_latency=handler_seconds, context=context)
+        return outcome
+
+    def _needs_documents(self) -> None:
+        if not hasattr(self.store, "commit"):
+            raise TypeError(f"the atomic path needs a DocumentStore; {type(self.store).__name__} "
+                            "is not one")
+
+    # -- two-phase -------------------------------------------------------------------
+    @flowmethod
+    def claim(self, key: DedupKey, request_hash: str, *, takeover_stale: bool = True,
+              partition: str | None = None) -> Flow[tuple[Outcome, IdempotencyRecord | None]]:
+        """Phase one: hold the key in progress, or say why not.
+
+        Returns (PROCESSED or TAKEN_OVER, the held record) when this caller now owns the
+        key, else (outcome, None). The store arbitrates: a create that fails on conflict,
+        then a takeover under the etag of what it found.
+        """
+        fresh = self._new_record(key, request_hash, RecordState.IN_PROGRESS, partition=partition)
+
+        def attempt() -> Flow[tuple[Outcome, IdempotencyRecord | None]]:
+            try:
+                held: IdempotencyRecord = yield PutRecordIfAbsent(fresh)
+                return Outcome(OutcomeStatus.PROCESSED, key, request_hash, None, held), held
+            except RecordExistsError:
+                pass
+            existing: IdempotencyRecord | None = yield GetRecord(fresh.partition_key, fresh.id)
+            if existing is None:
+                raise RecordChangedError(fresh.id)  # released between create and read: again
+            now = self._now()
+            expired = existing.is_expired(now)
+            if not expired and existing.request_hash != request_hash:
+                return Outcome(OutcomeStatus.CONFLICT, key, request_hash, existing.result,
+                               existing), None
+            stale = not expired and existing.is_lease_expired(now)
+            if not (expired or stale):
+                return self._judge(existing, request_hash, key), None
+            if stale and not takeover_stale:
+                return Outcome(OutcomeStatus.STALE, key, request_hash, None, existing), None
+            taken = fresh.evolve(
+                etag=existing.etag, updated_at=now,
+                created_at=existing.created_at if stale else now,
+                attempts=existing.attempts + 1 if stale else 1,
+                lease_expires_at=now + self.config.lease.total_seconds(),
+                expires_at=now + self.config.ttl.total_seconds())
+            held = yield ReplaceRecordIfUnchanged(taken)  # a lost race: look again
+            status = OutcomeStatus.TAKEN_OVER if stale else OutcomeStatus.PROCESSED
+            return Outcome(status, key, request_hash, None, held), held
+
+        return (yield from retry_on_race(attempt, attempts=self.config.max_commit_attempts,
+                                         what=f"claim of {key.encoded}"))
+
+    @flowmethod
+    def complete(self, held: IdempotencyRecord, result: Any) -> Flow[IdempotencyRecord]:
+        """Phase two: mark the held record completed with the handler's result.
+
+        LeaseLostError when the lease ran out and another consumer took the key over
+        meanwhile: the store keeps the other consumer's record.
+        """
+        too_large: ResultTooLargeError | None = None
+        try:
+            encode_result(result, self.config.max_result_bytes)
+        except ResultTooLargeError as error:
+            too_large, result = error, None
+        done = held.evolve(state=RecordState.COMPLETED, result=result, lease_expires_at=None,
+                           updated_at=self._now())
+        try:
+            done = yield ReplaceRecordIfUnchanged(done)
+        except RecordChangedError as error:
+            current = yield GetRecord(held.partition_key, held.id)
+            raise LeaseLostError(f"lease on {held.key.encoded} lost before completion",
+                                 record=current) from error
+        if too_large is not None:
+            raise too_large  # the effect is recorded as done; only its result is missing
+        return done
+
+    @flowmethod
+    def renew(self, held: IdempotencyRecord) -> Flow[IdempotencyRecord]:
+        """Extend a held lease (etag-conditional); RecordChangedError when it was lost."""
+        now = self._now()
+        return (yield ReplaceRecordIfUnchanged(held.evolve(
+            lease_expires_at=now + self.config.lease.total_seconds(), updated_at=now)))
+
+    @flowmethod
+    def release(self, held: IdempotencyRecord) -> Flow[None]:
+        """Give the key back after a failed handler so a redelivery can retry."""
+        try:
+            yield DeleteRecordIfUnchanged(held)
+        except (RecordChangedError, StoreUnavailableError) as error:
+            # The lease will run out on its own; a redelivery then takes over.
+            logger.warning("could not release claim: %s", error,
+                           extra={"dedup_key": held.key.key, "consumer": held.key.consumer})
+
+    @flowmethod
+    def run(self, key: DedupKey, request_hash: str, handler: Callable[[], Any], *,
+            takeover_stale: bool = True, partition: str | None = None,
+            context: Context | None = None) -> Flow[Outcome]:
+        """Claim, run `handler` once, record its result; duplicates get the first result.
+
+        `context` (message id, correlation id, delivery count...) goes to logs and metrics.
+        The handler may be async on the async face.
+        """
+        started = time.perf_counter()
+        cached = self._cached(key, request_hash)
+        if cached is not None:
+            return self._finish(cached, started, context, source="cache")
+        outcome, held = yield from self.claim.flow(key, request_hash,
+                                                   takeover_stale=takeover_stale,
+                                                   partition=partition)
+        if held is None:
+            return self._finish(outcome, started, context)
+        handler_started = time.perf_counter()
+        config = self.config
+        ran: HandlerRun = yield RunHandler(
+            handler, held, lambda record: self.renew.flow(record),
+            every=config.lease.total_seconds() / 3,
+            until=config.clock() + config.max_lease_renewal.total_seconds(), clock=config.clock)
+        if isinstance(ran.error, EffectUncertainError):
+            ran.error.record = ran.held  # kept in progress: reconciled, never retried blindly
+            raise ran.error
+        if ran.error is not None:
+            yield from self.release.flow(ran.held)
+            raise ran.error
+        handler_seconds = time.perf_counter() - handler_started
+        try:
+            done = yield from self.complete.flow(ran.held, ran.result)
+        except LeaseLostError as error:
+            stored = error.record if isinstance(error.record, IdempotencyRecord) else None
+            lost = Outcome(OutcomeStatus.LEASE_LOST, key, request_hash,
+                           stored.result if stored is not None else None, stored)
+            return self._finish(lost, started, context, handler_seconds=handler_seconds)
+        return self._finish(Outcome(outcome.status, key, request_hash, ran.result, done), started,
+                            context, handler_seconds=handler_seconds)
+
+    # -- atomic ------------------------------------------------------------------------
+    @flowmethod
+    def run_atomic(self, key: DedupKey, request_hash: str, build: Callable[..., Any], *,
+                   partition: str | None = None, marker_id: str | None = None,
+                   marker_body: dict[str, Any] | None = None, expires: bool = True,
+                   context: Context | None = None) -> Flow[Outcome]:
+        """Commit the marker and the writes `build(tx)` adds in one transaction.
+
+        `build` may read current state through the transaction; it is called again when a
+        concurrent writer changed what it read (etag mismatch). With `marker_id` /
+        `marker_body` the marker is the business document itself (an order whose id is the
+        order id); `expires=False` keeps it. On the async face `build` may be async.
+        """
+        self._needs_documents()
+        started = time.perf_counter()
+        cached = self._cached(key, request_hash)
+        if cached is not None:
+            return self._finish(cached, started, context, source="cache")
+        expired: list[IdempotencyRecord] = []  # an expired marker the next attempt replaces
+
+        def attempt() -> Flow[Outcome]:
+            marker = self._marker(key, request_hash, partition=partition, record_id=marker_id,
+                                  expires=expires, over=expired.pop() if expired else None)
+            built: Built = yield Build(build, marker.partition_key)
+            encode_result(built.value, self.config.max_result_bytes)
+            try:
+                committed: Committed = yield Commit(marker.evolve(result=built.value),
+                                                    built.writes, marker_body)
+                return Outcome(OutcomeStatus.PROCESSED, key, request_hash, built.value,
+                               committed.markers[0])
+            except (RecordExistsError, RecordChangedError):
+                pass
+            found = yield from self._after_failed_marker(marker)
+            if isinstance(found, Outcome):
+                return found
+            expired.append(found)
+            raise RecordChangedError(marker.id)  # take the expired marker over
+
+        outcome = yield from retry_on_race(attempt, attempts=self.config.max_commit_attempts,
+                                           what=f"commit of {key.encoded}")
+        return self._finish(outcome, started, context)
+
+    @flowmethod
+    def run_atomic_group(self, messages: Sequence[GroupMessage], build: Callable[..., Any], *,
+                         partition: str) -> Flow[list[Outcome]]:
+        """Commit many messages of one partition: their markers and the writes `build` adds.
+
+        One transaction holds the markers (in message order) and then the writes
+        `build(tx, indexes)` adds for the messages at `indexes`; it returns one result per
+        index, kept on that message's marker. A group larger than a transaction is split in
+        order. A marker that fails names its message (the error's `index`): it is judged as
+        in `run_atomic` (duplicate, conflict, or an expired record taken over) and the others
+        are committed again, without reading what `tx` already read. A key twice in the group
+        is judged against its first copy's record. Returns one outcome per message, in order.
+        """
+        self._needs_documents()
+        started = time.perf_counter()
+        decided: dict[int, tuple[Outcome, str]] = {}  # message index -> (outcome, source)
+        first_copy: dict[str, int] = {}
+        todo: list[int] = []
+        for index, message in enumerate(messages):
+            cached = self._cached(message.key, message.request_hash)
+            if cached is not None:
+                decided[index] = (cached, "cache")
+            elif message.key.encoded not in first_copy:
+                first_copy[message.key.encoded] = index
+                todo.append(index)
+        reads = Reads(partition, self.documents)
+        expired: dict[int, IdempotencyRecord] = {}  # expired markers the next commit replaces
+        races: Counter[int] = Counter()  # lost races by message index (-1: a business write)
+
+        def lost_race(index: int) -> None:
+            races[index] += 1
+            if races[index] >= self.config.max_commit_attempts:
+                raise ConcurrencyRetriesExhaustedError(
+                    f"group commit in {partition}: lost {races[index]} races in a row")
+
+        while todo:
+            chunk, results, writes = yield from self._build_chunk(partition, todo, build, reads)
+            markers = tuple(self._marker(messages[i].key, messages[i].request_hash,
+                                         partition=partition, over=expired.get(i)
+                                         ).evolve(result=result)
+                            for i, result in zip(chunk, results, strict=True))
+            try:
+                committed: Committed = yield CommitGroup(markers, writes)
+            except (RecordExistsError, RecordChangedError) as error:
+                index = chunk[error.index]
+                expired.pop(index, None)
+                try:
+                    found = yield from self._after_failed_marker(markers[error.index])
+                except RecordChangedError:  # deleted meanwhile: commit it again
+                    lost_race(index)
+                    continue
+                if isinstance(found, Outcome):
+                    decided[index] = (found, "store")
+                    todo.remove(index)
+                else:
+                    expired[index] = found
+                    lost_race(index)
+                continue
+            except OperationFailedError as error:
+                if error.status_code not in RACE_STATUSES:
+                    raise
+                reads.lost_race()  # a business document changed since it was read
+                lost_race(-1)
+                continue
+            for index, marker, result in zip(chunk, committed.markers, results, strict=True):
+                decided[index] = (Outcome(OutcomeStatus.PROCESSED, marker.key, marker.request_hash,
+                                          result, marker), "store")
+            todo = todo[len(chunk):]
+            reads.committed(writes.operations, committed.written)  # the next chunk builds on it
+        outcomes: list[Outcome] = []
+        for index, message in enumerate(messages):
+            if index not in decided:  # a second copy within the group
+                first = decided[first_copy[message.key.encoded]][0]
+                judged = (self._judge(first.record, message.request_hash, message.key)
+                          if first.record is not None else first)
+                decided[index] = (judged, "group")
+            outcome, source = decided[index]
+            outcomes.append(self._finish(outcome, started, message.context, source=source))
+        return outcomes
+
+    def _build_chunk(self, partition: str, todo: Sequence[int], build: Callable[..., Any],
+                     reads: Reads) -> Flow[tuple[list[int], list[Any], Writes]]:
+        """The next messages that fit in one transaction with their writes, built."""
+        chunk = list(todo[:MAX_TRANSACTION_OPERATIONS - 1])
+        while True:
+            built: Built = yield Build(build, partition, (chunk,), reads)
+            results = list(built.value)
+            operations = built.writes.operations
+            if reads.unchecked(operations):
+                continue  # a cached document the commit would not check: build on a read
+            room = MAX_TRANSACTION_OPERATIONS - len(operations)
+            if len(chunk) <= room:
+                break
+            if room < 1:
+                raise ValueError(f"{len(operations)} writes leave no room for a marker")
+            chunk = chunk[:room]
+        if len(results) != len(chunk):
+            raise ValueError(f"build returned {len(results)} results for {len(chunk)} messages")
+        for result in results:
+            encode_result(result, self.config.max_result_bytes)
+        return chunk, results, built.writes
+
+
+class Idempotency(_Idempotency, Sync):
+    """Runs messages through the dedup flow against one (sync) store."""
+
+    def idempotent(self, *, key: Callable[..., DedupKey], payload: Callable[..., Any] | None = None,
+                   fields: tuple[str, ...] | None = None
+                   ) -> Callable[[Callable[P, Any]], Callable[P, Outcome]]:
+        """Decorate a handler so each call runs once per key (two-phase flow).
+
+        `key` and `payload` receive the handler's arguments; the payload (default: the
+        first argument) is hashed to detect reused keys.
+        """
+        def decorate(function: Callable[P, Any]) -> Callable[P, Outcome]:
+            @functools.wraps(function)
+            def wrapper(*args: P.args, **kwargs: P.kwargs) -> Outcome:
+                dedup_key, digest = identify(key, payload, fields, args, kwargs)
+                return self.run(dedup_key, digest, lambda: function(*args, **kwargs))
+            return wrapper
+        return decorate
+
+
+class AsyncIdempotency(_Idempotency, Async):
+    """The dedup flow on an async store (`shared.aio.Idempotency`): the same methods, awaited;
+    builds and handlers may be sync or async."""
+
+    def idempotent(self, *, key: Callable[..., DedupKey], payload: Callable[..., Any] | None = None,
+                   fields: tuple[str, ...] | None = None
+                   ) -> Callable[[Callable[P, Any]], Callable[P, Awaitable[Outcome]]]:
+        """`Idempotency.idempotent` for async handlers: the decorated handler is a coroutine
+        function."""
+        def decorate(function: Callable[P, Any]) -> Callable[P, Awaitable[Outcome]]:
+            @functools.wraps(function)
+            async def wrapper(*args: P.args, **kwargs: P.kwargs) -> Outcome:
+                dedup_key, digest = identify(key, payload, fields, args, kwargs)
+                return await self.run(dedup_key, digest, lambda: function(*args, **kwargs))
+            return wrapper
+        return decorate
