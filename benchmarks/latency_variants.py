@@ -16,7 +16,7 @@ partition, as `domain.payments` keeps it):
   single-document write per account, accounts run concurrently on a bounded
   thread pool. 2 requests per account per batch.
 * `app`: what the `payments` function runs, whatever it is when the benchmark
-  runs: `Asyncthe payments PartitionBatchProcessor.process_batch(events, partition_id)` built by
+  runs: `shared.aio.PartitionBatchProcessor.process_batch(events, partition_id)` built by
   `functions.services.build_services` on the benchmark's counted async stores
   (azure.cosmos.aio, azure.data.tables.aio), awaited on one event loop.
 * `app-sync`: the same batch through the sync `PartitionBatchProcessor` (account groups

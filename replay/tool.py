@@ -15,7 +15,6 @@ journal entry under the same consumer (`deadletter/<entity>/<sequence>`).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -560,6 +559,3 @@ class ReplayTool:
         self._mark_failed(item, f"{decision.action.value}: {decision.reason}: {decision.description}")
         return Result(item.id, "failed", f"not sent: {decision.reason}: {decision.description}")
 
-
-def results_json(results: Sequence[Result]) -> str:
-    return json.dumps([r.to_json() for r in results], indent=2)

@@ -29,13 +29,13 @@ from typing import Any, Protocol
 
 from shared.exceptions import ConcurrencyRetriesExhaustedError, retry_after
 from shared.flow import Async, Flow, Gather, OnStore, Sleep, Sync, flowmethod
-from shared.idempotency import GroupMessage, _Idempotency
+from shared.idempotency import BaseIdempotency, GroupMessage
 from shared.keys import DedupKey
-from shared.parking import _ParkingLot
+from shared.parking import BaseParkingLot
 from shared.payload import InvalidPayloadError
 from shared.records import Outcome, OutcomeStatus
 from shared.settlement import TRANSIENT_ERRORS
-from shared.watermark import _PartitionWatermark
+from shared.watermark import BasePartitionWatermark
 
 MAX_RETRY_AFTER_SECONDS = 30.0  # the longest Retry-After honoured before the batch raises
 #: Outcomes after which an event needs nothing more (applied now or before, or refused).
@@ -80,7 +80,7 @@ class _Parsed[E, I]:
     request_hash: str
 
 
-class _PartitionBatchProcessor[E: BatchEvent, I]:
+class BasePartitionBatchProcessor[E: BatchEvent, I]:
     """Parametrised by the user's rule:
 
     * `parse(event, partition_id)`: the event's item; InvalidPayloadError for bad input;
@@ -91,7 +91,7 @@ class _PartitionBatchProcessor[E: BatchEvent, I]:
       per item (kept on its marker); InvalidPayloadError refuses an item (parked).
     """
 
-    def __init__(self, ledger: _Idempotency, watermark: _PartitionWatermark, parking: _ParkingLot,
+    def __init__(self, ledger: BaseIdempotency, watermark: BasePartitionWatermark, parking: BaseParkingLot,
                  *, consumer: str, event_hub: str, parse: Callable[[E, str], I],
                  identify: Callable[[I], tuple[DedupKey, str]], group: Callable[[I], str],
                  build: Callable[..., Any], max_attempts: int = 3, backoff: float = 0.2,
@@ -278,11 +278,11 @@ class _PartitionBatchProcessor[E: BatchEvent, I]:
         report.park(reason)
 
 
-class PartitionBatchProcessor[E: BatchEvent, I](_PartitionBatchProcessor[E, I], Sync):
+class PartitionBatchProcessor[E: BatchEvent, I](BasePartitionBatchProcessor[E, I], Sync):
     """Runs a partition's batches on sync stores; groups commit on a bounded thread pool, each
     thread in a copy of the caller's context (trace, the worker's invocation id)."""
 
 
-class AsyncPartitionBatchProcessor[E: BatchEvent, I](_PartitionBatchProcessor[E, I], Async):
+class AsyncPartitionBatchProcessor[E: BatchEvent, I](BasePartitionBatchProcessor[E, I], Async):
     """`PartitionBatchProcessor` on async stores (`shared.aio.PartitionBatchProcessor`): groups
     are tasks on one event loop, at most `max_concurrency` in flight; builds may be async."""

@@ -8,7 +8,7 @@ write them) or `cloudEvents:id` / `cloudEvents_id` (the AMQP binding).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from shared.payload import InvalidPayloadError, check_text, parse_json
 
@@ -32,7 +32,7 @@ class CloudEvent:
     subject: str | None = None
     time: str | None = None
     datacontenttype: str | None = None
-    extensions: dict[str, Any] = field(default_factory=dict)
+    extensions: dict[str, Any] = field(default_factory=dict[str, Any])
 
 
 def as_text(value: Any) -> Any:
@@ -78,7 +78,8 @@ def parse_cloudevent(body: bytes, properties: dict[Any, Any] | None = None,
         envelope = _json(body, max_bytes)
         if not isinstance(envelope, dict):
             raise InvalidEventError("MalformedCloudEvent", "structured event must be a JSON object")
-        attributes, data = envelope, envelope.get("data")
+        attributes = cast(dict[str, Any], envelope)
+        data = attributes.get("data")
     else:
         data = _json(body, max_bytes) if body else None
     missing = [name for name in REQUIRED if not attributes.get(name)]

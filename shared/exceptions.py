@@ -11,8 +11,6 @@ import contextlib
 import datetime
 import email.utils
 
-from azure.core.exceptions import AzureError
-
 
 class IdempotencyError(Exception):
     """Base class of every error this library raises."""
@@ -146,7 +144,3 @@ def _seconds_from(value: str) -> float | None:
         when = when.replace(tzinfo=datetime.UTC)
     return max(0.0, (when - datetime.datetime.now(datetime.UTC)).total_seconds())
 
-
-def is_transport_error(error: BaseException) -> bool:
-    """True for connection failures and timeouts that carry no HTTP status."""
-    return isinstance(error, AzureError) and getattr(error, "status_code", None) is None

@@ -80,7 +80,7 @@ def identify(key: Callable[..., DedupKey], payload: Callable[..., Any] | None,
     return key(*args, **kwargs), hash_request(data, fields=fields)
 
 
-class _Idempotency:
+class BaseIdempotency:
     """The dedup flow over one store; `Idempotency` and `shared.aio.Idempotency` are its faces."""
 
     def __init__(self, store: Any, *, config: IdempotencyConfig | None = None,
@@ -426,7 +426,7 @@ class _Idempotency:
         return chunk, results, built.writes
 
 
-class Idempotency(_Idempotency, Sync):
+class Idempotency(BaseIdempotency, Sync):
     """Runs messages through the dedup flow against one (sync) store."""
 
     def idempotent(self, *, key: Callable[..., DedupKey], payload: Callable[..., Any] | None = None,
@@ -446,7 +446,7 @@ class Idempotency(_Idempotency, Sync):
         return decorate
 
 
-class AsyncIdempotency(_Idempotency, Async):
+class AsyncIdempotency(BaseIdempotency, Async):
     """The dedup flow on an async store (`shared.aio.Idempotency`): the same methods, awaited;
     builds and handlers may be sync or async."""
 

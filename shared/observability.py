@@ -48,11 +48,6 @@ _lock = threading.Lock()
 _configured = False
 
 
-def is_configured() -> bool:
-    """True once the Azure Monitor distro was configured in this process."""
-    return _configured
-
-
 def configure_observability(*, connection_string: str | None = None,
                             environ: Mapping[str, str] | None = None,
                             configure: Callable[..., Any] | None = None,
@@ -83,12 +78,6 @@ def configure_observability(*, connection_string: str | None = None,
         configure(connection_string=connection_string, **options)
         _configured = True
         return True
-
-
-def _reset_for_tests() -> None:
-    global _configured
-    with _lock:
-        _configured = False
 
 
 # -- trace context in -----------------------------------------------------------------

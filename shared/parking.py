@@ -95,7 +95,7 @@ class ParkedEntry:
             history=tuple(loads("history", [])), etag=document.etag)
 
 
-class _ParkingLot:
+class BaseParkingLot:
     """Parked entries in a document store, partitioned by consumer; `ParkingLot` and
     `shared.aio.ParkingLot` are its faces."""
 
@@ -211,9 +211,9 @@ def _replace(record: IdempotencyRecord) -> Flow[IdempotencyRecord]:
     return (yield ReplaceRecordIfUnchanged(record))
 
 
-class ParkingLot(_ParkingLot, Sync):
+class ParkingLot(BaseParkingLot, Sync):
     """Writes parked entries to a document store partitioned by consumer, and resolves them."""
 
 
-class AsyncParkingLot(_ParkingLot, Async):
+class AsyncParkingLot(BaseParkingLot, Async):
     """`ParkingLot` on an async document store (`shared.aio.ParkingLot`)."""

@@ -27,7 +27,7 @@ class Mark:
     document: Document  # as read, with its etag, for the next conditional write
 
 
-class _PartitionWatermark:
+class BasePartitionWatermark:
     """Reads and advances high-water marks kept as documents in a document store.
 
     With `remember=True` the mark this instance last read or wrote is answered from
@@ -86,9 +86,9 @@ class _PartitionWatermark:
         return mark
 
 
-class PartitionWatermark(_PartitionWatermark, Sync):
-    __doc__ = _PartitionWatermark.__doc__
+class PartitionWatermark(BasePartitionWatermark, Sync):
+    __doc__ = BasePartitionWatermark.__doc__
 
 
-class AsyncPartitionWatermark(_PartitionWatermark, Async):
+class AsyncPartitionWatermark(BasePartitionWatermark, Async):
     """`PartitionWatermark` on an async document store (`shared.aio.PartitionWatermark`)."""

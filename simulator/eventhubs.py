@@ -96,10 +96,6 @@ class EventHub:
         with self.lock:
             return self._events[partition_id][from_sequence:from_sequence + max_count]
 
-    def all_events(self) -> list[HubEvent]:
-        with self.lock:
-            return [e for p in self.partition_ids for e in self._events[p]]
-
     def checkpoint(self, partition_id: str, sequence_number: int) -> None:
         """Record the last processed sequence number (last write wins, as in the blob store)."""
         with self.lock:

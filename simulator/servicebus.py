@@ -99,10 +99,6 @@ class Entity:
         return len(self._available)
 
     @property
-    def locked_count(self) -> int:
-        return len(self._locked)
-
-    @property
     def active_count(self) -> int:
         return len(self._available) + len(self._locked)
 

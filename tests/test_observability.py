@@ -8,7 +8,6 @@ import sys
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from shared import observability
 from shared.keys import DedupKey
 from shared.observability import (
     CONNECTION_STRING_SETTING,
@@ -19,6 +18,7 @@ from shared.observability import (
     incoming_traceparent,
     message_span,
 )
+from tests.support import observability as support_observability
 
 PRODUCER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 CONN = "InstrumentationKey=00000000-0000-0000-0000-000000000000"
@@ -26,16 +26,16 @@ CONN = "InstrumentationKey=00000000-0000-0000-0000-000000000000"
 
 @pytest.fixture(autouse=True)
 def _fresh():
-    observability._reset_for_tests()
+    support_observability.reset()
     yield
-    observability._reset_for_tests()
+    support_observability.reset()
 
 
 def test_no_connection_string_is_a_no_op():
     calls = []
     assert configure_observability(environ={}, configure=lambda **kw: calls.append(kw)) is False
     assert calls == []
-    assert not observability.is_configured()
+    assert not support_observability.is_configured()
 
 
 def test_connection_string_configures_once():
@@ -45,7 +45,7 @@ def test_connection_string_configures_once():
                                    logger_name="shared") is True
     assert configure_observability(environ=env, configure=lambda **kw: calls.append(kw)) is True
     assert calls == [{"connection_string": CONN, "logger_name": "shared"}]
-    assert observability.is_configured()
+    assert support_observability.is_configured()
 
 
 def test_missing_distro_warns_and_does_not_raise(monkeypatch, caplog):
