@@ -150,11 +150,6 @@ class BaseIdempotency:
                                source=source, handler_latency=handler_seconds, context=context)
         return outcome
 
-    def _needs_documents(self) -> None:
-        if not hasattr(self.store, "commit"):
-            raise TypeError(f"the atomic path needs a DocumentStore; {type(self.store).__name__} "
-                            "is not one")
-
     # -- two-phase -------------------------------------------------------------------
     @flowmethod
     def claim(self, key: DedupKey, request_hash: str, *, takeover_stale: bool = True,
@@ -294,7 +289,6 @@ class BaseIdempotency:
         `marker_body` the marker is the business document itself (an order whose id is the
         order id); `expires=False` keeps it. On the async face `build` may be async.
         """
-        self._needs_documents()
         started = time.perf_counter()
         cached = self._cached(key, request_hash)
         if cached is not None:
@@ -336,7 +330,6 @@ class BaseIdempotency:
         are committed again, without reading what `tx` already read. A key twice in the group
         is judged against its first copy's record. Returns one outcome per message, in order.
         """
-        self._needs_documents()
         started = time.perf_counter()
         decided: dict[int, tuple[Outcome, str]] = {}  # message index -> (outcome, source)
         first_copy: dict[str, int] = {}

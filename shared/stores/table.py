@@ -149,7 +149,9 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
     """Dedup records and business entities in one Azure Table.
 
     Build it from the table endpoint and a credential (identity in Azure), from
-    a connection string (local runs), or around an existing `TableClient`.
+    a connection string (local runs), or around an existing `TableClient`. A
+    client the store creates is its own and `close` closes it; a client passed
+    in (`table_client=`, `from_table_client`) stays its caller's.
     """
 
     name = "table"
@@ -158,8 +160,11 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
                  AzureSasCredential | None = None, *, table_name: str,
                  table_client: TableClient | None = None, create_table: bool = False,
                  **client_options: Any) -> None:
-        self._client = table_client or TableClient(endpoint, table_name, credential=credential,
-                                                   **client_options)
+        self._owned: TableClient | None = None  # the client this store created, if any
+        if table_client is None:
+            table_client = self._owned = TableClient(endpoint, table_name, credential=credential,
+                                                     **client_options)
+        self._client = table_client
         if create_table:
             self.ensure_table()
 
@@ -168,7 +173,9 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
                                create_table: bool = False, **client_options: Any
                                ) -> TableIdempotencyStore:
         client = TableClient.from_connection_string(conn_str, table_name, **client_options)
-        return cls(client.url, table_name=table_name, table_client=client, create_table=create_table)
+        store = cls(client.url, table_name=table_name, table_client=client, create_table=create_table)
+        store._owned = client  # closed with the store
+        return store
 
     def ensure_table(self) -> None:
         """Create the table if it is missing (local runs; in Azure, Bicep creates it)."""
@@ -272,4 +279,6 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
         return self._committed(marker, operations, results, written)
 
     def close(self) -> None:
-        self._client.close()
+        """Close the client this store created; a caller's client stays open."""
+        if self._owned is not None:
+            self._owned.close()
