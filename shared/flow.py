@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Concatenate, Protocol, Self, overload
 
+from shared.cache import DocumentCache
 from shared.exceptions import (
     ConcurrencyRetriesExhaustedError,
     OperationFailedError,
@@ -36,9 +37,87 @@ from shared.exceptions import (
 )
 from shared.records import IdempotencyRecord
 from shared.stores.base import RACE_STATUSES, Document, WriteOp
-from shared.transaction import Reads, Writes
 
 logger = logging.getLogger(__name__)
+
+
+# -- what the steps carry --------------------------------------------------------------------
+class Writes:
+    """The business writes of one atomic commit, in order."""
+
+    def __init__(self, partition: str) -> None:
+        self.partition = partition
+        self.operations: list[WriteOp] = []
+
+    def create(self, document_id: str, body: dict[str, Any]) -> None:
+        self.operations.append(WriteOp("create", document_id, body))
+
+    def replace(self, document_id: str, body: dict[str, Any], *, etag: str | None) -> None:
+        self.operations.append(WriteOp("replace", document_id, body, etag))
+
+    def upsert(self, document_id: str, body: dict[str, Any]) -> None:
+        self.operations.append(WriteOp("upsert", document_id, body))
+
+    def patch(self, document_id: str, operations: list[dict[str, Any]], *,
+              etag: str | None = None) -> None:
+        self.operations.append(WriteOp("patch", document_id, etag=etag, patch=tuple(operations)))
+
+    def delete(self, document_id: str, *, etag: str | None = None) -> None:
+        self.operations.append(WriteOp("delete", document_id, etag=etag))
+
+
+class Reads:
+    """What one group commit read, across its attempts and chunks, so it reads each document
+    once and again only after losing a race on it; and, with a `DocumentCache`, documents
+    this process wrote last, taken instead of a read (the commit's etag checks them)."""
+
+    def __init__(self, partition: str, cache: DocumentCache | None = None) -> None:
+        self.partition = partition
+        self.cache = cache
+        self.documents: dict[str, Document | None] = {}
+        self.cached: dict[str, Document] = {}  # taken from the cache: must be written back
+
+    def known(self, document_id: str) -> tuple[bool, Document | None]:
+        """(True, the document) when it needs no read; (False, None) otherwise."""
+        if document_id in self.documents:
+            return True, self.documents[document_id]
+        found = self.cache.get(self.partition, document_id) if self.cache is not None else None
+        if found is None:
+            return False, None
+        self.documents[document_id] = self.cached[document_id] = found
+        return True, found
+
+    def remember(self, document_id: str, document: Document | None) -> None:
+        self.documents[document_id] = document
+
+    def unchecked(self, operations: Sequence[WriteOp]) -> list[str]:
+        """Cached documents the writes do not write back under the etag taken: read them."""
+        checked = {op.id for op in operations
+                   if op.kind in ("replace", "patch", "delete") and op.id in self.cached
+                   and op.etag == self.cached[op.id].etag}
+        unchecked = [document_id for document_id in self.cached if document_id not in checked]
+        self.forget(unchecked)
+        return unchecked
+
+    def forget(self, document_ids: Sequence[str]) -> None:
+        for document_id in document_ids:
+            self.documents.pop(document_id, None)
+            self.cached.pop(document_id, None)
+            if self.cache is not None:
+                self.cache.forget(self.partition, document_id)
+
+    def lost_race(self) -> None:
+        """A business write failed its condition: read everything again."""
+        self.forget(list(self.cached))
+        self.documents.clear()
+
+    def committed(self, operations: Sequence[WriteOp], written: Sequence[Document]) -> None:
+        """After a commit: remember what it wrote; the next chunk builds on that."""
+        self.forget([op.id for op in operations])
+        self.documents.clear()
+        if self.cache is not None:
+            for document in written:
+                self.cache.put(document)
 
 
 # -- the steps ------------------------------------------------------------------------------
