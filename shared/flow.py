@@ -43,7 +43,8 @@ logger = logging.getLogger(__name__)
 
 # -- what the steps carry --------------------------------------------------------------------
 class Writes:
-    """The business writes of one atomic commit, in order."""
+    """What one atomic commit writes besides its markers: business writes, in order, in the
+    markers' partition (a transaction; what else a commit may carry joins here)."""
 
     def __init__(self, partition: str) -> None:
         self.partition = partition
@@ -405,7 +406,7 @@ def _perform_sync(step: Step, store: SyncStore, sleep: Callable[[float], object]
             if inspect.isawaitable(value):
                 _close(value)
                 raise TypeError("an async build needs the async face (shared.aio)")
-            return Built(value, tx.writes)
+            return Built(value, tx)
         case RunHandler():
             return _LeaseRenewal(step, store).run()
         case Sleep(seconds):
@@ -469,7 +470,7 @@ async def _perform_async(step: Step, store: AsyncStore, sleep: Callable[[float],
             _commits(store)
             tx = AsyncTransaction(store, partition, reads)
             value = build(tx, *args)
-            return Built(await value if inspect.isawaitable(value) else value, tx.writes)
+            return Built(await value if inspect.isawaitable(value) else value, tx)
         case RunHandler():
             return await _AsyncLeaseRenewal(step, store).run()
         case Sleep(seconds):
@@ -695,13 +696,13 @@ class flowmethod[**P, T]:
 
 
 # -- the transaction a build fills --------------------------------------------------------------
-class _TransactionReads:
-    """The read half of a transaction, written once as a flow."""
+class BaseTransaction(Writes):
+    """What a build receives: the commit's writes (`Writes`: they join the marker's
+    transaction, in its partition) and `read`, written once as a flow."""
 
     def __init__(self, store: Any, partition: str, reads: Reads | None = None) -> None:
+        super().__init__(partition)
         self.store = store
-        self.partition = partition
-        self.writes = Writes(partition)
         self._reads = reads
 
     @flowmethod
@@ -717,33 +718,12 @@ class _TransactionReads:
             self._reads.remember(document_id, document)
         return document
 
-    # The business writes join the commit (one partition, after the marker).
-    def create(self, document_id: str, body: dict[str, Any]) -> None:
-        self.writes.create(document_id, body)
 
-    def replace(self, document_id: str, body: dict[str, Any], *, etag: str | None) -> None:
-        self.writes.replace(document_id, body, etag=etag)
-
-    def upsert(self, document_id: str, body: dict[str, Any]) -> None:
-        self.writes.upsert(document_id, body)
-
-    def patch(self, document_id: str, operations: list[dict[str, Any]], *,
-              etag: str | None = None) -> None:
-        self.writes.patch(document_id, operations, etag=etag)
-
-    def delete(self, document_id: str, *, etag: str | None = None) -> None:
-        self.writes.delete(document_id, etag=etag)
-
-    @property
-    def operations(self) -> list[WriteOp]:
-        return self.writes.operations
-
-
-class Transaction(_TransactionReads, Sync):
+class Transaction(BaseTransaction, Sync):
     """What a sync build receives: `read` a document, add writes to the commit."""
 
 
-class AsyncTransaction(_TransactionReads, Async):
+class AsyncTransaction(BaseTransaction, Async):
     """What an async build receives (`shared.aio.Transaction`): `await tx.read(...)`."""
 
 
