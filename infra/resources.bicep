@@ -114,6 +114,12 @@ param paymentsMaxAttempts int = 3
 @minValue(1)
 param paymentsMaxConcurrency int = 16
 
+@description('HTTP_CALLER_HEADER: the request header that names the authenticated caller of POST /api/payments, set by a front end (e.g. API Management) that overwrites any client-sent copy; Idempotency-Keys are scoped per caller. Empty: App Service authentication\'s caller, if httpAuthClientId turns it on, else one shared scope.')
+param httpCallerHeader string = ''
+
+@description('Client id of the Entra ID app registration of the HTTP API: turns on App Service authentication (authsettingsV2), which identifies each caller, so Idempotency-Keys are scoped per caller. Empty (default): off; function keys alone share one key scope between all callers.')
+param httpAuthClientId string = ''
+
 @description('MAINTENANCE_SCHEDULE: NCRONTAB schedule of the maintenance timer (stale in-progress markers, expiry sweep).')
 param maintenanceSchedule string = '0 */15 * * * *'
 
@@ -322,6 +328,7 @@ var appSettings = {
   PAYMENTS_MISSING_KEY_POLICY: paymentsMissingKeyPolicy
   PAYMENTS_MAX_ATTEMPTS: string(paymentsMaxAttempts)
   PAYMENTS_MAX_CONCURRENCY: string(paymentsMaxConcurrency)
+  HTTP_CALLER_HEADER: httpCallerHeader
   MAINTENANCE_SCHEDULE: maintenanceSchedule
   APPLICATIONINSIGHTS_CONNECTION_STRING: monitoring.outputs.connectionString
   APPLICATIONINSIGHTS_AUTHENTICATION_STRING: 'ClientId=${identity.outputs.clientId};Authorization=AAD'
@@ -347,6 +354,7 @@ module functionApp 'app/function-app.bicep' = {
     pythonVersion: '3.13'
     maximumInstanceCount: functionMaximumInstanceCount
     instanceMemoryMB: functionInstanceMemoryMB
+    authClientId: httpAuthClientId
   }
   // The host must not start before its identity can reach storage and the brokers.
   dependsOn: [
