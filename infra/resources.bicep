@@ -200,6 +200,16 @@ module monitoring 'core/monitoring.bicep' = {
   }
 }
 
+// Charts over the app's metrics and events, next to the component they read.
+module workbook 'core/workbook.bicep' = {
+  name: 'workbook'
+  params: {
+    location: location
+    tags: tags
+    applicationInsightsId: monitoring.outputs.applicationInsightsId
+  }
+}
+
 module storage 'core/storage.bicep' = {
   name: 'storage'
   params: {
