@@ -33,10 +33,7 @@ def _chain(monkeypatch, value: str | None, *, aio: bool = False) -> list[str]:
     else:
         monkeypatch.setenv(SETTING, value)
     settings = Settings.from_env(env)
-    if aio:
-        credential = services.RealAsyncStores(settings)._identity()
-    else:
-        credential = services._credential(settings)
+    credential = services.RealAsyncStores(settings)._identity() if aio else services._credential(settings)
     return [type(c).__name__ for c in credential.credentials]
 
 
