@@ -206,6 +206,16 @@ module monitoring 'core/monitoring.bicep' = {
   }
 }
 
+// Charts over the app's metrics and events, next to the component they read.
+module workbook 'core/workbook.bicep' = {
+  name: 'workbook'
+  params: {
+    location: location
+    tags: tags
+    applicationInsightsId: monitoring.outputs.applicationInsightsId
+  }
+}
+
 module storage 'core/storage.bicep' = {
   name: 'storage'
   params: {
@@ -339,6 +349,10 @@ var appSettings = {
   // second exporter next to the app's.
   PYTHON_ENABLE_OPENTELEMETRY: 'true'
   AZURE_CLIENT_ID: identity.outputs.clientId
+  // Deterministic credential: DefaultAzureCredential tries the managed identity (AZURE_CLIENT_ID)
+  // and nothing else instead of probing a chain (azure-identity 1.27, pinned). Local runs leave it unset
+  // and keep the developer chain (az login, azd, VS Code).
+  AZURE_TOKEN_CREDENTIALS: 'ManagedIdentityCredential'
 }
 
 module functionApp 'app/function-app.bicep' = {

@@ -51,6 +51,7 @@ METRIC_MESSAGES = "dedup.messages"
 METRIC_STORE_LATENCY = "dedup.store.latency"
 METRIC_REPLAY_SKIPPED = "dedup.replay_skipped"
 METRIC_PARKED = "dedup.parked"
+METRIC_MARK_LAG = "dedup.eventhubs.mark_lag"
 
 logger = logging.getLogger(__name__)
 

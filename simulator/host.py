@@ -187,12 +187,15 @@ class DeliveryStats:
     errors: list[str] = field(default_factory=list)
     # (function, logical, variant, copy, outcome, detail) per delivery, in order of completion
     trace: list[tuple[str, str, int, int, str, str]] = field(default_factory=list)
+    # (virtual time, duplicate cause or "" for a first delivery) per delivery, for the HTML report
+    timeline: list[tuple[float, str]] = field(default_factory=list)
 
 
 class DeliveryLog:
     """Classifies each delivery: first, or a duplicate by cause."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        self._clock = clock
         self._lock = threading.Lock()
         self._seen: set[tuple[str, str, int]] = set()
         self._inflight: Counter[tuple[str, str, int]] = Counter()
@@ -221,6 +224,8 @@ class DeliveryLog:
                 else:
                     cause = "redelivery"
                 self.stats.duplicates[cause] += 1
+            if self._clock is not None:
+                self.stats.timeline.append((self._clock(), cause or ""))
             self._seen.add(key)
             self._inflight[key] += 1
             return cause
@@ -305,7 +310,7 @@ class SimulatedHost:
         self.outage_servers = outage_servers
         self.config = config or HostConfig()
         self.progress = progress
-        self.log = DeliveryLog()
+        self.log = DeliveryLog(clock)
         self.rng = random.Random(stable_seed("host", plan.seed))
         self.worker = worker_host()
         _bridge_fault_lookup()

@@ -107,6 +107,8 @@ class ScenarioResult:
     outage_failures: dict[str, int] = field(default_factory=dict)  # "server: function" -> calls
     outage_held: dict[str, int] = field(default_factory=dict)  # answered after a pause ended
     evidence: Evidence | None = None  # what the checker was given besides the stores
+    started_at: float = 0.0  # virtual time the host started (origin of the report's time axes)
+    fault_times: list[tuple[float, str]] = field(default_factory=list)  # (virtual time, fault kind)
 
     @property
     def ok(self) -> bool:
@@ -167,7 +169,7 @@ def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
         oversize_bytes=config.oversize_bytes)
     clock = SimClock()
     api = FakeNotificationApi(honours_key=config.api_honours_key)
-    faults = FaultLog()
+    faults = FaultLog(clock)
     plan = plan or FaultPlan(config.seed, fault_rate=config.fault_rate,
                              duplicate_rate=config.duplicate_rate,
                              non_atomic=config.non_atomic is not None)
@@ -246,6 +248,6 @@ def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
             virtual_seconds=clock() - host.t0, checkpoint_lag=lag, outages=outages.history,
             maintenance_parked=maintenance_parked, outage_failures=dict(outages.failed_calls),
             outage_held=dict(outages.held_calls),
-            evidence=evidence)
+            evidence=evidence, started_at=host.t0, fault_times=list(faults.times))
     finally:
         configure(None)
