@@ -64,7 +64,10 @@ EVENT_TYPES = {"payment.credit": 1, "payment.debit": -1}
 # an amount up to 10^15 cents; a balance within +-(2^53 - 1). Outside: refused, never rounded.
 MAX_AMOUNT_CENTS = 10**15
 MAX_EVENT_BYTES = 1024 * 1024
-MAX_RETRY_AFTER_SECONDS = 30.0  # the longest Retry-After honoured before the batch raises
+# The longest Retry-After a group waits out before its next try (and the batch before it raises):
+# longer waits belong to the host's retry policy, which holds nothing while it backs off. With the
+# store SDKs' retries it bounds a throttled batch (functions.services.RETRY_BUDGET).
+MAX_RETRY_AFTER_SECONDS = 5.0
 logger = logging.getLogger(__name__)
 
 

@@ -652,7 +652,7 @@ def test_retry_after_is_read_from_the_sdk_error(headers, seconds):
     assert retry_after(throttled(headers)) == seconds
 
 
-@pytest.mark.parametrize(("header", "slept"), [("7", 7.0), ("3600", MAX_RETRY_AFTER_SECONDS)])
+@pytest.mark.parametrize(("header", "slept"), [("3", 3.0), ("3600", MAX_RETRY_AFTER_SECONDS)])
 def test_throttling_honours_retry_after_before_the_batch_raises(counted_services, header, slept):
     sleeps: list[float] = []
     services = counted_services("memory", sleep=sleeps.append).services
