@@ -20,7 +20,10 @@ the replay tool use it), `AsyncPaymentService` awaits it with groups as tasks
 Transient is not poison: a store outage, throttling or lost races never park
 a valid event. The batch raises instead (after waiting out a Retry-After), the
 host's retry policy runs it again before the checkpoint, and the mark and the
-keys absorb what was done. Only input that can never succeed (invalid, a key
+keys absorb what was done. The wait before it raises is bounded: each try of a
+group spends at most the store SDKs' retries (`functions.services.RETRY_BUDGET`)
+and waits at most MAX_RETRY_AFTER_SECONDS, so `max_attempts` tries wait at most
+`RETRY_BUDGET.unit_seconds(attempts=max_attempts, max_retry_after=...)`. Only input that can never succeed (invalid, a key
 reused for other content) and events that hit a bug are parked.
 """
 
