@@ -23,8 +23,9 @@ host's retry policy runs it again before the checkpoint, and the mark and the
 keys absorb what was done. The wait before it raises is bounded: each try of a
 group spends at most the store SDKs' retries (`functions.services.RETRY_BUDGET`)
 and waits at most MAX_RETRY_AFTER_SECONDS, so `max_attempts` tries wait at most
-`RETRY_BUDGET.unit_seconds(attempts=max_attempts, max_retry_after=...)`. Only input that can never succeed (invalid, a key
-reused for other content) and events that hit a bug are parked.
+`RETRY_BUDGET.unit_seconds(attempts=max_attempts, max_retry_after=...)`.
+Only input that can never succeed (invalid, a key reused for other content)
+and events that hit a bug are parked.
 """
 
 from __future__ import annotations

@@ -62,10 +62,17 @@ class Mark:
 
 
 def event_time(value: datetime | str | None) -> datetime | None:
-    """An enqueued time as an aware UTC datetime (ISO text as the trigger sends it; naive is UTC)."""
+    """An enqueued time as an aware UTC datetime (ISO text as the trigger sends it; naive is UTC).
+
+    Unreadable text is no time (sequence numbers only) rather than an error that would stall
+    the partition in the host's retries.
+    """
     if value is None or value == "":
         return None
-    moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    try:
+        moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 

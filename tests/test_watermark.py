@@ -75,6 +75,8 @@ def test_the_mark_covers_only_events_at_or_below_it_and_not_newer():
     assert stored.is_reset(0, NEW) and not stored.is_reset(5100, NEW)
     assert not stored.is_reset(5000, OLD)
     assert stored.covers(0, None)  # an event without a time: sequence numbers only, as before
+    assert stored.covers(0, "not a time") and not stored.covers(5100, "not a time")
+    assert not stored.covers(0, "2026-03-02T12:00:00.1234567Z")  # the host's 7 digits, newer
     untimed = Mark(5099, Document("0", "p", {}))  # a mark stored before times were kept
     assert untimed.covers(0, NEW) and not untimed.is_reset(0, NEW)
 
