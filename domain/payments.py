@@ -20,8 +20,12 @@ the replay tool use it), `AsyncPaymentService` awaits it with groups as tasks
 Transient is not poison: a store outage, throttling or lost races never park
 a valid event. The batch raises instead (after waiting out a Retry-After), the
 host's retry policy runs it again before the checkpoint, and the mark and the
-keys absorb what was done. Only input that can never succeed (invalid, a key
-reused for other content) and events that hit a bug are parked.
+keys absorb what was done. The wait before it raises is bounded: each try of a
+group spends at most the store SDKs' retries (`functions.services.RETRY_BUDGET`)
+and waits at most MAX_RETRY_AFTER_SECONDS, so `max_attempts` tries wait at most
+`RETRY_BUDGET.unit_seconds(attempts=max_attempts, max_retry_after=...)`.
+Only input that can never succeed (invalid, a key reused for other content)
+and events that hit a bug are parked.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ from shared.parking import AsyncParkingLot, ParkingLot
 from shared.payload import MAX_SAFE_INTEGER, exact_integer
 from shared.settlement import TRANSIENT_ERRORS
 from shared.stores.base import Document, adrive, drive
-from shared.watermark import AsyncPartitionWatermark, PartitionWatermark
+from shared.watermark import AsyncPartitionWatermark, Mark, PartitionWatermark, event_time
 
 CONSUMER = "payments"
 ACCOUNT_DOCUMENT = "balance"
@@ -64,7 +68,10 @@ EVENT_TYPES = {"payment.credit": 1, "payment.debit": -1}
 # an amount up to 10^15 cents; a balance within +-(2^53 - 1). Outside: refused, never rounded.
 MAX_AMOUNT_CENTS = 10**15
 MAX_EVENT_BYTES = 1024 * 1024
-MAX_RETRY_AFTER_SECONDS = 30.0  # the longest Retry-After honoured before the batch raises
+# The longest Retry-After a group waits out before its next try (and the batch before it raises):
+# longer waits belong to the host's retry policy, which holds nothing while it backs off. With the
+# store SDKs' retries it bounds a throttled batch (functions.services.RETRY_BUDGET).
+MAX_RETRY_AFTER_SECONDS = 5.0
 logger = logging.getLogger(__name__)
 
 
@@ -260,8 +267,12 @@ class PaymentService:
         (a call, a Sleep, a Gather of account groups) and the service's driver runs it."""
         report = BatchReport()
         mark = yield partial(self.watermark.read, partition_id)
-        fresh = sorted((e for e in events if mark is None or e.sequence_number > mark.sequence_number),
+        fresh = sorted((e for e in events if mark is None
+                        or not mark.covers(e.sequence_number, e.enqueued_time)),
                        key=lambda e: e.sequence_number)
+        # Below the mark yet newer: the hub restarted its numbers (recreated, failed over).
+        reset = next((e for e in fresh if mark is not None
+                      and mark.is_reset(e.sequence_number, e.enqueued_time)), None)
         report.replay_skipped = len(events) - len(fresh)
         self.ledger.telemetry.replay_skipped(report.replay_skipped, consumer=CONSUMER,
                                              partition_id=partition_id)
@@ -286,10 +297,26 @@ class PaymentService:
             raise failure
         if fresh:
             report.watermark = yield partial(self.watermark.advance, partition_id,
-                                             fresh[-1].sequence_number, known=mark)
+                                             fresh[-1].sequence_number, known=mark,
+                                             enqueued_time=fresh[-1].enqueued_time,
+                                             offset=fresh[-1].offset)
+            self._marked(events, partition_id, mark, reset)
         elif mark is not None:
             report.watermark = mark.sequence_number
         return report
+
+    def _marked(self, events: Sequence[InboundEvent], partition_id: str, mark: Mark | None,
+                reset: InboundEvent | None) -> None:
+        """Telemetry of a mark that advanced: its lag, and a sequence reset if it moved down."""
+        telemetry = self.ledger.telemetry
+        if mark is not None and reset is not None:
+            telemetry.sequence_reset(consumer=CONSUMER, partition_id=partition_id,
+                                     mark=mark.sequence_number, first=reset.sequence_number,
+                                     context={"event_hub": self.event_hub})
+        times = [t for t in (event_time(e.enqueued_time) for e in events) if t is not None]
+        if times:
+            telemetry.mark_lagging(self.ledger.config.clock() - max(times).timestamp(),
+                                   consumer=CONSUMER, partition_id=partition_id)
 
     def _groups(self, fresh: Sequence[InboundEvent], partition_id: str
                 ) -> tuple[list[list[Event]], list[tuple[InboundEvent, str, str]]]:

@@ -41,6 +41,7 @@ LOG_EVENTS = {
     "parked": "EventParked",
     "deadLettered": "MessageDeadLettered",
     "duplicate": "DuplicateDetected",
+    "sequenceReset": "SequenceReset",
 }
 # Settings every deployed app gets (the brief's contract), beyond the connections.
 CONTRACT_SETTINGS = {
