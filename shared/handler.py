@@ -29,7 +29,7 @@ from shared.exceptions import (
     ResultTooLargeError,
     StoreUnavailableError,
 )
-from shared.keys import DedupKey, request_hash
+from shared.keys import DedupKey, request_hash, same_request
 from shared.records import IdempotencyRecord, Outcome, OutcomeStatus, RecordState, encode_result
 from shared.stores.base import (
     MAX_TRANSACTION_OPERATIONS,
@@ -223,7 +223,7 @@ class _FlowCore:
                     expires: bool = True) -> IdempotencyRecord:
         now = self._now()
         return IdempotencyRecord(
-            key=key, state=state, request_hash=digest, created_at=now, updated_at=now,
+            key=key, state=state, request_hash=str(digest), created_at=now, updated_at=now,
             expires_at=now + self.config.ttl.total_seconds() if expires else None,
             lease_expires_at=(now + self.config.lease.total_seconds()
                               if state is RecordState.IN_PROGRESS else None),
@@ -232,7 +232,7 @@ class _FlowCore:
 
     def _judge(self, existing: IdempotencyRecord, digest: str, key: DedupKey) -> Outcome:
         """Outcome for a live record someone else wrote first."""
-        if existing.request_hash != digest:
+        if not same_request(existing.request_hash, digest):
             return Outcome(OutcomeStatus.CONFLICT, key, digest, existing.result, existing)
         if existing.state is RecordState.COMPLETED:
             return Outcome(OutcomeStatus.DUPLICATE, key, digest, existing.result, existing)
@@ -292,7 +292,7 @@ class _FlowCore:
                 raise RecordChangedError(fresh.id)  # released between create and read: again
             now = self._now()
             expired = existing.is_expired(now)
-            if not expired and existing.request_hash != digest:
+            if not expired and not same_request(existing.request_hash, digest):
                 return Outcome(OutcomeStatus.CONFLICT, key, digest, existing.result, existing), None
             stale = not expired and existing.is_lease_expired(now)
             if not (expired or stale):

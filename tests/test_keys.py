@@ -79,4 +79,4 @@ def test_request_hash_ignores_key_order_and_whitespace_but_not_values():
     assert request_hash(b'{"a":1}') != request_hash(b'{"a": 1}')  # bytes hashed as they are
     assert request_hash({"id": 1, "ts": 5}, fields=("id",)) == request_hash({"id": 1, "ts": 9},
                                                                              fields=("id",))
-    assert request_hash("x").startswith("sha256:")
+    assert request_hash("x").startswith("jcs:sha256:") and request_hash(b"x").startswith("sha256:")
