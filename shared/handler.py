@@ -248,7 +248,7 @@ class _FlowCore:
             return marker
         return marker.evolve(etag=over.etag, attempts=over.attempts + 1)
 
-    def _settle_flow(self, marker: IdempotencyRecord) -> Flow:
+    def _settle_flow(self, marker: IdempotencyRecord, digest: str) -> Flow:
         """After a marker write failed: the outcome the live record there decides, or the
         expired record to take over. RecordChangedError when it vanished meanwhile."""
         existing = yield _store("get_record", marker.partition_key, marker.id)
@@ -256,7 +256,7 @@ class _FlowCore:
             raise RecordChangedError(marker.id)  # deleted meanwhile: commit again
         if existing.is_expired(self._now()):
             return existing
-        return self._judge(existing, marker.request_hash, marker.key)
+        return self._judge(existing, digest, marker.key)  # the caller's hash: it can judge old forms
 
     def _cached(self, key: DedupKey, digest: str) -> Outcome | None:
         """A duplicate (or conflict) answered by the local cache, without a store request."""
@@ -395,7 +395,7 @@ class _FlowCore:
                 return Outcome(OutcomeStatus.PROCESSED, key, digest, result, committed)
             except (RecordExistsError, RecordChangedError):
                 pass
-            found = yield from self._settle_flow(marker)
+            found = yield from self._settle_flow(marker, digest)
             if isinstance(found, Outcome):
                 return found
             expired.append(found)
@@ -441,7 +441,7 @@ class _FlowCore:
                 index = chunk[error.index]
                 expired.pop(index, None)
                 try:
-                    found = yield from self._settle_flow(markers[error.index])
+                    found = yield from self._settle_flow(markers[error.index], messages[index].digest)
                 except RecordChangedError:  # deleted meanwhile: commit it again
                     lost_race(index)
                     continue
