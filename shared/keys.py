@@ -130,10 +130,10 @@ class DedupKey:
 HASH_PREFIX = "jcs:sha256:"
 BYTES_PREFIX = LEGACY_PREFIX = "sha256:"
 
-# json.dumps writes a float as digits with a "." or a signed exponent, right after ":", "," or
-# "[" (or as the whole text). _FLOAT_HINT finds no such run in text without floats; a hit
-# inside a string only costs the exact pass, which rewrites floats outside strings alone.
-_FLOAT_HINT = re.compile(r"(?:^|[:,\[])-?\d+(?:\.|e[-+])")
+# json.dumps writes every float as a digit followed by "." or a signed exponent ("1.5",
+# "1e-07"), which ints, true, false and null never hold: without a hit there is no float. A
+# hit inside a string only costs the exact pass, which rewrites floats outside strings alone.
+_FLOAT_HINT = re.compile(r"\d(?:\.|e[-+])")
 _STRING = re.compile(r'("[^"\\]*(?:\\.[^"\\]*)*")')
 _FLOAT = re.compile(r"-?\d+(?:\.\d+(?:e[-+]\d+)?|e[-+]\d+)")
 # Characters whose UTF-16 order differs from code-point order (surrogate pairs sort below
@@ -229,10 +229,11 @@ class RequestHash(str):
     previous form (`same_request`). The previous form is computed only when such a record is
     met, from the payload this hash was made of: do not change that payload meanwhile."""
 
+    __slots__ = ("_payload",)  # on the hot path: no per-hash __dict__
     _payload: Any
 
     def __new__(cls, digest: str, payload: Any) -> RequestHash:
-        made = super().__new__(cls, digest)
+        made = str.__new__(cls, digest)
         made._payload = payload
         return made
 
