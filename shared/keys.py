@@ -4,6 +4,8 @@ A key is scoped by consumer (requirement 2), built only from stable message
 identity (requirement 1), and encoded so any input is a valid Table Storage
 PartitionKey/RowKey and Cosmos DB id: deterministic and injective, with long
 keys replaced by their SHA-256. The raw key stays on the record for operators.
+The request hash (`request_hash`, `same_request`) tells a duplicate from a key
+reused for other content, whatever way a producer serialised the same JSON.
 """
 
 from __future__ import annotations
