@@ -66,8 +66,9 @@ def _json(body: bytes, max_bytes: int) -> Any:
 
 
 def declares_json(content_type: object) -> bool:
-    """Whether a media type declares JSON data: `*/json` or `*/*+json`, parameters aside
-    (the JSON format's rule); absent means JSON where the format says so, decided by callers."""
+    """Whether a media type declares JSON data: `*/json` or `*/*+json`, parameters aside (the
+    JSON format's rule). An absent type declares nothing here; what it means is the caller's
+    call (JSON for `data` and an unlabelled body, binary for `data_base64`)."""
     if not isinstance(content_type, str):
         return False
     media = content_type.split(";", 1)[0].strip().lower()
