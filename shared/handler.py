@@ -222,6 +222,8 @@ class _FlowCore:
                     partition: str | None = None, record_id: str | None = None,
                     expires: bool = True) -> IdempotencyRecord:
         now = self._now()
+        # str(): a record holds plain text (the Table SDK maps values by exact type), not the
+        # RequestHash with its payload.
         return IdempotencyRecord(
             key=key, state=state, request_hash=str(digest), created_at=now, updated_at=now,
             expires_at=now + self.config.ttl.total_seconds() if expires else None,
