@@ -19,7 +19,7 @@ from shared.exceptions import (
     StoreUnavailableError,
 )
 from shared.handler import Idempotency, Transaction
-from shared.keys import DedupKey, request_hash, store_safe_id
+from shared.keys import DedupKey, request_hash, same_request, store_safe_id
 from shared.records import IdempotencyRecord, Outcome, OutcomeStatus, RecordState
 from shared.stores import (
     CosmosIdempotencyStore,
@@ -69,6 +69,7 @@ __all__ = [
     "WriteOp",
     "request_hash",
     "retry_on_race",
+    "same_request",
     "store_safe_id",
     "update_document",
     "validate_retention",

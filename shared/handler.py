@@ -29,7 +29,7 @@ from shared.exceptions import (
     ResultTooLargeError,
     StoreUnavailableError,
 )
-from shared.keys import DedupKey, request_hash
+from shared.keys import DedupKey, request_hash, same_request
 from shared.records import IdempotencyRecord, Outcome, OutcomeStatus, RecordState, encode_result
 from shared.stores.base import (
     MAX_TRANSACTION_OPERATIONS,
@@ -222,8 +222,10 @@ class _FlowCore:
                     partition: str | None = None, record_id: str | None = None,
                     expires: bool = True) -> IdempotencyRecord:
         now = self._now()
+        # str(): a record holds plain text (the Table SDK maps values by exact type), not the
+        # RequestHash with its payload.
         return IdempotencyRecord(
-            key=key, state=state, request_hash=digest, created_at=now, updated_at=now,
+            key=key, state=state, request_hash=str(digest), created_at=now, updated_at=now,
             expires_at=now + self.config.ttl.total_seconds() if expires else None,
             lease_expires_at=(now + self.config.lease.total_seconds()
                               if state is RecordState.IN_PROGRESS else None),
@@ -232,7 +234,7 @@ class _FlowCore:
 
     def _judge(self, existing: IdempotencyRecord, digest: str, key: DedupKey) -> Outcome:
         """Outcome for a live record someone else wrote first."""
-        if existing.request_hash != digest:
+        if not same_request(existing.request_hash, digest):
             return Outcome(OutcomeStatus.CONFLICT, key, digest, existing.result, existing)
         if existing.state is RecordState.COMPLETED:
             return Outcome(OutcomeStatus.DUPLICATE, key, digest, existing.result, existing)
@@ -248,7 +250,7 @@ class _FlowCore:
             return marker
         return marker.evolve(etag=over.etag, attempts=over.attempts + 1)
 
-    def _settle_flow(self, marker: IdempotencyRecord) -> Flow:
+    def _settle_flow(self, marker: IdempotencyRecord, digest: str) -> Flow:
         """After a marker write failed: the outcome the live record there decides, or the
         expired record to take over. RecordChangedError when it vanished meanwhile."""
         existing = yield _store("get_record", marker.partition_key, marker.id)
@@ -256,7 +258,7 @@ class _FlowCore:
             raise RecordChangedError(marker.id)  # deleted meanwhile: commit again
         if existing.is_expired(self._now()):
             return existing
-        return self._judge(existing, marker.request_hash, marker.key)
+        return self._judge(existing, digest, marker.key)  # the caller's hash: it can judge old forms
 
     def _cached(self, key: DedupKey, digest: str) -> Outcome | None:
         """A duplicate (or conflict) answered by the local cache, without a store request."""
@@ -292,7 +294,7 @@ class _FlowCore:
                 raise RecordChangedError(fresh.id)  # released between create and read: again
             now = self._now()
             expired = existing.is_expired(now)
-            if not expired and existing.request_hash != digest:
+            if not expired and not same_request(existing.request_hash, digest):
                 return Outcome(OutcomeStatus.CONFLICT, key, digest, existing.result, existing), None
             stale = not expired and existing.is_lease_expired(now)
             if not (expired or stale):
@@ -395,7 +397,7 @@ class _FlowCore:
                 return Outcome(OutcomeStatus.PROCESSED, key, digest, result, committed)
             except (RecordExistsError, RecordChangedError):
                 pass
-            found = yield from self._settle_flow(marker)
+            found = yield from self._settle_flow(marker, digest)
             if isinstance(found, Outcome):
                 return found
             expired.append(found)
@@ -441,7 +443,7 @@ class _FlowCore:
                 index = chunk[error.index]
                 expired.pop(index, None)
                 try:
-                    found = yield from self._settle_flow(markers[error.index])
+                    found = yield from self._settle_flow(markers[error.index], messages[index].digest)
                 except RecordChangedError:  # deleted meanwhile: commit it again
                     lost_race(index)
                     continue

@@ -3,6 +3,7 @@ and transient failures that retry the batch instead of parking valid events."""
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import threading
@@ -46,6 +47,16 @@ ALL_BACKENDS = ("memory", "table", "cosmos")
 def structured(event_id: str, account: str, cents: int, kind: str = "payment.credit") -> bytes:
     return json.dumps({"specversion": "1.0", "id": event_id, "source": SOURCE, "type": kind,
                        "data": {"accountId": account, "amountCents": cents}}).encode()
+
+
+def structured_base64(event_id: str, account: str, cents: int, *,
+                      content_type: str | None = "application/json", **members: Any) -> bytes:
+    """A structured event whose data travels as `data_base64`, as .NET and Java SDKs write
+    binary data."""
+    data = json.dumps({"accountId": account, "amountCents": cents}).encode()
+    return json.dumps({"specversion": "1.0", "id": event_id, "source": SOURCE, "type": "payment.credit",
+                       **({"datacontenttype": content_type} if content_type else {}),
+                       "data_base64": base64.b64encode(data).decode(), **members}).encode()
 
 
 def binary(event_id: str, account: str, cents: int, prefix: str = "ce_") -> tuple[bytes, dict]:
@@ -439,8 +450,41 @@ def test_binary_mode_events_with_either_attribute_prefix(services):
     assert balance(services, account) == 500
 
 
+def test_a_payment_carried_as_data_base64_is_applied_once(services):
+    """Structured events with `data_base64` (JSON content type) are payments like any other;
+    the same event re-sent with `data` by another producer runtime is a duplicate."""
+    account = account_id()
+    partition = uuid.uuid4().hex[:6]
+    run([SentEvent(structured_base64("b64-1", account, 250), 1),
+         SentEvent(structured_base64("b64-2", account, 50, content_type="text/json; charset=utf-8"), 2)],
+        partition)
+    assert balance(services, account) == 300
+    run([SentEvent(structured("b64-1", account, 250), 3)], partition)  # a copy written with data
+    assert balance(services, account) == 300
+    assert marker_result(services, account, "b64-1") == {"balanceCents": 250}
+
+
+def test_binary_mode_binary_data_is_parked_as_not_a_payment_and_the_rest_applied(services):
+    account = account_id()
+    partition = uuid.uuid4().hex[:6]
+    _, properties = binary("raw-1", account, 1)
+    run([SentEvent(structured("ok1", account, 5), 1),
+         SentEvent(b"\x00\x01 raw bytes", 2, properties, content_type="application/octet-stream"),
+         SentEvent(structured("ok2", account, 7), 3)], partition)
+    assert balance(services, account) == 12
+    assert parked(services, partition, 2)["reason"] == "InvalidPayment"
+
+
 @pytest.mark.parametrize(("body", "properties", "reason"), [
     (b"{broken", None, "MalformedJson"),
+    (structured_base64("both", "a", 1, data={"accountId": "a", "amountCents": 1}), None,
+     "MalformedCloudEvent"),
+    (structured_base64("bad64", "a", 1, data_base64="eyJhY2NvdW50SWQiOiJh?"), None,
+     "MalformedCloudEvent"),
+    (structured_base64("bin64", "a", 1, content_type="application/octet-stream"), None,
+     "InvalidPayment"),
+    (structured_base64("json64", "a", 1, data_base64=base64.b64encode(b"{broken").decode()), None,
+     "MalformedJson"),
     (json.dumps({"specversion": "1.0", "source": SOURCE, "type": "payment.credit",
                  "data": {"accountId": "a", "amountCents": 1}}).encode(), None,
      "MissingCloudEventAttributes"),
