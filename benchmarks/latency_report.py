@@ -247,6 +247,7 @@ def markdown(run: LatencyRun) -> str:
              "other processes).",
              "- Replayed batch: the last batch again after a simulated host restart; without "
              "dedup it is applied twice (counted in the balances check).",
+             *([f"- {run.hash_cost.note()}"] if run.hash_cost else []),
              "", "Targets (issue 12):", ""]
     for target in targets(run):
         lines.append(f"- {target.text} ({target.backend}): {target.measured}: "
@@ -265,6 +266,7 @@ def to_json(run: LatencyRun) -> dict[str, Any]:
         "load_before": run.load_before, "load_after": run.load_after,
         "probes": [{**asdict(p), "added_ms": p.added_ms} for p in run.probes],
         "app_shape": app_shape(run),
+        "hash_cost": asdict(run.hash_cost) if run.hash_cost else None,
         "rows": [asdict(r) for r in rows(run)],
         "targets": [asdict(t) for t in targets(run)],
         "raw": [asdict(r) for r in run.results],

@@ -8,6 +8,7 @@ tests check that each name is defined in Bicep and local.settings.sample.json.
 from __future__ import annotations
 
 import os
+import re
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ APP_SETTINGS = (
     "APPLICATIONINSIGHTS_CONNECTION_STRING",
     "AZURE_CLIENT_ID",
     "COSMOS_VERIFY_TLS",
+    "HTTP_CALLER_HEADER",
 )
 # Only for local runs (keys, emulator TLS); Azure uses the app's managed identity instead.
 LOCAL_ONLY_SETTINGS = ("COSMOS_KEY", "COSMOS_VERIFY_TLS", "TABLE_CONNECTION_STRING")
@@ -68,6 +70,9 @@ TABLE_FOR = {"orders": "orders", "order-status": "orderstatus", "ledger": "ledge
              "dedup": "dedup", "notifications": "dedup", "parked": "parked"}
 TABLES = tuple(dict.fromkeys(TABLE_FOR.values()))
 STORE_ROLES = tuple(TABLE_FOR)
+
+
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")  # an RFC 9110 token
 
 
 class SettingsError(ValueError):
@@ -130,6 +135,7 @@ class Settings:
     payments_hub: str
     payments_consumer_group: str
     azure_client_id: str | None
+    http_caller_header: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -168,6 +174,13 @@ class Settings:
                 f"(SERVICEBUS_LOCK_DURATION_SECONDS={int(lock_seconds)}): a crashed holder's lease "
                 "would outlive the lock and every redelivery would wait until the message is "
                 "dead-lettered")
+        caller_header = env.get("HTTP_CALLER_HEADER", "").strip() or None
+        if caller_header is not None and not _HEADER_NAME.match(caller_header):
+            raise SettingsError(f"HTTP_CALLER_HEADER={caller_header!r} must be an HTTP header name "
+                                "(letters, digits and !#$%&'*+-.^_`|~)")
+        if caller_header is not None and caller_header.lower() == "idempotency-key":
+            raise SettingsError("HTTP_CALLER_HEADER must name the header that identifies the "
+                                "caller, not Idempotency-Key")
         settings = cls(
             backend=backend,
             cosmos_endpoint=cosmos_endpoint,
@@ -187,6 +200,7 @@ class Settings:
             payments_hub=env.get("PAYMENTS_HUB_NAME", "payments") or "payments",
             payments_consumer_group=env.get("PAYMENTS_CONSUMER_GROUP", "$Default") or "$Default",
             azure_client_id=env.get("AZURE_CLIENT_ID") or None,
+            http_caller_header=caller_header,
         )
         settings.idempotency_config()  # the retention rule is a startup error
         return settings

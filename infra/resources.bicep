@@ -114,6 +114,12 @@ param paymentsMaxAttempts int = 3
 @minValue(1)
 param paymentsMaxConcurrency int = 16
 
+@description('HTTP_CALLER_HEADER: the request header that names the authenticated caller of POST /api/payments, set by a front end (e.g. API Management) that overwrites any client-sent copy; Idempotency-Keys are scoped per caller. Empty: App Service authentication\'s caller, if httpAuthClientId turns it on, else one shared scope.')
+param httpCallerHeader string = ''
+
+@description('Client id of the Entra ID app registration of the HTTP API: turns on App Service authentication (authsettingsV2), which identifies each caller, so Idempotency-Keys are scoped per caller. Empty (default): off; function keys alone share one key scope between all callers.')
+param httpAuthClientId string = ''
+
 @description('MAINTENANCE_SCHEDULE: NCRONTAB schedule of the maintenance timer (stale in-progress markers, expiry sweep).')
 param maintenanceSchedule string = '0 */15 * * * *'
 
@@ -197,6 +203,16 @@ module monitoring 'core/monitoring.bicep' = {
     appPrincipalId: identity.outputs.principalId
     developerPrincipalId: principalId
     developerPrincipalType: principalType
+  }
+}
+
+// Charts over the app's metrics and events, next to the component they read.
+module workbook 'core/workbook.bicep' = {
+  name: 'workbook'
+  params: {
+    location: location
+    tags: tags
+    applicationInsightsId: monitoring.outputs.applicationInsightsId
   }
 }
 
@@ -322,6 +338,7 @@ var appSettings = {
   PAYMENTS_MISSING_KEY_POLICY: paymentsMissingKeyPolicy
   PAYMENTS_MAX_ATTEMPTS: string(paymentsMaxAttempts)
   PAYMENTS_MAX_CONCURRENCY: string(paymentsMaxConcurrency)
+  HTTP_CALLER_HEADER: httpCallerHeader
   MAINTENANCE_SCHEDULE: maintenanceSchedule
   APPLICATIONINSIGHTS_CONNECTION_STRING: monitoring.outputs.connectionString
   APPLICATIONINSIGHTS_AUTHENTICATION_STRING: 'ClientId=${identity.outputs.clientId};Authorization=AAD'
@@ -332,6 +349,10 @@ var appSettings = {
   // second exporter next to the app's.
   PYTHON_ENABLE_OPENTELEMETRY: 'true'
   AZURE_CLIENT_ID: identity.outputs.clientId
+  // Deterministic credential: DefaultAzureCredential tries the managed identity (AZURE_CLIENT_ID)
+  // and nothing else instead of probing a chain (azure-identity 1.27, pinned). Local runs leave it unset
+  // and keep the developer chain (az login, azd, VS Code).
+  AZURE_TOKEN_CREDENTIALS: 'ManagedIdentityCredential'
 }
 
 module functionApp 'app/function-app.bicep' = {
@@ -347,6 +368,7 @@ module functionApp 'app/function-app.bicep' = {
     pythonVersion: '3.13'
     maximumInstanceCount: functionMaximumInstanceCount
     instanceMemoryMB: functionInstanceMemoryMB
+    authClientId: httpAuthClientId
   }
   // The host must not start before its identity can reach storage and the brokers.
   dependsOn: [

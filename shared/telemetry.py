@@ -40,6 +40,7 @@ EVENT_IN_PROGRESS = "DedupInProgress"
 EVENT_PARKED = "EventParked"
 EVENT_DEAD_LETTERED = "MessageDeadLettered"
 EVENT_REPLAY_SKIPPED = "ReplaySkipped"
+EVENT_SEQUENCE_RESET = "SequenceReset"
 
 OUTCOME_PARKED = "parked"  # the `outcome` attribute of a parked message on dedup.messages
 
@@ -51,6 +52,8 @@ METRIC_MESSAGES = "dedup.messages"
 METRIC_STORE_LATENCY = "dedup.store.latency"
 METRIC_REPLAY_SKIPPED = "dedup.replay_skipped"
 METRIC_PARKED = "dedup.parked"
+METRIC_SEQUENCE_RESET = "dedup.eventhubs.sequence_reset"
+METRIC_MARK_LAG = "dedup.eventhubs.mark_lag"
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +111,12 @@ class Telemetry:
             description="Event Hubs events skipped under the high-water mark")
         self.parked_events = meter.create_counter(
             METRIC_PARKED, unit="{message}", description="Messages parked or dead-lettered")
+        self.sequence_resets = meter.create_counter(
+            METRIC_SEQUENCE_RESET, unit="{reset}",
+            description="Event Hubs partitions whose sequence numbers restarted below the mark")
+        self.mark_lag = meter.create_histogram(
+            METRIC_MARK_LAG, unit="s",
+            description="Age of the newest event of a batch when the Event Hubs mark advanced")
 
     def outcome(self, outcome: Outcome, *, latency: float, backend: str, source: str = "store",
                 handler_latency: float | None = None,
@@ -184,3 +193,18 @@ class Telemetry:
                         extra=_safe_extra({"event": EVENT_REPLAY_SKIPPED, "consumer": consumer,
                                            "partition_id": partition_id, "count": count,
                                            "outcome": "replay_skipped", **trace_fields()}))
+
+    def sequence_reset(self, *, consumer: str, partition_id: str, mark: int, first: int,
+                       context: Mapping[str, Any] | None = None) -> None:
+        """A partition's sequence numbers restarted (hub recreated, disaster-recovery failover):
+        events below the mark were processed through their keys and the mark moved down. Alert."""
+        self.sequence_resets.add(1, {"consumer": consumer, "partition_id": partition_id})
+        fields = {**(context or {}), "event": EVENT_SEQUENCE_RESET, "consumer": consumer,
+                  "partition_id": partition_id, "mark": mark, "first_sequence_number": first,
+                  **trace_fields()}
+        logger.warning("%s consumer=%s partition=%s mark=%d first=%d", EVENT_SEQUENCE_RESET,
+                       consumer, partition_id, mark, first, extra=_safe_extra(fields))
+
+    def mark_lagging(self, seconds: float, *, consumer: str, partition_id: str) -> None:
+        """How old the newest event of a batch was when the mark advanced past it."""
+        self.mark_lag.record(max(0.0, seconds), {"consumer": consumer, "partition": partition_id})

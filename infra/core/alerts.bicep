@@ -11,13 +11,15 @@
 //  * EventParked: new parked messages, from payments (event hub) and from the notification
 //    consumers (notify, audit), plus claims the maintenance timer had to close.
 //  * MessageDeadLettered: new messages the app dead-lettered itself (orders rejected by the store).
+//  * SequenceReset: an event hub partition's sequence numbers restarted below the app's high-water
+//    mark (hub recreated, disaster-recovery failover); the events were applied through their keys.
 //  * DuplicateDetected spike: the duplicate rate of the last 15 minutes is well above its 24 h
 //    baseline (misconfigured producer, too short locks, unhealthy consumer).
 //  * Dead-letter queues not empty (platform metric, stateless): catches the dead-letters the app
 //    never sees (max delivery count reached, TTL expired) and keeps reminding until an operator
 //    drains the queue with the replay tool.
 //
-// The three event alerts count the events of their evaluation window (window = frequency, so each
+// The four event alerts count the events of their evaluation window (window = frequency, so each
 // event is counted once) and are stateless: every window with new events fires again, an alert
 // that already fired never hides the next conflict, parking or dead-letter.
 
@@ -56,11 +58,13 @@ var logEvents = {
   parked: 'EventParked'
   deadLettered: 'MessageDeadLettered'
   duplicate: 'DuplicateDetected'
+  sequenceReset: 'SequenceReset'
 }
 
 // One table, one event each; the projected columns are the alert dimensions.
 var conflictQuery = 'traces | where tostring(customDimensions.event) == "${logEvents.keyConflict}" | extend consumer = tostring(customDimensions.consumer) | project timestamp, consumer, message'
 var parkedQuery = 'traces | where tostring(customDimensions.event) == "${logEvents.parked}" | extend consumer = tostring(customDimensions.consumer), reason = tostring(customDimensions.reason) | project timestamp, consumer, reason, message'
+var sequenceResetQuery = 'traces | where tostring(customDimensions.event) == "${logEvents.sequenceReset}" | extend consumer = tostring(customDimensions.consumer) | project timestamp, consumer, message'
 var deadLetteredQuery = 'traces | where tostring(customDimensions.event) == "${logEvents.deadLettered}" | extend consumer = tostring(customDimensions.consumer), reason = tostring(customDimensions.reason) | project timestamp, consumer, reason, message'
 
 // 15-minute window compared with the average 15-minute count of the preceding day (95 windows).
@@ -209,6 +213,43 @@ resource deadLetteredAlert 'Microsoft.Insights/scheduledQueryRules@2023-12-01' =
           query: deadLetteredQuery
           timeAggregation: 'Count'
           dimensions: byConsumerAndReason
+          operator: 'GreaterThan'
+          threshold: 0
+          failingPeriods: {
+            numberOfEvaluationPeriods: 1
+            minFailingPeriodsToAlert: 1
+          }
+        }
+      ]
+    }
+    autoMitigate: false
+    actions: {
+      actionGroups: actionGroupIds
+    }
+  }
+}
+
+resource sequenceResetAlert 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {
+  name: '${namePrefix}-event-hub-sequence-resets'
+  location: location
+  tags: tags
+  kind: 'LogAlert'
+  properties: {
+    displayName: 'Event hub sequence numbers restarted (${logEvents.sequenceReset})'
+    description: 'An event hub partition delivered events numbered below the high-water mark but enqueued after it in the last 5 minutes (the hub was recreated, or failed over to the disaster-recovery namespace). Nothing was skipped: the events were applied through their keys and the mark moved to the new numbers. Confirm the recreation or failover was intended. One alert per consumer.'
+    severity: 2
+    enabled: true
+    scopes: [
+      applicationInsightsId
+    ]
+    evaluationFrequency: 'PT5M'
+    windowSize: 'PT5M'
+    criteria: {
+      allOf: [
+        {
+          query: sequenceResetQuery
+          timeAggregation: 'Count'
+          dimensions: byConsumer
           operator: 'GreaterThan'
           threshold: 0
           failingPeriods: {

@@ -14,6 +14,7 @@ from azure.cosmos import PartitionKey
 
 from benchmarks.counting import RequestCounter, counted_cosmos_client, counted_table_store
 from benchmarks.harness import Endpoints, run_benchmark
+from benchmarks.hash_cost import measure, payment_contents
 from benchmarks.latency import LatencySizes, Probe, RttNotVerifiedError, check_probes, run_latency
 from benchmarks.latency_report import app_shape
 from benchmarks.latency_report import markdown as latency_markdown
@@ -201,6 +202,8 @@ def test_latency_mode_report_and_outputs(latency, tmp_path):
     assert text == latency_markdown(latency)
     assert "| Backend | Accounts | RTT ms (measured) |" in text
     assert json.loads(written["json"].read_text())["probes"]
+    assert "Request hash CPU per event" in text
+    assert json.loads(written["json"].read_text())["hash_cost"]["events"] == LATENCY_SIZES.events
     replay = {(t.text, t.backend): t.met for t in latency_targets(latency) if "replayed" in t.text}
     assert replay and all(replay.values())
 
@@ -209,3 +212,14 @@ def test_an_rtt_that_did_not_show_up_in_point_reads_stops_the_run():
     check_probes([Probe("cosmos", 5.0, direct_ms=1.2, relayed_ms=4.0, reads=5)])  # 2.8 ms: fine
     with pytest.raises(RttNotVerifiedError, match="endpoint discovery"):
         check_probes([Probe("cosmos", 5.0, direct_ms=1.2, relayed_ms=1.3, reads=5)])
+
+
+def test_hash_cost_times_both_forms_over_the_workloads_payment_contents():
+    contents = payment_contents(events=40, seed=3)
+    assert len(contents) == 40 and set(contents[0]) == {"type", "accountId", "amountCents"}
+    cost = measure(contents, rounds=3)
+    assert (cost.events, cost.rounds) == (40, 3)
+    assert 0 < cost.new_us <= cost.new_median_us and 0 < cost.old_us <= cost.old_median_us
+    assert f"{cost.new_us:.2f} µs canonical" in cost.note()
+    with pytest.raises(ValueError, match="no payloads"):
+        measure([])

@@ -42,8 +42,9 @@ EVENT_RULES = {
     "parked": ("parkedAlert", ("parked", "payments", "notifications")),
     "deadLettered": ("deadLetteredAlert", ("dead-lettered",)),
     "duplicate": ("duplicateSpikeAlert", ("duplicate", "spike")),
+    "sequenceReset": ("sequenceResetAlert", ("sequence", "event hub", "restarted")),
 }
-NEW_EVENT_RULES = ("keyConflict", "parked", "deadLettered")
+NEW_EVENT_RULES = ("keyConflict", "parked", "deadLettered", "sequenceReset")
 APP_CODE_DIRS = ("shared", "domain", "functions")
 
 
@@ -84,6 +85,7 @@ def test_event_names_match_the_app_telemetry():
     assert LOG_EVENTS["duplicate"] == telemetry.EVENT_DUPLICATE
     dead_lettered = getattr(telemetry, "EVENT_DEAD_LETTERED", LOG_EVENTS["deadLettered"])
     assert dead_lettered == LOG_EVENTS["deadLettered"]
+    assert LOG_EVENTS["sequenceReset"] == telemetry.EVENT_SEQUENCE_RESET
 
 
 def test_the_app_emits_every_watched_event():
@@ -130,6 +132,7 @@ def test_app_records_land_in_traces_with_the_event_dimension(exported):
     telemetry.parked(consumer="payments", reason="MaxAttempts")
     telemetry.parked(consumer="notify", reason="OutcomeUnknown")
     telemetry.parked(consumer="orders", reason="StoreRejected", event=LOG_EVENTS["deadLettered"])
+    telemetry.sequence_reset(consumer="payments", partition_id="0", mark=5099, first=0)
 
     envelopes = exported()
     by_event = {}
