@@ -229,7 +229,8 @@ def _legacy_canonical_json(value: Any) -> bytes:
 class RequestHash(str):
     """A request hash as stored, which can also be checked against a hash stored in the
     previous form (`same_request`). The previous form is computed only when such a record is
-    met, from the payload this hash was made of: do not change that payload meanwhile."""
+    met, from the payload this hash was made of: do not change that payload meanwhile.
+    To store it yourself, store `str(hash)`: azure-data-tables converts by exact type."""
 
     __slots__ = ("_payload",)  # on the hot path: no per-hash __dict__
     _payload: Any
