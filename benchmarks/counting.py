@@ -37,6 +37,7 @@ from azure.data.tables import TableClient
 from requests.adapters import HTTPAdapter
 
 from shared.stores import CosmosIdempotencyStore, TableIdempotencyStore
+from shared.stores.cosmos_indexing import record_indexing_policy
 from shared.stores.table_aio import AsyncTableIdempotencyStore
 
 
@@ -238,5 +239,6 @@ def counted_cosmos_store(client: CosmosClient, database: str, container: str, *,
 
     db = client.create_database_if_not_exists(database)
     proxy = db.create_container_if_not_exists(container, PartitionKey(partition_key_path),
-                                              default_ttl=-1)
+                                              default_ttl=-1,
+                                              indexing_policy=record_indexing_policy(partition_key_path))
     return CosmosIdempotencyStore.from_container(proxy, partition_key_path)

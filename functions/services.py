@@ -26,7 +26,7 @@ from domain.notifications import NotificationService, Sender, urllib_sender
 from domain.order_status import OrderStatusService
 from domain.orders import OrderService
 from domain.payments import AsyncPaymentService, PaymentService
-from functions.settings import COSMOS_CONTAINERS, STORE_ROLES, TABLE_FOR, TABLES, Settings
+from functions.settings import COSMOS_CONTAINERS, COSMOS_INDEXING, STORE_ROLES, TABLE_FOR, TABLES, Settings
 from shared import (
     AsyncCosmosIdempotencyStore,
     AsyncIdempotency,
@@ -130,7 +130,8 @@ def real_stores(settings: Settings, **client_options: Any) -> StoreFactory:
             created = cosmos.create_database_if_not_exists(settings.cosmos_database)
             for name, path in COSMOS_CONTAINERS.items():
                 created.create_container_if_not_exists(
-                    name, PartitionKey(path), default_ttl=-1 if path == "/pk" else None)
+                    name, PartitionKey(path), default_ttl=-1 if path == "/pk" else None,
+                    indexing_policy=COSMOS_INDEXING[name])
         database = cosmos.get_database_client(settings.cosmos_database)
     built: dict[str, IdempotencyStore] = {}
 
