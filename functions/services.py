@@ -40,6 +40,7 @@ from shared.aio import ThreadedStore
 from shared.cache import DocumentCache
 from shared.maintenance import Maintenance
 from shared.parking import AsyncParkingLot, ParkingLot
+from shared.sdk_transport import async_transport, sync_transport
 from shared.telemetry import Telemetry
 from shared.watermark import AsyncPartitionWatermark, PartitionWatermark
 
@@ -83,7 +84,9 @@ class RealAsyncStores:
         return self.built[role]
 
     def _build(self, role: str) -> Any:
-        settings, options = self.settings, self.client_options
+        settings = self.settings
+        # Each client its own transport, without per-request proxy lookups (shared.sdk_transport).
+        options = {"transport": async_transport(), **self.client_options}
         if settings.backend == "cosmos" and role in COSMOS_CONTAINERS:
             return AsyncCosmosIdempotencyStore(
                 settings.cosmos_endpoint, settings.cosmos_key or self._identity(),
@@ -114,18 +117,21 @@ def real_stores(settings: Settings, **client_options: Any) -> StoreFactory:
     data-plane roles only. notify/audit records and parked entries always live
     in Table Storage; the other roles follow DEDUP_BACKEND.
     """
+    # Each client its own transport, without per-request proxy lookups (shared.sdk_transport).
+    table_options = {"transport": sync_transport(), **client_options}
     if settings.table_connection_string:
         table_service = TableServiceClient.from_connection_string(
-            settings.table_connection_string, **client_options)
+            settings.table_connection_string, **table_options)
         for name in TABLES:
             table_service.create_table_if_not_exists(name)
     else:
         table_service = TableServiceClient(settings.table_endpoint, credential=_credential(settings),
-                                           **client_options)
+                                           **table_options)
     database = None
     if settings.backend == "cosmos":
         cosmos = CosmosClient(settings.cosmos_endpoint, settings.cosmos_key or _credential(settings),
-                              connection_verify=settings.cosmos_verify_tls, **client_options)
+                              connection_verify=settings.cosmos_verify_tls,
+                              **{"transport": sync_transport(), **client_options})
         if settings.cosmos_key:
             created = cosmos.create_database_if_not_exists(settings.cosmos_database)
             for name, path in COSMOS_CONTAINERS.items():
