@@ -219,3 +219,16 @@ def test_an_rtt_that_did_not_show_up_in_point_reads_stops_the_run():
     check_probes([Probe("cosmos", 5.0, direct_ms=1.2, relayed_ms=4.0, reads=5)])  # 2.8 ms: fine
     with pytest.raises(RttNotVerifiedError, match="endpoint discovery"):
         check_probes([Probe("cosmos", 5.0, direct_ms=1.2, relayed_ms=1.3, reads=5)])
+
+
+# -- cost table (issue 20): the formulas the README's figures come from ------------------------
+def test_cost_formulas_follow_the_published_figures():
+    from benchmarks.cost import RU_WRITE_1KB_DEFAULT, table_entity_bytes, write_ru
+
+    # default policy: the published 1 KB write charge; a point policy can only be cheaper
+    assert write_ru(600, properties=15, indexed=None) == (RU_WRITE_1KB_DEFAULT, RU_WRITE_1KB_DEFAULT)
+    low, high = write_ru(600, properties=15, indexed=4)
+    assert low < high < RU_WRITE_1KB_DEFAULT
+    assert write_ru(1536, properties=15, indexed=None)[0] > RU_WRITE_1KB_DEFAULT
+    # 4 + 2*1 + 2*1 + (8 + 2*1 + 2*2+4) + (8 + 2*1 + 8)
+    assert table_entity_bytes({"PartitionKey": "p", "RowKey": "r", "s": "ab", "f": 1.5}) == 8 + 18 + 18
