@@ -99,6 +99,7 @@ class PathFigures:
     marker_properties: int
     cpu_ms: float  # client CPU per message
     table_always: bool = False  # lives in Table Storage whatever DEDUP_BACKEND says
+    kept: bool = False  # the marker is the business document itself: no TTL, it stays
 
 
 OTHER_DOCUMENT = (200, 5)  # a balance / mark document: ~200 bytes, ~5 properties (small item)
@@ -119,6 +120,7 @@ def money_rows(figures: list[PathFigures]) -> list[list[str]]:
     for f in figures:
         million = 1_000_000
         stored_gb = RATE * RETENTION_SECONDS * f.marker_bytes / 1e9
+        per_day = RATE * 86400 * f.marker_bytes / 1e9
         if f.backend == "cosmos" and not f.table_always:
             default = cosmos_ru(f, None)[0]
             lean = cosmos_ru(f, 4)  # the point policy indexes 4 paths
@@ -133,11 +135,16 @@ def money_rows(figures: list[PathFigures]) -> list[list[str]]:
                           f"${math.ceil(lean[1] * RATE / 100) * per_100 * hours:.2f}"
             transactions = "-"
             storage = f"{stored_gb:.0f} GB (${stored_gb * PRICES['cosmos_storage_per_gb_month']:.0f}/month)"
+            price_gb = PRICES["cosmos_storage_per_gb_month"]
         else:
             ru, serverless, provisioned = "-", "-", "-"
             price = f.requests * million / 10_000 * PRICES["table_per_10k_transactions"]
             transactions = f"{f.requests * million / 1e6:.2f} M (${price:.3f})"
             storage = f"{stored_gb:.0f} GB (${stored_gb * PRICES['table_storage_per_gb_month']:.0f}/month)"
+            price_gb = PRICES["table_storage_per_gb_month"]
+        if f.kept:
+            storage = (f"kept (the order is the record): +{per_day:.1f} GB/day, "
+                       f"+${per_day * price_gb:.2f}/month per day")
         rows.append([f.path, f.backend + (" (Table)" if f.table_always and f.backend == "cosmos" else ""),
                      f"{f.requests:.2f} M", ru, serverless, provisioned, transactions,
                      f"{f.marker_bytes} B", storage, "see telemetry bytes below",
@@ -226,7 +233,7 @@ def _measure(backend: str, stack: Any, messages: int, payments_cpu_ms: float | N
     # orders: the order document is the marker (one write per new order)
     req, reads, cpu = measured(handle_order, messages)
     size, props = size_of(newest_marker(services.stores["orders"]), not cosmos)
-    out.append(PathFigures("orders", backend, messages, req, reads, 1, 0, size, props, cpu))
+    out.append(PathFigures("orders", backend, messages, req, reads, 1, 0, size, props, cpu, kept=True))
     # duplicates (of orders): the same messages again (the create fails 409, the marker is read)
     req, reads, cpu = measured(handle_order, messages)
     out.append(PathFigures("duplicate (order)", backend, messages, req, reads, req - reads, 0, 0, props, cpu))
