@@ -63,7 +63,8 @@ def write_ru(size_bytes: int, *, properties: int, indexed: int | None) -> tuple[
     if indexed is None:
         return full, full
     kept = min(1.0, indexed / max(1, properties))
-    return tuple(full * (1 - share * (1 - kept)) for share in INDEX_SHARE[::-1])  # type: ignore[return-value]
+    low_share, high_share = INDEX_SHARE
+    return full * (1 - high_share * (1 - kept)), full * (1 - low_share * (1 - kept))
 
 
 def table_entity_bytes(entity: dict[str, Any]) -> int:

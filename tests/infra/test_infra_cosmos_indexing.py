@@ -66,7 +66,7 @@ class RecordingContainer:
 def issued_queries(partition_key_path: str) -> list[tuple[str, list[dict[str, Any]]]]:
     """Every query shape the code sends to a container with this partition key."""
     container = RecordingContainer(partition_key_path)
-    store = CosmosIdempotencyStore.from_container(container, partition_key_path)  # type: ignore[arg-type]
+    store = CosmosIdempotencyStore.from_container(container, partition_key_path)
     # The maintenance sweep (stale claims, expired markers) and a full record listing.
     list(store.iter_records())
     list(store.iter_records(in_progress_before=1.0))
