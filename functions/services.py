@@ -26,7 +26,7 @@ from domain.notifications import NotificationService, Sender, urllib_sender
 from domain.order_status import OrderStatusService
 from domain.orders import OrderService
 from domain.payments import AsyncPaymentService, PaymentService
-from functions.settings import COSMOS_CONTAINERS, STORE_ROLES, TABLE_FOR, TABLES, Settings
+from functions.settings import COSMOS_CONTAINERS, COSMOS_INDEXING, STORE_ROLES, TABLE_FOR, TABLES, Settings
 from shared import (
     AsyncCosmosIdempotencyStore,
     AsyncIdempotency,
@@ -40,6 +40,7 @@ from shared.aio import ThreadedStore
 from shared.cache import DocumentCache
 from shared.maintenance import Maintenance
 from shared.parking import AsyncParkingLot, ParkingLot
+from shared.sdk_transport import async_transport, sync_transport
 from shared.stores.retry import RetryBudget
 from shared.telemetry import Telemetry
 from shared.watermark import AsyncPartitionWatermark, PartitionWatermark
@@ -95,14 +96,16 @@ class RealAsyncStores:
 
     def _build(self, role: str) -> Any:
         settings = self.settings
+        # Each client its own transport, without per-request proxy lookups (shared.sdk_transport).
+        transport = {"transport": async_transport()}
         if settings.backend == "cosmos" and role in COSMOS_CONTAINERS:
             return AsyncCosmosIdempotencyStore(
                 settings.cosmos_endpoint, settings.cosmos_key or self._identity(),
                 database=settings.cosmos_database, container=role,
                 partition_key_path=COSMOS_CONTAINERS[role],
                 connection_verify=settings.cosmos_verify_tls,
-                **{**self.budget.cosmos_options(), **self.client_options})
-        options = {**self.budget.table_options(), **self.client_options}
+                **{**transport, **self.budget.cosmos_options(), **self.client_options})
+        options = {**transport, **self.budget.table_options(), **self.client_options}
         if settings.table_connection_string:
             return AsyncTableIdempotencyStore.from_connection_string(
                 settings.table_connection_string, table_name=TABLE_FOR[role], **options)
@@ -129,7 +132,8 @@ def real_stores(settings: Settings, *, budget: RetryBudget = RETRY_BUDGET,
     in Table Storage; the other roles follow DEDUP_BACKEND. The SDK clients
     retry as `budget` says (`client_options` override it).
     """
-    table_options = {**budget.table_options(), **client_options}
+    # Each client its own transport, without per-request proxy lookups (shared.sdk_transport).
+    table_options = {"transport": sync_transport(), **budget.table_options(), **client_options}
     if settings.table_connection_string:
         table_service = TableServiceClient.from_connection_string(
             settings.table_connection_string, **table_options)
@@ -142,12 +146,14 @@ def real_stores(settings: Settings, *, budget: RetryBudget = RETRY_BUDGET,
     if settings.backend == "cosmos":
         cosmos = CosmosClient(settings.cosmos_endpoint, settings.cosmos_key or _credential(settings),
                               connection_verify=settings.cosmos_verify_tls,
-                              **{**budget.cosmos_options(), **client_options})
+                              **{"transport": sync_transport(), **budget.cosmos_options(),
+                                 **client_options})
         if settings.cosmos_key:
             created = cosmos.create_database_if_not_exists(settings.cosmos_database)
             for name, path in COSMOS_CONTAINERS.items():
                 created.create_container_if_not_exists(
-                    name, PartitionKey(path), default_ttl=-1 if path == "/pk" else None)
+                    name, PartitionKey(path), default_ttl=-1 if path == "/pk" else None,
+                    indexing_policy=COSMOS_INDEXING[name])
         database = cosmos.get_database_client(settings.cosmos_database)
     built: dict[str, IdempotencyStore] = {}
 

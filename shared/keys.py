@@ -38,7 +38,13 @@ TRANSPORT_FIELDS = frozenset({
 
 
 def _escape(match: re.Match[str]) -> str:
-    return "".join(f"{_ESCAPE}{byte:02X}" for byte in match.group().encode("utf-8"))
+    return _escaped_run(match.group())
+
+
+@functools.lru_cache(maxsize=4096)
+def _escaped_run(run: str) -> str:
+    # Keys of one stream share their unsafe runs ('["', '/', '","'...): escape each once.
+    return "".join(f"{_ESCAPE}{byte:02X}" for byte in run.encode("utf-8"))
 
 
 def encode_component(value: str) -> str:
