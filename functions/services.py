@@ -32,7 +32,14 @@ from domain.payments import (
     async_payment_processor,
     payment_processor,
 )
-from functions.settings import COSMOS_CONTAINERS, STORE_ROLES, TABLE_FOR, TABLES, Settings
+from functions.settings import (
+    COSMOS_CONTAINERS,
+    COSMOS_INDEXING,
+    STORE_ROLES,
+    TABLE_FOR,
+    TABLES,
+    Settings,
+)
 from shared import (
     AsyncCosmosIdempotencyStore,
     AsyncTableIdempotencyStore,
@@ -46,6 +53,7 @@ from shared.aio import ThreadedStore
 from shared.cache import DocumentCache
 from shared.maintenance import Maintenance
 from shared.parking import ParkingLot
+from shared.sdk_transport import async_transport, sync_transport
 from shared.stores.retry import RetryBudget
 from shared.telemetry import Telemetry
 from shared.watermark import PartitionWatermark
@@ -108,6 +116,8 @@ class RealAsyncStores:
 
     def _build(self, role: str) -> Any:
         settings = self.settings
+        # Each client its own transport, without per-request proxy lookups (shared.sdk_transport).
+        transport = {"transport": async_transport()}
         if settings.backend == "cosmos" and role in COSMOS_CONTAINERS:
             return AsyncCosmosIdempotencyStore(
                 _endpoint(settings.cosmos_endpoint, "COSMOS_ENDPOINT"),
@@ -115,8 +125,8 @@ class RealAsyncStores:
                 database=settings.cosmos_database, container=role,
                 partition_key_path=COSMOS_CONTAINERS[role],
                 connection_verify=settings.cosmos_verify_tls,
-                **{**self.budget.cosmos_options(), **self.client_options})
-        options = {**self.budget.table_options(), **self.client_options}
+                **{**transport, **self.budget.cosmos_options(), **self.client_options})
+        options = {**transport, **self.budget.table_options(), **self.client_options}
         if settings.table_connection_string:
             return AsyncTableIdempotencyStore.from_connection_string(
                 settings.table_connection_string, table_name=TABLE_FOR[role], **options)
@@ -143,7 +153,8 @@ def real_stores(settings: Settings, *, budget: RetryBudget = RETRY_BUDGET,
     in Table Storage; the other roles follow DEDUP_BACKEND. The SDK clients
     retry as `budget` says (`client_options` override it).
     """
-    table_options = {**budget.table_options(), **client_options}
+    # Each client its own transport, without per-request proxy lookups (shared.sdk_transport).
+    table_options = {"transport": sync_transport(), **budget.table_options(), **client_options}
     if settings.table_connection_string:
         table_service = TableServiceClient.from_connection_string(
             settings.table_connection_string, **table_options)
@@ -157,12 +168,14 @@ def real_stores(settings: Settings, *, budget: RetryBudget = RETRY_BUDGET,
         cosmos = CosmosClient(_endpoint(settings.cosmos_endpoint, "COSMOS_ENDPOINT"),
                               settings.cosmos_key or _credential(settings),
                               connection_verify=settings.cosmos_verify_tls,
-                              **{**budget.cosmos_options(), **client_options})
+                              **{"transport": sync_transport(), **budget.cosmos_options(),
+                                 **client_options})
         if settings.cosmos_key:
             created = cosmos.create_database_if_not_exists(settings.cosmos_database)
             for name, path in COSMOS_CONTAINERS.items():
                 created.create_container_if_not_exists(
-                    name, PartitionKey(path), default_ttl=-1 if path == "/pk" else None)
+                    name, PartitionKey(path), default_ttl=-1 if path == "/pk" else None,
+                    indexing_policy=COSMOS_INDEXING[name])
         database = cosmos.get_database_client(settings.cosmos_database)
     built: dict[str, IdempotencyStore] = {}
 

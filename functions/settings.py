@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from shared.config import IdempotencyConfig, RedeliveryWindow
+from shared.stores.cosmos_indexing import record_indexing_policy
 
 # Read by the host for bindings (not by Python code).
 BINDING_SETTINGS = (
@@ -64,6 +65,10 @@ SETTING_NAMES = tuple(dict.fromkeys(BINDING_SETTINGS + APP_SETTINGS))
 # Cosmos containers with their partition key path, for DEDUP_BACKEND=cosmos:
 COSMOS_CONTAINERS = {"orders": "/orderId", "order-status": "/orderId", "ledger": "/pk",
                      "dedup": "/pk"}
+# Each container's indexing policy: only what the sweep and the listing tools query (every
+# container holds idempotency records); point reads and writes need no index. Bicep
+# (infra/core/cosmos.bicep) declares the same policies; tests/infra holds it to these.
+COSMOS_INDEXING = {name: record_indexing_policy(path) for name, path in COSMOS_CONTAINERS.items()}
 # Tables by role: the same roles for DEDUP_BACKEND=table, plus the two that always live in
 # Table Storage (the parking lot, and the notify/audit records).
 TABLE_FOR = {"orders": "orders", "order-status": "orderstatus", "ledger": "ledger",

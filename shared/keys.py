@@ -42,7 +42,13 @@ TRANSPORT_FIELDS = frozenset({
 
 
 def _escape(match: re.Match[str]) -> str:
-    return "".join(f"{_ESCAPE}{byte:02X}" for byte in match.group().encode("utf-8"))
+    return _escaped_run(match.group())
+
+
+@functools.lru_cache(maxsize=4096)
+def _escaped_run(run: str) -> str:
+    # Keys of one stream share their unsafe runs ('["', '/', '","'...): escape each once.
+    return "".join(f"{_ESCAPE}{byte:02X}" for byte in run.encode("utf-8"))
 
 
 def encode_component(value: str) -> str:
@@ -234,7 +240,8 @@ def _legacy_canonical_json(value: Any) -> bytes:
 class RequestHash(str):
     """A request hash as stored, which can also be checked against a hash stored in the
     previous form (`same_request`). The previous form is computed only when such a record is
-    met, from the payload this hash was made of: do not change that payload meanwhile."""
+    met, from the payload this hash was made of: do not change that payload meanwhile.
+    To store it yourself, store `str(hash)`: azure-data-tables converts by exact type."""
 
     __slots__ = ("_payload",)  # on the hot path: no per-hash __dict__
     _payload: Any

@@ -14,6 +14,7 @@ from azure.cosmos import CosmosClient, PartitionKey
 from local_stack import COSMOS_LOCAL_KEY, free_port
 from local_stack.servers import cosmos_server
 from shared import CosmosIdempotencyStore, TableIdempotencyStore, store_safe_id
+from shared.stores.cosmos_indexing import record_indexing_policy
 from simulator.host_inputs import RecordingActions, SentMessage, service_bus_message
 from tests.functions.conftest import function
 
@@ -108,7 +109,7 @@ def dead_store(backend: str):
     client = CosmosClient(f"https://127.0.0.1:{server.port}/", COSMOS_LOCAL_KEY,
                           connection_verify=False, retry_total=0)
     container = client.create_database_if_not_exists("d").create_container_if_not_exists(
-        "orders", PartitionKey("/orderId"))
+        "orders", PartitionKey("/orderId"), indexing_policy=record_indexing_policy("/orderId"))
     server.stop()
     return CosmosIdempotencyStore.from_container(container, "/orderId")
 
