@@ -114,6 +114,12 @@ param paymentsMaxAttempts int = 3
 @minValue(1)
 param paymentsMaxConcurrency int = 16
 
+@description('DEDUP_LOG_DUPLICATES: log every duplicate (and in-progress claim) at INFO, for an investigation. Off: duplicates are counted by cause in the dedup.messages metric only (customMetrics), and logged at DEBUG.')
+param dedupLogDuplicates bool = false
+
+@description('TRACE_SAMPLING_RATIO: share of traces (message spans and their store calls) the app exports, 0 to 1 (fixed-percentage sampler; Application Insights scales counts back up). Logs and metrics are never sampled.')
+param traceSamplingRatio string = '0.05'
+
 @description('MAINTENANCE_SCHEDULE: NCRONTAB schedule of the maintenance timer (stale in-progress markers, expiry sweep).')
 param maintenanceSchedule string = '0 */15 * * * *'
 
@@ -323,6 +329,8 @@ var appSettings = {
   PAYMENTS_MAX_ATTEMPTS: string(paymentsMaxAttempts)
   PAYMENTS_MAX_CONCURRENCY: string(paymentsMaxConcurrency)
   MAINTENANCE_SCHEDULE: maintenanceSchedule
+  DEDUP_LOG_DUPLICATES: dedupLogDuplicates ? 'true' : 'false'
+  TRACE_SAMPLING_RATIO: traceSamplingRatio
   APPLICATIONINSIGHTS_CONNECTION_STRING: monitoring.outputs.connectionString
   APPLICATIONINSIGHTS_AUTHENTICATION_STRING: 'ClientId=${identity.outputs.clientId};Authorization=AAD'
   // One export path (infra/README.md, "Telemetry"): host.json sets telemetryMode OpenTelemetry and
