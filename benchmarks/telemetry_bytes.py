@@ -59,6 +59,7 @@ class IngestionRecorder:
         self.by_type: Counter[str] = Counter()  # envelopes by baseType
         self.by_event: Counter[str] = Counter()  # log envelopes by customDimensions.event
         self.metric_names: Counter[str] = Counter()
+        self.samples: dict[str, list[Any]] = {}  # the first envelopes of each baseType
 
     def install(self) -> None:
         import requests
@@ -94,6 +95,9 @@ class IngestionRecorder:
             self.requests += 1
             for item, size in zip(items, sizes, strict=True):
                 base_type = item.get("data", {}).get("baseType", "?")
+                samples = self.samples.setdefault(base_type, [])
+                if len(samples) < 3:
+                    samples.append(item)
                 kind = KINDS.get(base_type, "other")
                 self.body_bytes[kind] += size * scale
                 self.envelopes[kind] += 1
@@ -122,6 +126,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="messages/s for the steady-state projection of the metric bytes")
     parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
                         help="an extra app setting for the worker (repeatable)")
+    parser.add_argument("--azure-sdk-log-level", choices=("WARNING", "INFO"),
+                        help="set the `azure` loggers to this level before the run (default: what "
+                             "the app sets)")
+    parser.add_argument("--dump", help="write the first envelopes of each type to this JSON file")
     parser.add_argument("--json", help="write the figures to this file")
     return parser.parse_args(argv)
 
@@ -142,6 +150,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     os.environ["APPLICATIONINSIGHTS_STATSBEAT_DISABLED_ALL"] = "true"
     os.environ["OTEL_METRIC_EXPORT_INTERVAL"] = str(3600 * 1000)  # one export, at the end
     logging.getLogger().setLevel(logging.INFO)  # what the Functions worker sets
+    if args.azure_sdk_log_level:
+        logging.getLogger("azure").setLevel(args.azure_sdk_log_level)
     recorder = IngestionRecorder()
     recorder.install()
 
@@ -167,6 +177,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         wall = time.perf_counter() - started
     _flush()
     from shared import observability
+
+    if args.dump:
+        with open(args.dump, "w", encoding="utf-8") as handle:
+            json.dump(recorder.samples, handle, indent=1)
 
     deliveries = sum(result.stats.deliveries.values())
     duplicates = sum(result.stats.duplicates.values())

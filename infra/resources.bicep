@@ -118,7 +118,7 @@ param paymentsMaxConcurrency int = 16
 param dedupLogDuplicates bool = false
 
 @description('TRACE_SAMPLING_RATIO: share of traces (message spans and their store calls) the app exports, 0 to 1 (fixed-percentage sampler; Application Insights scales counts back up). Logs and metrics are never sampled.')
-param traceSamplingRatio string = '0.05'
+param traceSamplingRatio string = '0.01'
 
 @description('MAINTENANCE_SCHEDULE: NCRONTAB schedule of the maintenance timer (stale in-progress markers, expiry sweep).')
 param maintenanceSchedule string = '0 */15 * * * *'
