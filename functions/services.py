@@ -206,7 +206,7 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
     The async payments service runs on `async_stores(role)`; without them (tests, the
     simulator's fault-injecting stores) on the sync stores, each request on a thread.
     """
-    telemetry = telemetry or Telemetry()
+    telemetry = telemetry or Telemetry(log_duplicates=settings.log_duplicates)
     if stores is None:
         stores = real_stores(settings)
         async_stores = async_stores or RealAsyncStores(settings)

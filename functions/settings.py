@@ -16,6 +16,7 @@ from datetime import timedelta
 
 from shared.config import IdempotencyConfig, RedeliveryWindow
 from shared.stores.cosmos_indexing import record_indexing_policy
+from shared.observability import DEFAULT_SAMPLING_RATIO, sampling_ratio_from
 
 # Read by the host for bindings (not by Python code).
 BINDING_SETTINGS = (
@@ -56,6 +57,8 @@ APP_SETTINGS = (
     "AZURE_CLIENT_ID",
     "COSMOS_VERIFY_TLS",
     "HTTP_CALLER_HEADER",
+    "DEDUP_LOG_DUPLICATES",
+    "TRACE_SAMPLING_RATIO",
 )
 # Only for local runs (keys, emulator TLS); Azure uses the app's managed identity instead.
 LOCAL_ONLY_SETTINGS = ("COSMOS_KEY", "COSMOS_VERIFY_TLS", "TABLE_CONNECTION_STRING")
@@ -108,6 +111,13 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     raise SettingsError(f"{name}={raw!r} must be true or false")
 
 
+def _ratio(env: Mapping[str, str]) -> float:
+    try:
+        return sampling_ratio_from(env)
+    except ValueError as error:
+        raise SettingsError(str(error)) from error
+
+
 def _url(env: Mapping[str, str], name: str) -> str:
     """A required absolute http(s) URL: an empty one would fail every delivery instead."""
     raw = env.get(name, "").strip()
@@ -141,6 +151,10 @@ class Settings:
     payments_consumer_group: str
     azure_client_id: str | None
     http_caller_header: str | None = None
+    # Duplicates and in-progress claims logged at INFO (an investigation), not DEBUG; they are
+    # always counted by cause in the dedup.messages metric.
+    log_duplicates: bool = False
+    trace_sampling_ratio: float = DEFAULT_SAMPLING_RATIO  # share of traces exported (TRACE_SAMPLING_RATIO)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -206,6 +220,8 @@ class Settings:
             payments_consumer_group=env.get("PAYMENTS_CONSUMER_GROUP", "$Default") or "$Default",
             azure_client_id=env.get("AZURE_CLIENT_ID") or None,
             http_caller_header=caller_header,
+            log_duplicates=_bool(env, "DEDUP_LOG_DUPLICATES", False),
+            trace_sampling_ratio=_ratio(env),
         )
         settings.idempotency_config()  # the retention rule is a startup error
         return settings
