@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from shared.config import IdempotencyConfig, RedeliveryWindow
-from shared.stores.cosmos_indexing import record_indexing_policy
 from shared.observability import DEFAULT_SAMPLING_RATIO, sampling_ratio_from
+from shared.stores.cosmos_indexing import record_indexing_policy
 
 # Read by the host for bindings (not by Python code).
 BINDING_SETTINGS = (
