@@ -248,15 +248,18 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
                 yield self._to_record(entity)
 
     # -- maintenance: one bounded, resumable scan -----------------------------------
+    #: Rows per page of a sweep; one page is what a sweep holds in memory.
+    sweep_page_size: int = DEFAULT_PAGE_SIZE
+
     def purge_expired(self, now: float, *, budget_seconds: float = DEFAULT_BUDGET_SECONDS,
-                      page_size: int = DEFAULT_PAGE_SIZE) -> int:
+                      page_size: int | None = None) -> int:
         """Delete expired rows page by page (see `sweep`); a row changed meanwhile is kept."""
         return self.sweep(now, budget_seconds=budget_seconds, page_size=page_size).purged
 
     def sweep(self, now: float, *, stale_before: float | None = None,
               on_stale: StaleHandler | None = None,
               budget_seconds: float = DEFAULT_BUDGET_SECONDS, timer: Timer = time.monotonic,
-              page_size: int = DEFAULT_PAGE_SIZE) -> SweepReport:
+              page_size: int | None = None) -> SweepReport:
         """Expired rows deleted and stale claims handed to `on_stale`, in one scan, one page
         at a time, until `budget_seconds` run out.
 
@@ -269,16 +272,19 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
         this code cannot read, restarts the scan from the beginning.
         """
         deadline = Deadline(budget_seconds, timer=timer)
+        page_size = page_size or self.sweep_page_size
         report = SweepReport(complete=False)
         stale_before = stale_before if on_stale is not None else None
         token, report.restarted = self._read_sweep_cursor()
+        refused = False
         query, params = self._sweep_filter(now, stale_before)
         while not deadline.passed():
             try:
                 entities, next_token = self._sweep_page(query, params, page_size, token)
             except (StoreRequestError, ValueError) as error:
-                if token is None:
+                if token is None or refused:  # not the stored continuation's fault
                     raise
+                refused = True
                 logger.warning("sweep continuation refused (%s): the scan of %s restarts",
                                error, self._client.table_name)
                 token, report.restarted = None, True
