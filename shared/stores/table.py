@@ -44,7 +44,7 @@ from shared.stores.sweep import (
     is_expired,
     is_stale,
 )
-from shared.stores.table_batch import submit_transaction
+from shared.stores.table_batch import Codec, submit_transaction
 
 BACKEND = "Table Storage"
 _SYSTEM = ("PartitionKey", "RowKey", "Timestamp", "etag")
@@ -81,10 +81,10 @@ class TableMapping:
     _client: Any  # a table client of the sync or the async SDK
 
     @classmethod
-    def from_table_client(cls, client: Any) -> Self:
-        """Around a table client of the caller's."""
+    def from_table_client(cls, client: Any, **options: Any) -> Self:
+        """Around a table client of the caller's (`options`: the store's, e.g. batch_codec)."""
         return cls(client.url, table_name=client.table_name,  # type: ignore[call-arg]
-                   table_client=client)
+                   table_client=client, **options)
 
     @property
     def client(self) -> Any:
@@ -164,6 +164,9 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
 
     Build it from the table endpoint and a credential (identity in Azure), from
     a connection string (local runs), or around an existing `TableClient`.
+    `batch_codec`: "lean" (default) sends entity-group transactions through
+    `table_batch`'s codec, falling back to the SDK's own path by itself when the
+    installed SDK does not fit it; "sdk" always takes the SDK's path.
     """
 
     name = "table"
@@ -171,7 +174,8 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
     def __init__(self, endpoint: str, credential: TokenCredential | AzureNamedKeyCredential |
                  AzureSasCredential | None = None, *, table_name: str,
                  table_client: TableClient | None = None, create_table: bool = False,
-                 **client_options: Any) -> None:
+                 batch_codec: Codec = "lean", **client_options: Any) -> None:
+        self._batch_codec = batch_codec
         self._client = table_client or TableClient(endpoint, table_name, credential=credential,
                                                    **client_options)
         if create_table:
@@ -179,10 +183,11 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
 
     @classmethod
     def from_connection_string(cls, conn_str: str, *, table_name: str,
-                               create_table: bool = False, **client_options: Any
-                               ) -> TableIdempotencyStore:
+                               create_table: bool = False, batch_codec: Codec = "lean",
+                               **client_options: Any) -> TableIdempotencyStore:
         client = TableClient.from_connection_string(conn_str, table_name, **client_options)
-        return cls(client.url, table_name=table_name, table_client=client, create_table=create_table)
+        return cls(client.url, table_name=table_name, table_client=client, create_table=create_table,
+                   batch_codec=batch_codec)
 
     def ensure_table(self) -> None:
         """Create the table if it is missing (local runs; in Azure, Bicep creates it)."""
@@ -196,7 +201,7 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
 
         def submit() -> list[Any]:
             try:
-                return submit_transaction(self._client, batch)
+                return submit_transaction(self._client, batch, codec=self._batch_codec)
             except TableTransactionError as error:
                 raise transaction_error(error, marker_id) from error
 
