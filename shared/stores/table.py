@@ -2,7 +2,8 @@
 
 Claim = `create_entity` (409 = exists). Takeover, completion and release are
 etag-conditional. Table Storage has no TTL: every read checks `idemExpiresAt`
-and `purge_expired` deletes expired rows in entity-group transactions.
+and `sweep` / `purge_expired` delete expired rows in entity-group transactions,
+one page at a time within a time budget, resuming next run where they stopped.
 Atomic path = one entity-group transaction (same PartitionKey, <= 100 entities), sent
 through `table_batch` (the SDK's requests and pipeline, a lean multipart codec).
 """
