@@ -183,7 +183,7 @@ class Settings:
             cosmos_verify_tls=_bool(env, "COSMOS_VERIFY_TLS", True),
             table_endpoint=table_endpoint,
             table_connection_string=table_conn,
-            table_batch_codec=codec,  # type: ignore[arg-type]  # checked against CODECS above
+            table_batch_codec="sdk" if codec == "sdk" else "lean",
             notification_api_url=_url(env, "NOTIFICATION_API_URL"),
             notification_api_honours_key=_bool(env, "NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY", True),
             ttl=timedelta(seconds=_int(env, "DEDUP_TTL_SECONDS", 7 * 86400, 1)),

@@ -327,7 +327,8 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
             entities = list(next(pages, []))
             return entities, pages.continuation_token or None
 
-        return store_call(BACKEND, fetch)
+        page = store_call(BACKEND, fetch)
+        return page if page is not None else ([], None)
 
     def _sweep_rows(self, entities: list[Any], now: float, stale_before: float | None,
                     on_stale: StaleHandler | None, report: SweepReport) -> None:
