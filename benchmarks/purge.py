@@ -126,6 +126,7 @@ def after(store: TableIdempotencyStore, budget: float, trace: bool, max_runs: in
                                  budget_seconds=budget)
         runs.append(Run(m["seconds"], m["peak_mib"], report.rows_read, report.purged,  # type: ignore[arg-type]
                         report.complete))
+        print("    run", len(runs), asdict(runs[-1]), flush=True)
         if report.complete:
             break
     return runs

@@ -274,8 +274,10 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
         (a small entity in this table, `SWEEP_CURSOR`) after each page; the next run
         resumes there, and a finished scan starts over. Expired rows of a page go in
         entity-group transactions per partition (<= 100 each) before the next page is
-        read, so memory holds one page. A continuation the service refuses, or a cursor
-        this code cannot read, restarts the scan from the beginning.
+        read, so memory holds one page. The budget is checked before each page: a run
+        ends within one page's work (<= `page_size` deletes) after it. A continuation
+        the service refuses, or a cursor this code cannot read, restarts the scan from
+        the beginning.
         """
         deadline = Deadline(budget_seconds, timer=timer)
         page_size = page_size or self.sweep_page_size
