@@ -17,6 +17,7 @@ from datetime import timedelta
 from shared.config import IdempotencyConfig, RedeliveryWindow
 from shared.observability import DEFAULT_SAMPLING_RATIO, sampling_ratio_from
 from shared.stores.cosmos_indexing import record_indexing_policy
+from shared.stores.table_batch import CODECS, Codec
 
 # Read by the host for bindings (not by Python code).
 BINDING_SETTINGS = (
@@ -40,6 +41,7 @@ APP_SETTINGS = (
     "COSMOS_DATABASE",
     "TABLE_ENDPOINT",
     "TABLE_CONNECTION_STRING",
+    "TABLE_BATCH_CODEC",
     "NOTIFICATION_API_URL",
     "NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY",
     "DEDUP_TTL_SECONDS",
@@ -139,6 +141,7 @@ class Settings:
     cosmos_verify_tls: bool
     table_endpoint: str | None
     table_connection_string: str | None
+    table_batch_codec: Codec
     notification_api_url: str
     notification_api_honours_key: bool
     ttl: timedelta
@@ -171,6 +174,10 @@ class Settings:
         cosmos_endpoint = env.get("COSMOS_ENDPOINT") or None
         if backend == "cosmos" and not cosmos_endpoint:
             raise SettingsError("DEDUP_BACKEND=cosmos needs COSMOS_ENDPOINT")
+        codec = env.get("TABLE_BATCH_CODEC", "lean").strip().lower() or "lean"
+        if codec not in CODECS:
+            raise SettingsError(f"TABLE_BATCH_CODEC={codec!r} must be 'lean' (the lean $batch codec, "
+                                "which falls back to the SDK's by itself) or 'sdk'")
         policy = env.get("PAYMENTS_MISSING_KEY_POLICY", "park").strip().lower()
         if policy not in ("park", "sequence"):
             raise SettingsError(f"PAYMENTS_MISSING_KEY_POLICY={policy!r} must be 'park' or 'sequence'")
@@ -208,6 +215,7 @@ class Settings:
             cosmos_verify_tls=_bool(env, "COSMOS_VERIFY_TLS", True),
             table_endpoint=table_endpoint,
             table_connection_string=table_conn,
+            table_batch_codec="sdk" if codec == "sdk" else "lean",
             notification_api_url=_url(env, "NOTIFICATION_API_URL"),
             notification_api_honours_key=_bool(env, "NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY", True),
             ttl=timedelta(seconds=_int(env, "DEDUP_TTL_SECONDS", 7 * 86400, 1)),

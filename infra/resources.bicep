@@ -126,6 +126,13 @@ param dedupLogDuplicates bool = false
 @description('TRACE_SAMPLING_RATIO: share of traces (message spans and their store calls) the app exports, 0 to 1 (fixed-percentage sampler; Application Insights scales counts back up). Logs and metrics are never sampled.')
 param traceSamplingRatio string = '0.01'
 
+@description('TABLE_BATCH_CODEC: lean = Table entity-group transactions through the app\'s lean $batch codec (it falls back to the SDK\'s path by itself on an SDK it does not support); sdk = always the SDK\'s submit_transaction.')
+@allowed([
+  'lean'
+  'sdk'
+])
+param tableBatchCodec string = 'lean'
+
 @description('MAINTENANCE_SCHEDULE: NCRONTAB schedule of the maintenance timer (stale in-progress markers, expiry sweep).')
 param maintenanceSchedule string = '0 */15 * * * *'
 
@@ -332,6 +339,7 @@ var appSettings = {
   COSMOS_ENDPOINT: cosmos.outputs.endpoint
   COSMOS_DATABASE: cosmosDatabaseName
   TABLE_ENDPOINT: storage.outputs.tableEndpoint
+  TABLE_BATCH_CODEC: tableBatchCodec
   NOTIFICATION_API_URL: notificationApiUrl
   NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY: notificationApiHonoursIdempotencyKey ? 'true' : 'false'
   DEDUP_TTL_SECONDS: string(dedupTtlSeconds)
