@@ -127,11 +127,14 @@ class RealAsyncStores:
                 connection_verify=settings.cosmos_verify_tls,
                 **{**transport, **self.budget.cosmos_options(), **self.client_options})
         options = {**transport, **self.budget.table_options(), **self.client_options}
+        codec = settings.table_batch_codec
         if settings.table_connection_string:
             return AsyncTableIdempotencyStore.from_connection_string(
-                settings.table_connection_string, table_name=TABLE_FOR[role], **options)
+                settings.table_connection_string, table_name=TABLE_FOR[role], batch_codec=codec,
+                **options)
         return AsyncTableIdempotencyStore(_endpoint(settings.table_endpoint, "TABLE_ENDPOINT"),
-                                          self._identity(), table_name=TABLE_FOR[role], **options)
+                                          self._identity(), table_name=TABLE_FOR[role],
+                                          batch_codec=codec, **options)
 
     async def aclose(self) -> None:
         """Close every store built here, then the credential (the stores do not own it)."""
@@ -186,7 +189,8 @@ def real_stores(settings: Settings, *, budget: RetryBudget = RETRY_BUDGET,
                     database.get_container_client(role), COSMOS_CONTAINERS[role])
             else:
                 built[role] = TableIdempotencyStore.from_table_client(
-                    table_service.get_table_client(TABLE_FOR[role]))
+                    table_service.get_table_client(TABLE_FOR[role]),
+                    batch_codec=settings.table_batch_codec)
         return built[role]
 
     return store
@@ -228,7 +232,7 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
     The async payments service runs on `async_stores(role)`; without them (tests, the
     simulator's fault-injecting stores) on the sync stores, each request on a thread.
     """
-    telemetry = telemetry or Telemetry()
+    telemetry = telemetry or Telemetry(log_duplicates=settings.log_duplicates)
     if stores is None:
         stores = real_stores(settings)
         async_stores = async_stores or RealAsyncStores(settings)

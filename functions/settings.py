@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from shared.config import IdempotencyConfig, RedeliveryWindow
+from shared.observability import DEFAULT_SAMPLING_RATIO, sampling_ratio_from
 from shared.stores.cosmos_indexing import record_indexing_policy
+from shared.stores.table_batch import CODECS, Codec
 
 # Read by the host for bindings (not by Python code).
 BINDING_SETTINGS = (
@@ -39,6 +41,7 @@ APP_SETTINGS = (
     "COSMOS_DATABASE",
     "TABLE_ENDPOINT",
     "TABLE_CONNECTION_STRING",
+    "TABLE_BATCH_CODEC",
     "NOTIFICATION_API_URL",
     "NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY",
     "DEDUP_TTL_SECONDS",
@@ -56,6 +59,8 @@ APP_SETTINGS = (
     "AZURE_CLIENT_ID",
     "COSMOS_VERIFY_TLS",
     "HTTP_CALLER_HEADER",
+    "DEDUP_LOG_DUPLICATES",
+    "TRACE_SAMPLING_RATIO",
 )
 # Only for local runs (keys, emulator TLS); Azure uses the app's managed identity instead.
 LOCAL_ONLY_SETTINGS = ("COSMOS_KEY", "COSMOS_VERIFY_TLS", "TABLE_CONNECTION_STRING")
@@ -108,6 +113,13 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     raise SettingsError(f"{name}={raw!r} must be true or false")
 
 
+def _ratio(env: Mapping[str, str]) -> float:
+    try:
+        return sampling_ratio_from(env)
+    except ValueError as error:
+        raise SettingsError(str(error)) from error
+
+
 def _url(env: Mapping[str, str], name: str) -> str:
     """A required absolute http(s) URL: an empty one would fail every delivery instead."""
     raw = env.get(name, "").strip()
@@ -129,6 +141,7 @@ class Settings:
     cosmos_verify_tls: bool
     table_endpoint: str | None
     table_connection_string: str | None
+    table_batch_codec: Codec
     notification_api_url: str
     notification_api_honours_key: bool
     ttl: timedelta
@@ -141,6 +154,10 @@ class Settings:
     payments_consumer_group: str
     azure_client_id: str | None
     http_caller_header: str | None = None
+    # Duplicates and in-progress claims logged at INFO (an investigation), not DEBUG; they are
+    # always counted by cause in the dedup.messages metric.
+    log_duplicates: bool = False
+    trace_sampling_ratio: float = DEFAULT_SAMPLING_RATIO  # share of traces exported (TRACE_SAMPLING_RATIO)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -157,6 +174,10 @@ class Settings:
         cosmos_endpoint = env.get("COSMOS_ENDPOINT") or None
         if backend == "cosmos" and not cosmos_endpoint:
             raise SettingsError("DEDUP_BACKEND=cosmos needs COSMOS_ENDPOINT")
+        codec = env.get("TABLE_BATCH_CODEC", "lean").strip().lower() or "lean"
+        if codec not in CODECS:
+            raise SettingsError(f"TABLE_BATCH_CODEC={codec!r} must be 'lean' (the lean $batch codec, "
+                                "which falls back to the SDK's by itself) or 'sdk'")
         policy = env.get("PAYMENTS_MISSING_KEY_POLICY", "park").strip().lower()
         if policy not in ("park", "sequence"):
             raise SettingsError(f"PAYMENTS_MISSING_KEY_POLICY={policy!r} must be 'park' or 'sequence'")
@@ -194,6 +215,7 @@ class Settings:
             cosmos_verify_tls=_bool(env, "COSMOS_VERIFY_TLS", True),
             table_endpoint=table_endpoint,
             table_connection_string=table_conn,
+            table_batch_codec="sdk" if codec == "sdk" else "lean",
             notification_api_url=_url(env, "NOTIFICATION_API_URL"),
             notification_api_honours_key=_bool(env, "NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY", True),
             ttl=timedelta(seconds=_int(env, "DEDUP_TTL_SECONDS", 7 * 86400, 1)),
@@ -206,6 +228,8 @@ class Settings:
             payments_consumer_group=env.get("PAYMENTS_CONSUMER_GROUP", "$Default") or "$Default",
             azure_client_id=env.get("AZURE_CLIENT_ID") or None,
             http_caller_header=caller_header,
+            log_duplicates=_bool(env, "DEDUP_LOG_DUPLICATES", False),
+            trace_sampling_ratio=_ratio(env),
         )
         settings.idempotency_config()  # the retention rule is a startup error
         return settings

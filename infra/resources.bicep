@@ -120,6 +120,19 @@ param httpCallerHeader string = ''
 @description('Client id of the Entra ID app registration of the HTTP API: turns on App Service authentication (authsettingsV2), which identifies each caller, so Idempotency-Keys are scoped per caller. Empty (default): off; function keys alone share one key scope between all callers.')
 param httpAuthClientId string = ''
 
+@description('DEDUP_LOG_DUPLICATES: log every duplicate (and in-progress claim) at INFO, for an investigation. Off: duplicates are counted by cause in the dedup.messages metric only (customMetrics), and logged at DEBUG.')
+param dedupLogDuplicates bool = false
+
+@description('TRACE_SAMPLING_RATIO: share of traces (message spans and their store calls) the app exports, 0 to 1 (fixed-percentage sampler; Application Insights scales counts back up). Logs and metrics are never sampled.')
+param traceSamplingRatio string = '0.01'
+
+@description('TABLE_BATCH_CODEC: lean = Table entity-group transactions through the app\'s lean $batch codec (it falls back to the SDK\'s path by itself on an SDK it does not support); sdk = always the SDK\'s submit_transaction.')
+@allowed([
+  'lean'
+  'sdk'
+])
+param tableBatchCodec string = 'lean'
+
 @description('MAINTENANCE_SCHEDULE: NCRONTAB schedule of the maintenance timer (stale in-progress markers, expiry sweep).')
 param maintenanceSchedule string = '0 */15 * * * *'
 
@@ -326,6 +339,7 @@ var appSettings = {
   COSMOS_ENDPOINT: cosmos.outputs.endpoint
   COSMOS_DATABASE: cosmosDatabaseName
   TABLE_ENDPOINT: storage.outputs.tableEndpoint
+  TABLE_BATCH_CODEC: tableBatchCodec
   NOTIFICATION_API_URL: notificationApiUrl
   NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY: notificationApiHonoursIdempotencyKey ? 'true' : 'false'
   DEDUP_TTL_SECONDS: string(dedupTtlSeconds)
@@ -340,6 +354,8 @@ var appSettings = {
   PAYMENTS_MAX_CONCURRENCY: string(paymentsMaxConcurrency)
   HTTP_CALLER_HEADER: httpCallerHeader
   MAINTENANCE_SCHEDULE: maintenanceSchedule
+  DEDUP_LOG_DUPLICATES: dedupLogDuplicates ? 'true' : 'false'
+  TRACE_SAMPLING_RATIO: traceSamplingRatio
   APPLICATIONINSIGHTS_CONNECTION_STRING: monitoring.outputs.connectionString
   APPLICATIONINSIGHTS_AUTHENTICATION_STRING: 'ClientId=${identity.outputs.clientId};Authorization=AAD'
   // One export path (infra/README.md, "Telemetry"): host.json sets telemetryMode OpenTelemetry and

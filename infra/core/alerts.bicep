@@ -1,11 +1,16 @@
 // Alert rules of the idempotent consumers.
 //
-// Log alerts read ONE table: `traces` of the Application Insights component (AppTraces in the
-// workspace). That is where the app's structured logs land: the Python worker exports them itself
-// through OpenTelemetry (azure-monitor-opentelemetry; host.json telemetryMode OpenTelemetry, so the
-// host forwards none of them a second time). Each log record becomes one trace whose
-// customDimensions carry the record's `extra` fields; the field `event` names what happened.
-// Nothing writes customEvents, so no rule looks there.
+// Each log alert reads ONE table of the Application Insights component. The app exports its
+// telemetry itself through OpenTelemetry (azure-monitor-opentelemetry; host.json telemetryMode
+// OpenTelemetry, so the host forwards none of it a second time):
+//
+//  * Log records become `traces` (AppTraces in the workspace) whose customDimensions carry the
+//    record's `extra` fields; the field `event` names what happened. The app logs only what a
+//    person acts on, so the event rules read `traces`. Nothing writes customEvents.
+//  * Per-message counts are OpenTelemetry metrics, aggregated in the process and exported once a
+//    minute: `customMetrics` (AppMetrics), one row per metric, attribute set and interval, with
+//    `name`, `valueSum` (the count of the interval for a counter) and the attributes in
+//    customDimensions. The duplicate spike rule reads them.
 //
 //  * IdempotencyKeyConflict: new conflicts (an idempotency key reused with different content).
 //  * EventParked: new parked messages, from payments (event hub) and from the notification
@@ -13,8 +18,9 @@
 //  * MessageDeadLettered: new messages the app dead-lettered itself (orders rejected by the store).
 //  * SequenceReset: an event hub partition's sequence numbers restarted below the app's high-water
 //    mark (hub recreated, disaster-recovery failover); the events were applied through their keys.
-//  * DuplicateDetected spike: the duplicate rate of the last 15 minutes is well above its 24 h
-//    baseline (misconfigured producer, too short locks, unhealthy consumer).
+//  * Duplicate rate spike (dedup.messages, outcome duplicate): the duplicates of the last 15
+//    minutes are well above their 24 h baseline (misconfigured producer, too short locks,
+//    unhealthy consumer).
 //  * Dead-letter queues not empty (platform metric, stateless): catches the dead-letters the app
 //    never sees (max delivery count reached, TTL expired) and keeps reminding until an operator
 //    drains the queue with the replay tool.
@@ -53,12 +59,20 @@ param duplicateSpikeMinCount int = 20
 param duplicateSpikeFactor int = 3
 
 // The single place where infra names the app's log events. Keep in step with the app's logging.
+// DuplicateDetected is logged only with DEDUP_LOG_DUPLICATES=true (an investigation); the
+// duplicate spike rule counts the metric instead.
 var logEvents = {
   keyConflict: 'IdempotencyKeyConflict'
   parked: 'EventParked'
   deadLettered: 'MessageDeadLettered'
   duplicate: 'DuplicateDetected'
   sequenceReset: 'SequenceReset'
+}
+
+// The app's metrics the rules read (shared/telemetry.py), and the outcome attribute they filter on.
+var appMetrics = {
+  messages: 'dedup.messages'
+  duplicateOutcome: 'duplicate'
 }
 
 // One table, one event each; the projected columns are the alert dimensions.
@@ -68,7 +82,8 @@ var sequenceResetQuery = 'traces | where tostring(customDimensions.event) == "${
 var deadLetteredQuery = 'traces | where tostring(customDimensions.event) == "${logEvents.deadLettered}" | extend consumer = tostring(customDimensions.consumer), reason = tostring(customDimensions.reason) | project timestamp, consumer, reason, message'
 
 // 15-minute window compared with the average 15-minute count of the preceding day (95 windows).
-var duplicateSpikeQuery = 'let dups = traces | where tostring(customDimensions.event) == "${logEvents.duplicate}"; let recent = toscalar(dups | where timestamp > ago(15m) | count); let baseline = todouble(toscalar(dups | where timestamp between (ago(1d) .. ago(15m)) | count)) / 95.0; print recentCount = recent, baselineCount = baseline | where recentCount >= ${duplicateSpikeMinCount} and recentCount > ${duplicateSpikeFactor} * baselineCount'
+// Duplicates of every cause and consumer: the sum of the counter's per-interval values.
+var duplicateSpikeQuery = 'let dups = customMetrics | where name == "${appMetrics.messages}" and tostring(customDimensions.outcome) == "${appMetrics.duplicateOutcome}"; let recent = todouble(coalesce(toscalar(dups | where timestamp > ago(15m) | summarize sum(valueSum)), 0.0)); let baseline = todouble(coalesce(toscalar(dups | where timestamp between (ago(1d) .. ago(15m)) | summarize sum(valueSum)), 0.0)) / 95.0; print recentCount = recent, baselineCount = baseline | where recentCount >= ${duplicateSpikeMinCount} and recentCount > ${duplicateSpikeFactor} * baselineCount'
 
 var byConsumer = [
   {
@@ -272,8 +287,8 @@ resource duplicateSpikeAlert 'Microsoft.Insights/scheduledQueryRules@2023-12-01'
   tags: tags
   kind: 'LogAlert'
   properties: {
-    displayName: 'Duplicate rate spike (${logEvents.duplicate})'
-    description: 'Detected duplicates in the last 15 minutes are far above the day\'s baseline: check producer retries, lock duration and consumer health.'
+    displayName: 'Duplicate rate spike (${appMetrics.messages} outcome=${appMetrics.duplicateOutcome})'
+    description: 'Detected duplicates in the last 15 minutes (metric ${appMetrics.messages}, customMetrics) are far above the day\'s baseline: check producer retries, lock duration and consumer health. Break them down by customDimensions.cause and consumer; set DEDUP_LOG_DUPLICATES=true to log each one.'
     severity: 2
     enabled: true
     scopes: [
@@ -349,3 +364,4 @@ resource deadLetterAlert 'Microsoft.Insights/metricAlerts@2018-03-01' = {
 }
 
 output logEventNames object = logEvents
+output metricNames object = appMetrics
