@@ -145,7 +145,7 @@ def summary(runs: list[Run]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--markers", type=int, default=200_000, help="expired markers (backlog)")
     parser.add_argument("--live", type=int, default=200_000, help="live markers (steady state)")
     parser.add_argument("--budget", type=float, default=60.0, help="seconds per sweep run")

@@ -37,7 +37,7 @@ import os
 import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -56,7 +56,8 @@ class IngestionRecorder:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.requests = 0
-        self.body_bytes: Counter[str] = Counter()  # by kind, each envelope's share of its request
+        # by kind, each envelope's share of its request
+        self.body_bytes: defaultdict[str, float] = defaultdict(float)
         self.envelopes: Counter[str] = Counter()  # by kind
         self.by_type: Counter[str] = Counter()  # envelopes by baseType
         self.by_event: Counter[str] = Counter()  # log envelopes by customDimensions.event
@@ -84,7 +85,7 @@ class IngestionRecorder:
                                                 "errors": []}).encode())
             return RestRequestsTransportResponse(request=request, internal_response=answer)
 
-        RequestsTransport.send = send  # type: ignore[method-assign]
+        RequestsTransport.send = send
 
     def record(self, body: bytes) -> int:
         items = json.loads(body)
@@ -120,7 +121,7 @@ class IngestionRecorder:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.telemetry_bytes",
-                                     description=__doc__.split("\n\n")[0])
+                                     description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--backend", choices=("table", "cosmos"), default="table")
     parser.add_argument("--messages", type=int, default=1000, help="Service Bus messages")
     parser.add_argument("--events", type=int, default=1000, help="Event Hubs events")
@@ -172,7 +173,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return {**sample_settings(app_dir), "APPLICATIONINSIGHTS_CONNECTION_STRING": CONNECTION_STRING,
                 **extra}
 
-    host_module.sample_settings = settings_with_telemetry  # type: ignore[assignment]
+    host_module.sample_settings = settings_with_telemetry
     config = ScenarioConfig(backend=args.backend, seed=args.seed, messages=args.messages,
                             events=args.events, duplicate_rate=args.duplicate_rate,
                             fault_rate=args.fault_rate, outages=0, hostile=args.hostile,

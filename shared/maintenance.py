@@ -33,7 +33,8 @@ logger = logging.getLogger(__name__)
 class MaintenanceReport:
     purged: dict[str, int] = field(default_factory=dict[str, int])
     parked: int = 0
-    sweeps: dict[str, SweepReport] = field(default_factory=dict)  # per store: rows read, finished
+    # per store: rows read, finished
+    sweeps: dict[str, SweepReport] = field(default_factory=dict[str, SweepReport])
 
 
 class Maintenance:
@@ -59,7 +60,7 @@ class Maintenance:
     def _distinct_stores(self) -> list[tuple[str, RecordStore]]:
         """One store per collection: two roles on one table would scan it twice."""
         seen: set[object] = set()
-        distinct = []
+        distinct: list[tuple[str, RecordStore]] = []
         for name, store in self.stores.items():
             scope = getattr(store, "sweep_scope", None) or id(store)
             if scope not in seen:

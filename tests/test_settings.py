@@ -87,7 +87,7 @@ def test_table_batch_codec_defaults_to_lean_and_reaches_every_table_store(stack)
     async_stores = RealAsyncStores(settings)
     try:
         for role in ("ledger", "dedup", "parked"):
-            assert stores(role)._batch_codec == "sdk"
+            assert stores(role)._batch_codec == "sdk"  # pyright: ignore[reportAttributeAccessIssue] - the Table store's
             assert async_stores(role)._batch_codec == "sdk"
     finally:
         asyncio.run(async_stores.aclose())

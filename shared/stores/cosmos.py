@@ -262,7 +262,7 @@ class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
         otherwise the query purge. Reads check `idemExpiresAt` either way, so a marker
         the service has not yet deleted is never taken for live."""
         if self._native_ttl is None:
-            properties = store_call(BACKEND, self._container.read) or {}
+            properties: dict[str, Any] = store_call(BACKEND, self._container.read) or {}
             self._native_ttl = properties.get("defaultTtl") is not None
         return 0 if self._native_ttl else super().purge_expired(now)
 

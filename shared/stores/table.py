@@ -382,11 +382,11 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
             pages = self._client.query_entities(query, parameters=params,
                                                 results_per_page=page_size
                                                 ).by_page(continuation_token=token)
-            entities = list(next(pages, []))
+            first: Any = next(pages, None)  # the SDK's pager is untyped
+            entities: list[Any] = [] if first is None else list(first)
             return entities, pages.continuation_token or None
 
-        page = store_call(BACKEND, fetch)
-        return page if page is not None else ([], None)
+        return store_call(BACKEND, fetch)
 
     def _sweep_rows(self, entities: list[Any], now: float, stale_before: float | None,
                     on_stale: StaleHandler | None, report: SweepReport) -> None:

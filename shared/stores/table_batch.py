@@ -28,6 +28,9 @@ one warning saying why. `codec="sdk"` (the stores' `batch_codec` option, the
 app's `TABLE_BATCH_CODEC` setting) chooses the SDK's path outright.
 """
 
+# The codec reuses the SDK's own private helpers on purpose (checked once, with a fallback to
+# the SDK's path when they moved; see `problem`), and they are untyped.
+# pyright: reportPrivateUsage=false, reportUnknownMemberType=false, reportUnknownVariableType=false
 from __future__ import annotations
 
 import importlib.metadata
@@ -98,7 +101,7 @@ def _import_internals() -> _Internals:
         config=None, endpoint="", table_name="", is_cosmos_endpoint=False)
     inspect.signature(internals.decode_error).bind(None, error_message="", error_type=TableTransactionError)
     inspect.signature(internals.validate_table_name).bind(None, "")
-    if not issubclass(internals.too_large, HttpResponseError):
+    if not issubclass(internals.too_large, HttpResponseError):  # pyright: ignore[reportUnnecessaryIsInstance] - a runtime check of the SDK
         raise TypeError("RequestTooLargeError is no HttpResponseError")
     return internals
 
@@ -129,7 +132,7 @@ class CodecGuard:
 
     def problem(self, client: Any) -> str | None:
         """Why the lean codec cannot serve `client` (None: it can)."""
-        kind = type(client)
+        kind: type = type(client)
         if kind not in self._problems:
             with self._lock:
                 if kind not in self._problems:
@@ -243,13 +246,14 @@ def operation_error(status: int, body: bytes) -> TableTransactionError:
     except (ValueError, KeyError, TypeError):
         pass
     failure = TableTransactionError(message=f"{message}\nErrorCode:{code}" if code else message)
-    failure.status_code, failure.error_code = status, code
+    failure.status_code = status
+    failure.error_code = code  # pyright: ignore[reportAttributeAccessIssue] - the SDK's decoder sets it too
     return failure
 
 
 def decode_changeset(body: bytes, content_type: str) -> list[tuple[int, dict[str, str], bytes]]:
     """The HTTP responses in a `$batch` response body: (status, lowercased headers, body)."""
-    responses = []
+    responses: list[tuple[int, dict[str, str], bytes]] = []
     for part in _parts(body, content_type):
         headers, payload = _head(part)
         if headers.get("content-type", "").lower().startswith("multipart/mixed"):
@@ -265,7 +269,7 @@ def _parts(body: bytes, content_type: str) -> list[bytes]:
     if match is None:
         raise ValueError(f"no multipart boundary in {content_type!r}")
     delimiter = b"--" + match.group(1).encode()
-    parts = []
+    parts: list[bytes] = []
     for section in body.split(delimiter)[1:]:
         if section.startswith(b"--"):  # the close delimiter
             break
@@ -278,7 +282,7 @@ def _head(part: bytes) -> tuple[dict[str, str], bytes]:
     """A part's (or a response's) header lines as a dict, and what follows them."""
     split = _BLANK_LINE.split(part, maxsplit=1)
     lines = split[0].decode("latin-1").splitlines()
-    headers = {}
+    headers: dict[str, str] = {}
     for line in lines:
         name, colon, value = line.partition(":")
         if colon:

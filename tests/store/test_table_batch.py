@@ -348,7 +348,8 @@ class _Sent(Exception):
 def _parts(content_type: str, body: bytes) -> list[tuple[str, dict[str, str], bytes]]:
     """(request line, headers, body) of each part; dates and boundaries left out."""
     head = f"Content-Type: {content_type}\r\n\r\n".encode()
-    [changeset] = email.message_from_bytes(head + body, policy=email.policy.HTTP).get_payload()
+    message: Any = email.message_from_bytes(head + body, policy=email.policy.HTTP)
+    [changeset] = message.get_payload()
     parts = []
     for part in changeset.get_payload():
         assert {k: v for k, v in part.items()} == {
@@ -392,7 +393,7 @@ def test_every_part_carries_the_headers_the_sdks_parts_carry():
 # -- the guard: fall back to the SDK when its internals do not fit ------------------------------
 def _renamed_requests(original: type) -> type:
     """TableBatchOperations as a later SDK might have it: `requests` renamed `items`."""
-    class Renamed(original):  # type: ignore[misc, valid-type]
+    class Renamed(original):
         @property
         def requests(self) -> Any:
             raise AttributeError("'TableBatchOperations' object has no attribute 'requests'")
