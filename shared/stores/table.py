@@ -266,7 +266,9 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
             store_call(BACKEND, self._client.create_table,
                        on_status={409: lambda: RecordExistsError(self._client.table_name)})
 
-    _submit = staticmethod(submit_transaction)
+    @staticmethod
+    def _submit(client: TableClient, batch: list[tuple[Any, ...]], *, codec: Codec) -> list[Any]:
+        return submit_transaction(client, batch, codec=codec)  # looked up when sent
 
     def _send[T](self, request: Request[T]) -> T:
         return send_request(BACKEND, self._client, request)

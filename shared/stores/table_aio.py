@@ -68,7 +68,10 @@ class AsyncTableIdempotencyStore(TableMapping, AsyncDocumentStore):
             await async_store_call(BACKEND, self._client.create_table,
                                    on_status={409: lambda: RecordExistsError(self._client.table_name)})
 
-    _submit = staticmethod(submit_transaction_async)
+    @staticmethod
+    async def _submit(client: TableClient, batch: list[tuple[Any, ...]], *,
+                      codec: Codec) -> list[Any]:
+        return await submit_transaction_async(client, batch, codec=codec)  # looked up when sent
 
     async def _send[T](self, request: Request[T]) -> T:
         return await send_request_async(BACKEND, self._client, request)
