@@ -46,6 +46,13 @@ class IdempotencyRecord:
     record_id: str | None = None  # defaults to the encoded key
     etag: str | None = field(default=None, compare=False)
 
+    def __post_init__(self) -> None:
+        # request_hash() answers a str subclass that can also judge a previous-form hash; a
+        # record keeps the plain text, which every store SDK serialises (azure-data-tables
+        # converts by exact type) and which holds no reference to the payload.
+        if type(self.request_hash) is not str:
+            object.__setattr__(self, "request_hash", str(self.request_hash))
+
     @property
     def id(self) -> str:
         return self.record_id or self.key.encoded
@@ -67,6 +74,8 @@ class IdempotencyRecord:
         unknown = changes.keys() - _RECORD_FIELDS
         if unknown:
             return replace(self, **changes)  # raises the usual TypeError
+        if "request_hash" in changes:
+            return replace(self, **changes)  # through __post_init__: kept as plain text
         new = object.__new__(type(self))
         new.__dict__.update(self.__dict__)
         new.__dict__.update(changes)

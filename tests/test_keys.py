@@ -240,3 +240,13 @@ def test_a_request_hash_survives_copy_and_pickle_with_what_it_judges():
     digest = request_hash({"a": 1.0})
     for copied in (copy.copy(digest), copy.deepcopy(digest), pickle.loads(pickle.dumps(digest))):
         assert copied == digest and same_request(_legacy_hash({"a": 1.0}), copied)
+
+
+def test_a_record_keeps_the_request_hash_as_plain_text():
+    """Store SDKs serialise by exact type (azure-data-tables refuses a str subclass)."""
+    from shared.records import IdempotencyRecord, RecordState
+
+    digest = request_hash({"a": 1})
+    record = IdempotencyRecord(DedupKey("c", "k"), RecordState.COMPLETED, digest, 1.0, 1.0)
+    assert type(record.request_hash) is str and record.request_hash == digest
+    assert type(record.evolve(request_hash=request_hash({"a": 2})).request_hash) is str
