@@ -310,11 +310,17 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency,
         """Durably park; if even that fails, raise so the host's retry policy re-runs the batch."""
         parking = self.parking
         entry_id = f"{self.event_hub}/{partition_id}/{event.sequence_number}"
+        enqueued = event.enqueued_time
+        identity = None if enqueued is None else (
+            enqueued.isoformat() if isinstance(enqueued, datetime) else str(enqueued))
+        # The sequence number alone does not identify an event across a hub's lifetime (it
+        # restarts when the hub is recreated or fails over): the enqueued time keeps a new
+        # incarnation's parked event from replacing an old one's.
         yield OnStore(parking.store, parking.park.flow(
             consumer=self.consumer, entry_id=entry_id, reason=reason, payload=event.body,
-            error=detail, context={
+            error=detail, identity=identity, context={
                 "partition_id": partition_id, "sequence_number": event.sequence_number,
-                "offset": event.offset,
+                "offset": event.offset, "enqueued_time": identity,
                 "properties": {str(k): str(v) for k, v in event.properties.items()}}))
         report.park(reason)
 

@@ -48,6 +48,16 @@ MAX_HISTORY = 50  # resolution attempts kept on an entry (the newest)
 EntryLister = Callable[[str | None], Iterable[Document]]
 
 
+def _same_message(body: Mapping[str, Any], identity: str, payload: bytes | str) -> bool:
+    """Whether a stored entry is this message's: same identity, or (an entry parked without one)
+    the same payload."""
+    stored = body.get("identity")
+    if stored is not None:
+        return stored == identity
+    raw = payload if isinstance(payload, bytes) else payload.encode("utf-8")
+    return body.get("payloadSha256") == hashlib.sha256(raw).hexdigest()
+
+
 @dataclass(frozen=True)
 class ParkedEntry:
     """One parked message as stored, with what people did about it."""
@@ -143,14 +153,25 @@ class BaseParkingLot:
 
     @flowmethod
     def park(self, *, consumer: str, entry_id: str, reason: str, payload: bytes | str,
-             error: str = "", alert: bool = True, context: Mapping[str, Any] | None = None
-             ) -> Flow[str]:
+             error: str = "", alert: bool = True, context: Mapping[str, Any] | None = None,
+             identity: str | None = None) -> Flow[str]:
         """Upsert the entry and raise an alert event; returns the stored id.
 
         `context` (where the message came from: partition, sequence number,
         properties, message id) is kept on the entry for the person resolving it.
+        `identity` tells apart two messages that can share `entry_id` (an event
+        hub's sequence numbers restart when it is recreated or fails over): when
+        the entry under `entry_id` is another message's (another identity, or
+        without one, another payload), it is kept and this one is parked as
+        `entry_id@identity`; the same message parked again replaces its own entry.
+        That costs one read, for parked messages only.
         """
-        partition, write = self._entry(consumer, entry_id, reason, payload, error, context)
+        if identity is not None:
+            existing = yield ReadDocument(store_safe_id(consumer), store_safe_id(entry_id))
+            if existing is not None and not _same_message(existing.body, identity, payload):
+                entry_id = f"{entry_id}@{identity}"
+        partition, write = self._entry(consumer, entry_id, reason, payload, error, context,
+                                       identity=identity)
         yield WriteDocuments(partition, (write,))
         if alert:
             self._telemetry.parked(consumer=consumer, reason=reason, context={
@@ -158,7 +179,8 @@ class BaseParkingLot:
         return write.id
 
     def _entry(self, consumer: str, entry_id: str, reason: str, payload: bytes | str, error: str,
-               context: Mapping[str, Any] | None) -> tuple[str, WriteOp]:
+               context: Mapping[str, Any] | None, *, identity: str | None = None
+               ) -> tuple[str, WriteOp]:
         """The entry's partition and its upsert."""
         text = payload.decode("utf-8", "replace") if isinstance(payload, bytes) else payload
         raw = payload if isinstance(payload, bytes) else payload.encode("utf-8")
@@ -175,6 +197,8 @@ class BaseParkingLot:
             "parkedAt": float(self._clock()),
             "resolved": False,
         }
+        if identity is not None:
+            body["identity"] = identity
         return store_safe_id(consumer), WriteOp("upsert", store_safe_id(entry_id), body)
 
     @flowmethod

@@ -727,3 +727,24 @@ def test_a_balance_beyond_what_the_stores_hold_exactly_parks_the_event_never_rou
     assert balance(services, account) == 9 * big + 7  # the tenth would pass 2^53 - 1
     parked = parked_body(services.parking, CONSUMER, f"{services.settings.payments_hub}/{partition}/10")
     assert parked["reason"] == "BalanceOutOfRange"
+
+
+def test_a_parked_event_of_a_recreated_hub_does_not_replace_the_old_ones_entry(counted_services,
+                                                                              backend):
+    """Sequence numbers restart with a new hub: parked entries stay one per event."""
+    services = counted_services(backend).services
+    account = account_id()
+    old = [*_timed("a", account, range(0, 5), FIRST_HUB)]
+    old[3] = SentEvent(b"{broken old", 3, enqueued_time=old[3].enqueued_time)
+    assert batch(services, old).parked == {"MalformedJson": 1}
+    new = [*_timed("b", account, range(0, 5), SECOND_HUB)]
+    new[3] = SentEvent(b"{broken new", 3, enqueued_time=new[3].enqueued_time)
+    assert batch(services, new).parked == {"MalformedJson": 1}
+    hub = services.settings.payments_hub
+    renamed = f"{hub}/0/3@{new[3].enqueued_time.isoformat()}"
+    assert parked(services, "0", 3)["payload"] == "{broken old"  # the first keeps its id
+    assert parked_body(services.parking, "payments", renamed)["payload"] == "{broken new"
+    # The same event parked again (a host retry) replaces its own entry, no third one.
+    batch(restarted(services), new)
+    assert parked_body(services.parking, "payments", renamed)["payload"] == "{broken new"
+    assert parked(services, "0", 3)["payload"] == "{broken old"

@@ -136,3 +136,25 @@ def test_park_if_absent_keeps_an_existing_entry_and_its_marks(lot):
     lot.mark("c", "j", action="replayed", by="alice", outcome="done", resolved=True)
     again = lot.park_if_absent(consumer="c", entry_id="j", reason="R", payload="two")
     assert (again.payload, again.resolved, again.resolved_by) == ("one", True, "alice")
+
+
+def test_an_identity_keeps_two_messages_that_share_an_entry_id_apart(lot):
+    """Event hub sequence numbers restart: the same entry id can name two events."""
+    first = lot.park(consumer="payments", entry_id="hub/0/3", reason="MalformedJson",
+                     payload=b"{old", identity="2026-03-01T12:00:00+00:00")
+    again = lot.park(consumer="payments", entry_id="hub/0/3", reason="MalformedJson",
+                     payload=b"{old", identity="2026-03-01T12:00:00+00:00")
+    other = lot.park(consumer="payments", entry_id="hub/0/3", reason="MalformedJson",
+                     payload=b"{new", identity="2026-03-01T14:00:00+00:00")
+    assert first == again != other
+    assert sorted(e.payload for e in lot.entries("payments")) == ["{new", "{old"]
+
+
+def test_an_entry_parked_without_an_identity_is_told_apart_by_its_payload(lot):
+    lot.park(consumer="payments", entry_id="hub/0/7", reason="MalformedJson", payload=b"{old")
+    same = lot.park(consumer="payments", entry_id="hub/0/7", reason="MalformedJson",
+                    payload=b"{old", identity="t1")
+    other = lot.park(consumer="payments", entry_id="hub/0/7", reason="MalformedJson",
+                     payload=b"{new", identity="t2")
+    assert same != other
+    assert sorted(e.payload for e in lot.entries("payments")) == ["{new", "{old"]
