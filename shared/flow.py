@@ -18,11 +18,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import datetime
 import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine, Generator, Sequence
+from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Concatenate, Protocol, Self, overload
@@ -34,6 +35,8 @@ from shared.exceptions import (
     RecordExistsError,
     StoreUnavailableError,
 )
+from shared.keys import DedupKey
+from shared.outbox import OutgoingMessage, PropertyValue
 from shared.records import IdempotencyRecord
 from shared.stores.base import RACE_STATUSES, Document, WriteOp
 from shared.transaction import Reads, Writes
@@ -126,12 +129,16 @@ class Built:
 @dataclass(frozen=True, slots=True)
 class Build:
     """Run the user's `build(tx, *args)` on a fresh transaction of `partition` (its reads
-    answered from `reads` first). The driver awaits an async build. Answer: `Built`."""
+    answered from `reads` first). The driver awaits an async build. Answer: `Built`.
+    `key` and `correlation_id` are what the messages `tx.send` records derive their ids
+    from and propagate (no key: the transaction cannot send)."""
 
     build: Callable[..., Any]
     partition: str
     args: tuple[Any, ...] = ()
     reads: Reads | None = None
+    key: DedupKey | None = None
+    correlation_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +162,25 @@ class RunHandler:
     every: float
     until: float
     clock: Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Send committed outgoing messages with `dispatcher` (a `shared.dispatch.Dispatcher`, or an
+    async one under `run_async`). Answer: None; DispatchUnavailableError (transient) or
+    DispatchRejectedError: the messages stay pending on their marker either way."""
+
+    dispatcher: Any
+    messages: tuple[OutgoingMessage, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordDispatched:
+    """Clear a marker's pending messages under its etag, leaving every other field (a marker
+    that is a business document keeps its body). Answer: the marker with its new etag and
+    no outbox; RecordChangedError when it changed or vanished since it was read."""
+
+    marker: IdempotencyRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +211,7 @@ class OnStore:
 
 Step = (GetRecord | PutRecordIfAbsent | ReplaceRecordIfUnchanged | DeleteRecordIfUnchanged
         | ReadDocument | WriteDocuments | Commit | CommitGroup | Build | RunHandler | Sleep | Gather
-        | OnStore)
+        | OnStore | Dispatch | RecordDispatched)
 type Flow[T] = Generator[Step, Any, T]
 
 
@@ -257,6 +283,7 @@ class SyncStore(Protocol):
                written: list[Document] | None = None) -> IdempotencyRecord: ...
     def commit_group(self, markers: Sequence[IdempotencyRecord], operations: Sequence[WriteOp], *,
                      written: list[Document] | None = None) -> list[IdempotencyRecord]: ...
+    def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord: ...
 
 
 class AsyncStore(Protocol):
@@ -278,6 +305,7 @@ class AsyncStore(Protocol):
     async def commit_group(self, markers: Sequence[IdempotencyRecord],
                            operations: Sequence[WriteOp], *,
                            written: list[Document] | None = None) -> list[IdempotencyRecord]: ...
+    async def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord: ...
 
 
 # -- the drivers -----------------------------------------------------------------------------
@@ -319,8 +347,8 @@ def _perform_sync(step: Step, store: SyncStore, sleep: Callable[[float], object]
             written = []
             return Committed(tuple(store.commit_group(markers, writes.operations, written=written)),
                              tuple(written))
-        case Build(build, partition, args, reads):
-            tx = Transaction(store, partition, reads)
+        case Build(build, partition, args, reads, key, correlation_id):
+            tx = Transaction(store, partition, reads, key=key, correlation_id=correlation_id)
             value = build(tx, *args)
             if inspect.isawaitable(value):
                 _close(value)
@@ -343,6 +371,14 @@ def _perform_sync(step: Step, store: SyncStore, sleep: Callable[[float], object]
                 return _in_order([future.result() for future in futures])
         case OnStore(other, flow):
             return run_sync(flow, other, sleep=sleep)
+        case Dispatch(dispatcher, messages):
+            sent = dispatcher.dispatch(messages)
+            if inspect.isawaitable(sent):
+                _close(sent)
+                raise TypeError("an async dispatcher needs the async face (shared.aio)")
+            return None
+        case RecordDispatched(marker):
+            return store.record_dispatched(marker)
 
 
 async def run_async[T](flow: Flow[T], store: Any, *,
@@ -385,8 +421,8 @@ async def _perform_async(step: Step, store: AsyncStore, sleep: Callable[[float],
             written = []
             markers = await store.commit_group(markers, writes.operations, written=written)
             return Committed(tuple(markers), tuple(written))
-        case Build(build, partition, args, reads):
-            tx = AsyncTransaction(store, partition, reads)
+        case Build(build, partition, args, reads, key, correlation_id):
+            tx = AsyncTransaction(store, partition, reads, key=key, correlation_id=correlation_id)
             value = build(tx, *args)
             return Built(await value if inspect.isawaitable(value) else value, tx.writes)
         case RunHandler():
@@ -409,6 +445,13 @@ async def _perform_async(step: Step, store: AsyncStore, sleep: Callable[[float],
             return _in_order(list(await asyncio.gather(*(run(flow) for flow in flows))))
         case OnStore(other, flow):
             return await run_async(flow, other, sleep=sleep)
+        case Dispatch(dispatcher, messages):
+            sent = dispatcher.dispatch(messages)
+            if inspect.isawaitable(sent):
+                await sent
+            return None
+        case RecordDispatched(marker):
+            return await store.record_dispatched(marker)
 
 
 def _outcome(run: Callable[[Flow[Any]], Any], flow: Flow[Any]) -> Any:
@@ -610,10 +653,11 @@ class flowmethod[**P, T]:
 class _TransactionReads:
     """The read half of a transaction, written once as a flow."""
 
-    def __init__(self, store: Any, partition: str, reads: Reads | None = None) -> None:
+    def __init__(self, store: Any, partition: str, reads: Reads | None = None, *,
+                 key: DedupKey | None = None, correlation_id: str | None = None) -> None:
         self.store = store
         self.partition = partition
-        self.writes = Writes(partition)
+        self.writes = Writes(partition, key=key, correlation_id=correlation_id)
         self._reads = reads
 
     @flowmethod
@@ -646,6 +690,21 @@ class _TransactionReads:
     def delete(self, document_id: str, *, etag: str | None = None) -> None:
         self.writes.delete(document_id, etag=etag)
 
+    # The outbox: messages sent once the commit has succeeded (see `Writes.send`).
+    def send(self, destination: str, body: bytes | str | Mapping[str, Any] | Sequence[Any], *,
+             message_id: str | None = None, content_type: str | None = None,
+             properties: Mapping[str, PropertyValue] | None = None,
+             correlation_id: str | None = None, session_id: str | None = None,
+             partition_key: str | None = None,
+             scheduled_enqueue_time: datetime.datetime | None = None) -> OutgoingMessage:
+        """Record a message that is sent only once this transaction has committed, with
+        the marker, and re-sent until recorded as dispatched (`Writes.send`)."""
+        return self.writes.send(destination, body, message_id=message_id,
+                                content_type=content_type, properties=properties,
+                                correlation_id=correlation_id, session_id=session_id,
+                                partition_key=partition_key,
+                                scheduled_enqueue_time=scheduled_enqueue_time)
+
     @property
     def operations(self) -> list[WriteOp]:
         return self.writes.operations
@@ -661,8 +720,9 @@ class AsyncTransaction(_TransactionReads, Async):
 
 __all__ = [
     "UNREAD", "AsyncStore", "AsyncTransaction", "Build", "Built", "Commit", "CommitGroup",
-    "Committed", "DeleteRecordIfUnchanged", "Flow", "Gather", "GetRecord", "HandlerRun",
-    "OnStore", "PutRecordIfAbsent", "ReadDocument", "ReplaceRecordIfUnchanged", "RunHandler",
+    "Committed", "DeleteRecordIfUnchanged", "Dispatch", "Flow", "Gather", "GetRecord", "HandlerRun",
+    "OnStore", "PutRecordIfAbsent", "ReadDocument", "RecordDispatched", "ReplaceRecordIfUnchanged",
+    "RunHandler",
     "Sleep", "Step", "Sync", "SyncStore", "Transaction", "Unread", "WriteDocuments",
     "flowmethod", "retry_on_race", "run_async", "run_sync", "update_document",
 ]

@@ -50,8 +50,11 @@ MAX_MESSAGES = 100
 MAX_MESSAGE_ID_LENGTH = 128  # Service Bus MessageId
 
 # A Table string property holds 64 KiB of UTF-16, 32,768 characters.
-_CHUNK_CHARS = 32_000
+TABLE_CHUNK_CHARS = 32_000
 PENDING_COUNT = "outboxChunks"
+# When the messages became pending (epoch seconds); present only while some are: the
+# sweeper's query (an indexed path on Cosmos DB) finds pending markers by it.
+PENDING_SINCE = "outboxPendingSince"
 _PENDING_CHUNK = "outbox{}"
 
 # Fixed namespace of the ids derived here (uuid5 of key, destination, ordinal).
@@ -173,13 +176,16 @@ def _from_json(value: Mapping[str, Any]) -> OutgoingMessage:
         scheduled_enqueue_time=(datetime.datetime.fromisoformat(scheduled) if scheduled else None))
 
 
-def encode_pending(messages: Sequence[OutgoingMessage]) -> dict[str, str | int]:
-    """Flat string properties holding `messages` (none: `{outboxChunks: 0}`), for a marker."""
+def encode_pending(messages: Sequence[OutgoingMessage], *, chunk_chars: int = TABLE_CHUNK_CHARS
+                   ) -> dict[str, str | int]:
+    """Flat string properties holding `messages` (none: `{outboxChunks: 0}`), for a marker;
+    strings of at most `chunk_chars` (a Table property's limit by default; Cosmos DB takes
+    one string, so clearing it is one patch operation)."""
     check_pending_size(messages)
     if not messages:
         return {PENDING_COUNT: 0}
     text = json.dumps([_to_json(m) for m in messages], ensure_ascii=True, separators=(",", ":"))
-    chunks = [text[i:i + _CHUNK_CHARS] for i in range(0, len(text), _CHUNK_CHARS)]
+    chunks = [text[i:i + chunk_chars] for i in range(0, len(text), chunk_chars)]
     fields: dict[str, str | int] = {PENDING_COUNT: len(chunks)}
     fields.update({_PENDING_CHUNK.format(n): chunk for n, chunk in enumerate(chunks)})
     return fields
@@ -187,11 +193,21 @@ def encode_pending(messages: Sequence[OutgoingMessage]) -> dict[str, str | int]:
 
 def cleared_pending(fields: Mapping[str, Any]) -> dict[str, Any]:
     """`fields` (a marker's properties) with its pending messages removed: recorded as dispatched."""
-    count = int(fields.get(PENDING_COUNT) or 0)
-    drop = {_PENDING_CHUNK.format(n) for n in range(count)}
+    drop = set(pending_field_names(fields))
     out = {name: value for name, value in fields.items() if name not in drop}
     out[PENDING_COUNT] = 0
     return out
+
+
+def pending_field_names(fields: Mapping[str, Any]) -> list[str]:
+    """The names of the pending-message properties `fields` holds (chunks and the time)."""
+    count = int(fields.get(PENDING_COUNT) or 0)
+    names = [_PENDING_CHUNK.format(n) for n in range(count)]
+    return [*names, PENDING_SINCE] if PENDING_SINCE in fields else names
+
+
+def pending_chunk_names(count: int) -> list[str]:
+    return [_PENDING_CHUNK.format(n) for n in range(count)]
 
 
 def decode_pending(fields: Mapping[str, Any]) -> list[OutgoingMessage]:
@@ -214,6 +230,8 @@ __all__ = [
     "MAX_MESSAGES",
     "MAX_PENDING_BYTES",
     "PENDING_COUNT",
+    "PENDING_SINCE",
+    "TABLE_CHUNK_CHARS",
     "OutgoingMessage",
     "check_pending_size",
     "cleared_pending",
@@ -222,4 +240,6 @@ __all__ = [
     "has_pending",
     "outgoing",
     "outgoing_message_id",
+    "pending_chunk_names",
+    "pending_field_names",
 ]

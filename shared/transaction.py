@@ -1,7 +1,8 @@
 """What one atomic commit writes, and what a group commit already read.
 
 `Writes` collects the business writes a build adds (one partition, committed
-after the marker). `Reads` lets a group commit read each document once across
+after the marker) and the messages it sends (`send`: recorded on the marker in
+the same transaction, dispatched after the commit). `Reads` lets a group commit read each document once across
 its attempts and chunks, and take documents this process wrote last from a
 `DocumentCache` instead of reading them (the commit's etag condition checks them).
 Both are plain state: the flows in `shared.flow` and `shared.idempotency` do the I/O.
@@ -9,19 +10,59 @@ Both are plain state: the flows in `shared.flow` and `shared.idempotency` do the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import datetime
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shared.cache import DocumentCache
+from shared.keys import DedupKey
+from shared.outbox import OutgoingMessage, PropertyValue, check_pending_size, outgoing
 from shared.stores.base import Document, WriteOp
 
 
 class Writes:
-    """The business writes of one atomic commit, in order."""
+    """The business writes of one atomic commit, in order, and the messages it sends.
 
-    def __init__(self, partition: str) -> None:
+    `key` is the dedup key the messages' default ids derive from (in a group commit, the
+    first message's: the marker that carries them); `correlation_id` the incoming
+    message's, propagated unless `send` is given another.
+    """
+
+    def __init__(self, partition: str, *, key: DedupKey | None = None,
+                 correlation_id: str | None = None) -> None:
         self.partition = partition
         self.operations: list[WriteOp] = []
+        self.outgoing: list[OutgoingMessage] = []
+        self._key = key
+        self._correlation_id = correlation_id
+        self._ordinals: Counter[str] = Counter()
+
+    def send(self, destination: str, body: bytes | str | Mapping[str, Any] | Sequence[Any], *,
+             message_id: str | None = None, content_type: str | None = None,
+             properties: Mapping[str, PropertyValue] | None = None,
+             correlation_id: str | None = None, session_id: str | None = None,
+             partition_key: str | None = None,
+             scheduled_enqueue_time: datetime.datetime | None = None) -> OutgoingMessage:
+        """Record a message to send once this transaction has committed (see `shared.outbox`).
+
+        Its id defaults to one derived from the key, the destination and its ordinal there,
+        so a rebuilt transaction yields the same ids. Too large a body, or too many bytes
+        for one marker, raises OutgoingMessageTooLargeError here, before anything commits.
+        """
+        if self._key is None:
+            raise TypeError("this transaction has no dedup key to send for (use an atomic commit)")
+        ordinal = self._ordinals[destination]
+        message = outgoing(self._key, destination, body, ordinal=ordinal, message_id=message_id,
+                           content_type=content_type,
+                           correlation_id=correlation_id or self._correlation_id,
+                           properties=properties, session_id=session_id,
+                           partition_key=partition_key,
+                           scheduled_enqueue_time=scheduled_enqueue_time)
+        check_pending_size([*self.outgoing, message])
+        self._ordinals[destination] = ordinal + 1
+        self.outgoing.append(message)
+        return message
 
     def create(self, document_id: str, body: dict[str, Any]) -> None:
         self.operations.append(WriteOp("create", document_id, body))

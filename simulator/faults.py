@@ -365,6 +365,12 @@ class _Forwarding(IdempotencyStore):
                written: list[Document] | None = None) -> IdempotencyRecord:
         return self.inner.commit(marker, operations, marker_body=marker_body, written=written)
 
+    def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
+        return self.inner.record_dispatched(marker)
+
+    def iter_pending(self, *, since_before: float) -> Iterator[IdempotencyRecord]:
+        return self.inner.iter_pending(since_before=since_before)
+
     def iter_records(self, *, in_progress_before: float | None = None,
                      expired_before: float | None = None) -> Iterator[IdempotencyRecord]:
         return self.inner.iter_records(in_progress_before=in_progress_before,

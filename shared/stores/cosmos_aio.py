@@ -145,6 +145,12 @@ class AsyncCosmosIdempotencyStore(CosmosMapping, AsyncDocumentStore):
                                     marker_id=marker.id)
         return self._committed(marker, operations, results, written)
 
+    async def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
+        patched = await self._call(lambda: self._container.patch_item(
+            marker.id, marker.partition_key, self._dispatched_patch(marker), etag=marker.etag,
+            match_condition=_IF_UNCHANGED), on_status=changed_statuses(marker.id))
+        return marker.evolve(etag=patched.get("_etag"), outbox=())
+
     async def close(self) -> None:
         """Close the client this store created; a caller's client stays open."""
         if self._cosmos is not None:

@@ -122,6 +122,13 @@ class AsyncTableIdempotencyStore(TableMapping, AsyncDocumentStore):
                                           marker_id=marker.id)
         return self._committed(marker, operations, results, written)
 
+    async def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
+        entity = self._dispatched_entity(marker)
+        metadata = await async_store_call(BACKEND, lambda: self._client.update_entity(
+            entity, mode=UpdateMode.MERGE, etag=marker.etag, match_condition=_IF_UNCHANGED),
+            on_status=changed_statuses(marker.id))
+        return marker.evolve(etag=_etag(metadata), outbox=())
+
     async def close(self) -> None:
         """Close the client this store created; a caller's client stays open."""
         if self._owned is not None:
