@@ -16,6 +16,7 @@ import functools
 import logging
 
 import azure.functions as func
+from azure.functions.decorators.function_app import Function
 
 from functions import http_payments, maintenance, notifications, order_status, orders, payments
 from functions.settings import Settings
@@ -36,7 +37,7 @@ for blueprint in (orders.bp, order_status.bp, notifications.bp, payments.bp, htt
 
 
 @functools.cache
-def indexed_functions() -> tuple[func.FunctionBuilder, ...]:
+def indexed_functions() -> tuple[Function, ...]:
     """The app's functions as the worker indexes them.
 
     `app.get_functions()` validates and may run only once per app object, so

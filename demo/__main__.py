@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     from demo.worker import run_backend, scenario_config
     from simulator.stack import stack_for
 
-    backends = list(BACKENDS) if args.backend == "both" else [args.backend]
+    backends: list[str] = list(BACKENDS) if args.backend == "both" else [args.backend]
     share = 1 if args.per_backend else len(backends)
     total_messages, total_events = args.messages, args.events
     args.messages, args.events = -(-total_messages // share), -(-total_events // share)

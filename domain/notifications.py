@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from domain.messages import InboundMessage, InvalidMessageError, parse_json_object
 from shared import (
@@ -107,7 +107,7 @@ class NotificationService:
                                             f"{response.body[:200]}")
         return {"status": response.status}
 
-    def _retry_or_uncertain(self, detail: str) -> None:
+    def _retry_or_uncertain(self, detail: str) -> NoReturn:
         """A failure after the request may have been received: a re-send is safe only
         when the API honours Idempotency-Key; otherwise keep the claim and park."""
         if self.api_honours_key:

@@ -65,7 +65,7 @@ def event_views(events: list[func.EventHubEvent]) -> list[InboundEvent]:
         system = system_array[index] if index < len(system_array) else {}
         properties = {str(as_text(k)): as_text(v) for k, v in (raw_properties or {}).items()}
         views.append(InboundEvent(
-            sequence_number=int(event.sequence_number),
+            sequence_number=_sequence_number(event.sequence_number),
             body=event.get_body() or b"",
             properties=properties,
             content_type=_content_type(properties, system or {}),
@@ -102,3 +102,10 @@ def consume(name: str, handle: Callable[[InboundMessage], Decision], message: An
                          "delivery_count": view.delivery_count,
                          "error": (decision.description or "")[:500]})
         settle(decision, message, actions)
+
+
+def _sequence_number(value: int | None) -> int:
+    """Every event the trigger delivers has one; refuse rather than invent one."""
+    if value is None:
+        raise ValueError("an Event Hubs event without a sequence number")
+    return int(value)

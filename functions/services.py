@@ -53,6 +53,13 @@ StoreFactory = Callable[[str], IdempotencyStore]
 AsyncStoreFactory = Callable[[str], Any]  # role -> an async store (shared.aio.AsyncStore)
 
 
+def _endpoint(value: str | None, setting: str) -> str:
+    """An endpoint setting `Settings.from_env` required for this configuration."""
+    if not value:
+        raise ValueError(f"{setting} is not set")
+    return value
+
+
 def _credential(settings: Settings) -> Any:
     from azure.identity import DefaultAzureCredential
 
@@ -92,15 +99,16 @@ class RealAsyncStores:
         settings, options = self.settings, self.client_options
         if settings.backend == "cosmos" and role in COSMOS_CONTAINERS:
             return AsyncCosmosIdempotencyStore(
-                settings.cosmos_endpoint, settings.cosmos_key or self._identity(),
+                _endpoint(settings.cosmos_endpoint, "COSMOS_ENDPOINT"),
+                settings.cosmos_key or self._identity(),
                 database=settings.cosmos_database, container=role,
                 partition_key_path=COSMOS_CONTAINERS[role],
                 connection_verify=settings.cosmos_verify_tls, **options)
         if settings.table_connection_string:
             return AsyncTableIdempotencyStore.from_connection_string(
                 settings.table_connection_string, table_name=TABLE_FOR[role], **options)
-        return AsyncTableIdempotencyStore(settings.table_endpoint, self._identity(),
-                                          table_name=TABLE_FOR[role], **options)
+        return AsyncTableIdempotencyStore(_endpoint(settings.table_endpoint, "TABLE_ENDPOINT"),
+                                          self._identity(), table_name=TABLE_FOR[role], **options)
 
     async def aclose(self) -> None:
         """Close every store built here, then the credential (the stores do not own it)."""
@@ -126,11 +134,12 @@ def real_stores(settings: Settings, **client_options: Any) -> StoreFactory:
         for name in TABLES:
             table_service.create_table_if_not_exists(name)
     else:
-        table_service = TableServiceClient(settings.table_endpoint, credential=_credential(settings),
-                                           **client_options)
+        table_service = TableServiceClient(_endpoint(settings.table_endpoint, "TABLE_ENDPOINT"),
+                                           credential=_credential(settings), **client_options)
     database = None
     if settings.backend == "cosmos":
-        cosmos = CosmosClient(settings.cosmos_endpoint, settings.cosmos_key or _credential(settings),
+        cosmos = CosmosClient(_endpoint(settings.cosmos_endpoint, "COSMOS_ENDPOINT"),
+                              settings.cosmos_key or _credential(settings),
                               connection_verify=settings.cosmos_verify_tls, **client_options)
         if settings.cosmos_key:
             created = cosmos.create_database_if_not_exists(settings.cosmos_database)

@@ -192,10 +192,10 @@ class Relay:
             argv.append("--no-handshake")
         self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True,  # noqa: S603
                                       cwd=Path(__file__).resolve().parent.parent)
-        assert self._proc.stdout is not None
+        stdout = self._proc.stdout
+        assert stdout is not None
         ready: list[str] = []
-        reader = threading.Thread(target=lambda: ready.append(self._proc.stdout.readline()),  # type: ignore[union-attr]
-                                  daemon=True)
+        reader = threading.Thread(target=lambda: ready.append(stdout.readline()), daemon=True)
         reader.start()
         reader.join(self.timeout)
         line = ready[0] if ready else ""

@@ -20,7 +20,8 @@ def service_bus_message(item: Item) -> ServiceBusMessage:
         raise ValueError("payments go to Event Hubs")
     return ServiceBusMessage(item.body_bytes, message_id=item.message_id,
                              content_type=item.content_type, correlation_id=f"corr-{item.key}",
-                             application_properties=dict(item.properties) or None)
+                             application_properties={str(k): v for k, v in item.properties.items()}
+                             or None)
 
 
 def event_data(item: Item) -> EventData:
@@ -29,7 +30,7 @@ def event_data(item: Item) -> EventData:
         raise ValueError("only payments go to Event Hubs")
     event = EventData(item.body_bytes)
     if item.properties:
-        event.properties = dict(item.properties)
+        event.properties = {str(k): v for k, v in item.properties.items()}
     if item.content_type:
         event.content_type = item.content_type
     return event

@@ -19,7 +19,7 @@ Two implementations:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -82,8 +82,11 @@ class DeadLetteredMessage:
 class DeadLetterSource(Protocol):
     """What the replay tool needs from a broker."""
 
-    entities: Sequence[EntityRef]
-    duplicate_detection_window: float  # seconds the broker drops a MessageId it has seen
+    @property
+    def entities(self) -> Sequence[EntityRef]: ...
+    @property
+    def duplicate_detection_window(self) -> float:  # seconds the broker drops a MessageId it has seen
+        ...
 
     def peek(self, entity: EntityRef, *, max_messages: int = 1000) -> list[DeadLetteredMessage]:
         """The entity's dead-lettered messages, oldest first; nothing is locked or removed."""
@@ -141,7 +144,7 @@ def resubmission(message: DeadLetteredMessage) -> Any:
     return ServiceBusMessage(
         message.body, message_id=message.message_id, content_type=message.content_type,
         correlation_id=message.correlation_id,
-        application_properties=dict(message.application_properties) or None,
+        application_properties=_properties(message.application_properties),
         subject=message.subject, session_id=message.session_id,
         partition_key=message.partition_key, reply_to=message.reply_to,
         reply_to_session_id=message.reply_to_session_id, to=message.to)
@@ -316,3 +319,8 @@ class SimulatorDeadLetters:
 
     def close(self) -> None:
         pass
+
+
+def _properties(properties: Mapping[str, Any]) -> dict[str | bytes, Any] | None:
+    """Application properties as the SDK's message takes them (None when there are none)."""
+    return {str(name): value for name, value in properties.items()} or None

@@ -23,8 +23,8 @@ _COSMOS_SYSTEM = ("_rid", "_self", "_etag", "_attachments", "_ts", "ttl", "id")
 
 def _unwrap(store: IdempotencyStore) -> IdempotencyStore:
     """The real store behind forwarding wrappers (the simulator's fault injectors)."""
-    while hasattr(store, "inner") and isinstance(store.inner, IdempotencyStore):
-        store = store.inner
+    while isinstance(inner := getattr(store, "inner", None), IdempotencyStore):
+        store = inner
     return store
 
 

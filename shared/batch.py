@@ -64,7 +64,7 @@ class BatchReport:
     applied: int = 0
     duplicates: int = 0
     replay_skipped: int = 0
-    parked: dict[str, int] = field(default_factory=dict)
+    parked: dict[str, int] = field(default_factory=dict[str, int])
     watermark: int | None = None
     groups: int = 0  # groups committed (one or more transactions each)
 

@@ -65,10 +65,11 @@ def service_bus_message(message: OutgoingMessage) -> Any:
     """The azure-servicebus `ServiceBusMessage` for `message`, every recorded field carried."""
     from azure.servicebus import ServiceBusMessage
 
+    properties: dict[str | bytes, Any] = {name: value for name, value in message.properties.items()}
     return ServiceBusMessage(
         message.body, message_id=message.message_id, content_type=message.content_type,
         correlation_id=message.correlation_id,
-        application_properties=dict(message.properties) or None,
+        application_properties=properties or None,
         session_id=message.session_id, partition_key=message.partition_key,
         scheduled_enqueue_time_utc=message.scheduled_enqueue_time)
 
@@ -177,9 +178,12 @@ def event_data(message: OutgoingMessage) -> Any:
 
     event = EventData(message.body)
     event.message_id = message.message_id
-    event.content_type = message.content_type
-    event.correlation_id = message.correlation_id
-    event.properties = dict(message.properties)
+    if message.content_type is not None:
+        event.content_type = message.content_type
+    if message.correlation_id is not None:
+        event.correlation_id = message.correlation_id
+    properties: dict[str | bytes, Any] = {name: value for name, value in message.properties.items()}
+    event.properties = properties
     return event
 
 
@@ -209,9 +213,10 @@ class EventHubDispatcher:
         if producer is None:
             from azure.eventhub import EventHubProducerClient
 
-            def producer(name: str) -> Any:
+            def owned(name: str) -> Any:
                 return EventHubProducerClient(fully_qualified_namespace, name, credential,
                                               **client_options)
+            producer = owned
         self._factory = producer
         self._producers: dict[str, Any] = {}
         self._lock = threading.Lock()

@@ -88,9 +88,10 @@ class EventHubDispatcher:
         if producer is None:
             from azure.eventhub.aio import EventHubProducerClient
 
-            def producer(name: str) -> Any:
+            def owned(name: str) -> Any:
                 return EventHubProducerClient(fully_qualified_namespace, name, credential,
                                               **client_options)
+            producer = owned
         self._factory = producer
         self._producers: dict[str, Any] = {}
 

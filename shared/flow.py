@@ -348,6 +348,7 @@ def _perform_sync(step: Step, store: SyncStore, sleep: Callable[[float], object]
             return Committed(tuple(store.commit_group(markers, writes.operations, written=written)),
                              tuple(written))
         case Build(build, partition, args, reads, key, correlation_id):
+            _commits(store)
             tx = Transaction(store, partition, reads, key=key, correlation_id=correlation_id)
             value = build(tx, *args)
             if inspect.isawaitable(value):
@@ -422,6 +423,7 @@ async def _perform_async(step: Step, store: AsyncStore, sleep: Callable[[float],
             markers = await store.commit_group(markers, writes.operations, written=written)
             return Committed(tuple(markers), tuple(written))
         case Build(build, partition, args, reads, key, correlation_id):
+            _commits(store)
             tx = AsyncTransaction(store, partition, reads, key=key, correlation_id=correlation_id)
             value = build(tx, *args)
             return Built(await value if inspect.isawaitable(value) else value, tx.writes)
@@ -473,6 +475,13 @@ def _in_order(results: list[Any]) -> list[Any]:
         if isinstance(result, _Raised):
             raise result.error
     return results
+
+
+def _commits(store: object) -> None:
+    """A build is always followed by its commit: refuse before running it on a store that
+    holds no documents (a records-only store serves the two-phase flow alone)."""
+    if not hasattr(store, "commit"):
+        raise TypeError(f"the atomic path needs a DocumentStore; {type(store).__name__} is not one")
 
 
 def _close(value: object) -> None:

@@ -164,11 +164,6 @@ class BaseIdempotency:
                                source=source, handler_latency=handler_seconds, context=context)
         return outcome
 
-    def _needs_documents(self) -> None:
-        if not hasattr(self.store, "commit"):
-            raise TypeError(f"the atomic path needs a DocumentStore; {type(self.store).__name__} "
-                            "is not one")
-
     def _can_send(self, writes: Writes) -> None:
         if writes.outgoing and self.dispatcher is None:
             raise TypeError(f"the build sent {len(writes.outgoing)} message(s) but this "
@@ -363,7 +358,6 @@ class BaseIdempotency:
         carries. `read_first` reads the marker before building (a redelivery, most likely
         a duplicate: one request instead of a failed commit and a read).
         """
-        self._needs_documents()
         started = time.perf_counter()
         cached = self._cached(key, request_hash)
         if cached is not None:
@@ -422,7 +416,6 @@ class BaseIdempotency:
         from its key) and are dispatched and recorded after that transaction commits; a
         duplicate whose marker still carries messages dispatches them.
         """
-        self._needs_documents()
         started = time.perf_counter()
         decided: dict[int, tuple[Outcome, str]] = {}  # message index -> (outcome, source)
         first_copy: dict[str, int] = {}

@@ -6,6 +6,9 @@ PartitionKey/RowKey and Cosmos DB id: deterministic and injective, with long
 keys replaced by their SHA-256. The raw key stays on the record for operators.
 """
 
+# Callers pass what a trigger delivered (untyped at run time): the isinstance checks on
+# parameters typed str are the guard, not redundant.
+# pyright: reportUnnecessaryIsInstance=false
 from __future__ import annotations
 
 import functools
@@ -13,7 +16,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from shared.exceptions import InvalidKeyError
 
@@ -142,6 +145,8 @@ def request_hash(payload: Any, *, fields: tuple[str, ...] | None = None) -> str:
     if fields is not None:
         if not isinstance(payload, dict):
             raise ValueError("fields= needs a JSON object payload")
-        payload = {name: payload.get(name) for name in fields}
-    data = bytes(payload) if isinstance(payload, (bytes, bytearray, memoryview)) else canonical_json(payload)
+        mapping = cast(dict[str, Any], payload)
+        payload = {name: mapping.get(name) for name in fields}
+    data = (bytes(cast(bytes, payload)) if isinstance(payload, (bytes, bytearray, memoryview))
+            else canonical_json(payload))
     return "sha256:" + hashlib.sha256(data).hexdigest()

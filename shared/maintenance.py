@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class MaintenanceReport:
-    purged: dict[str, int] = field(default_factory=dict)
+    purged: dict[str, int] = field(default_factory=dict[str, int])
     parked: int = 0
 
 

@@ -22,7 +22,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -68,13 +68,15 @@ def configure_observability(*, connection_string: str | None = None,
         if _configured:
             return True
         if configure is None:
-            try:
-                from azure.monitor.opentelemetry import configure_azure_monitor
+            try:  # the distro declares its keyword options untyped (**kwargs): hence the ignores
+                from azure.monitor.opentelemetry import (
+                    configure_azure_monitor,  # pyright: ignore[reportUnknownVariableType]
+                )
             except ImportError:
                 logger.warning("%s is set but azure-monitor-opentelemetry is not installed: "
                                "telemetry is not exported", CONNECTION_STRING_SETTING)
                 return False
-            configure = configure_azure_monitor
+            configure = configure_azure_monitor  # pyright: ignore[reportUnknownVariableType]
         configure(connection_string=connection_string, **options)
         _configured = True
         return True
@@ -110,7 +112,7 @@ def context_from_message(properties: Mapping[str, Any] | None) -> otel_context.C
 def message_span(name: str, *, properties: Mapping[str, Any] | None = None,
                  key: DedupKey | None = None, message_id: str | None = None,
                  correlation_id: str | None = None,
-                 attributes: Mapping[str, Any] | None = None) -> Iterator[trace.Span]:
+                 attributes: Mapping[str, Any] | None = None) -> Generator[trace.Span]:
     """A CONSUMER span for one message, child of the producer's span when the message has one.
 
     Without a configured tracer provider the span does not record, but the

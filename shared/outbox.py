@@ -84,9 +84,9 @@ class OutgoingMessage:
     scheduled_enqueue_time: datetime.datetime | None = None
 
     def __post_init__(self) -> None:
-        if not self.destination or not isinstance(self.destination, str):
+        if not self.destination or not isinstance(self.destination, str):  # pyright: ignore[reportUnnecessaryIsInstance] - callers may be untyped
             raise ValueError("an outgoing message needs a destination name")
-        if not isinstance(self.body, bytes):
+        if not isinstance(self.body, bytes):  # pyright: ignore[reportUnnecessaryIsInstance] - callers may be untyped
             raise TypeError(f"body must be bytes, got {type(self.body).__name__}")
         if not self.message_id or len(self.message_id) > MAX_MESSAGE_ID_LENGTH:
             raise ValueError(f"message_id must be 1-{MAX_MESSAGE_ID_LENGTH} characters")

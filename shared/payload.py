@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, cast
 
 MAX_DEPTH = 32
 MAX_SAFE_INTEGER = 2**53 - 1  # exact in a Cosmos DB number (IEEE double) and in Edm.Int64
@@ -81,10 +81,11 @@ def check_text(value: Any, where: str = "value") -> None:
                 raise InvalidPayloadError("InvalidText", f"{where} holds a lone surrogate at "
                                                          f"{error.start}") from error
         elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
+            mapping = cast(dict[Any, Any], item)
+            stack.extend(mapping.keys())
+            stack.extend(mapping.values())
         elif isinstance(item, list):
-            stack.extend(item)
+            stack.extend(cast(list[Any], item))
 
 
 def parse_json(body: bytes | str, *, max_bytes: int, max_depth: int = MAX_DEPTH) -> Any:
@@ -118,7 +119,7 @@ def parse_json_object(body: bytes | str, *, max_bytes: int, max_depth: int = MAX
     value = parse_json(body, max_bytes=max_bytes, max_depth=max_depth)
     if not isinstance(value, dict):
         raise InvalidPayloadError("MalformedJson", "body must be a JSON object")
-    return value
+    return cast(dict[str, Any], value)
 
 
 def exact_integer(value: Any, name: str, *, reason: str = "InvalidNumber", minimum: int = 1,

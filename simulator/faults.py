@@ -422,10 +422,12 @@ class FaultyStore(_Forwarding):
         if inv.planned(FaultKind.CRASH_BEFORE_CLAIM) and inv.calls == 1:
             inv.fire()
             raise inv.crash()
+        # planned() is true only when a fault is set
         if inv.planned(FaultKind.TRANSIENT) and inv.calls >= inv.fault.at:  # type: ignore[union-attr]
             inv.fire()
             status = random.Random(inv.calls).choice((429, 503))
             raise self._unavailable(f"simulated {status} from {self.label}", status)
+        # planned() is true only when a fault is set
         if inv.planned(FaultKind.LOCK_EXPIRY) and inv.calls >= inv.fault.at:  # type: ignore[union-attr]
             inv.fire()
             if inv.lock_expiry is not None:

@@ -152,7 +152,7 @@ def _bridge_fault_lookup() -> None:
     def current() -> Invocation | None:
         return original() or INVOCATIONS.current()
 
-    current.worker_bridge = True  # type: ignore[attr-defined]
+    current.worker_bridge = True  # type: ignore[attr-defined] - a marker on the function object
     fault_module.current = current
 
 

@@ -61,9 +61,10 @@ def event_hub_batch(events: list[SentEvent], *, partition_id: str, event_hub: st
                                     namespace="sim.servicebus.windows.net")
     data = meta.Datum(SimpleNamespace(string=[e.body.decode("utf-8") for e in events]),
                       "collection_string")
-    return EventHubTriggerConverter.decode(
+    decoded = EventHubTriggerConverter.decode(
         data, trigger_metadata={key: meta.Datum(json_text(value), "json")
                                 for key, value in metadata.items()})
+    return decoded if isinstance(decoded, list) else [decoded]
 
 
 class RecordingActions:

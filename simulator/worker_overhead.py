@@ -28,6 +28,7 @@ from typing import Any
 
 import azure.functions as func
 
+from domain.notifications import HttpResponse
 from functions.services import build_services, configure
 from functions.settings import STORE_ROLES, Settings
 from local_stack.host_data import SentEvent, SentMessage
@@ -62,11 +63,15 @@ def _time(direct: Callable[[], Any], worker: Callable[[], Any], repeat: int) -> 
     return samples
 
 
+def _unused_sender(url: str, body: bytes, headers: dict[str, str]) -> HttpResponse:
+    raise AssertionError("the overhead run sends no notification")
+
+
 def measure(messages: int, batches: int, batch_size: int) -> dict[str, dict[str, list[float]]]:
     """Per-invocation times (seconds) by kind and path."""
     stores = {role: InMemoryIdempotencyStore() for role in STORE_ROLES}
     configure(build_services(Settings.from_env(SETTINGS), stores=stores.__getitem__,
-                             sender=lambda *_: None))
+                             sender=_unused_sender))
     worker = worker_host()
     import function_app  # the app's own indexing, for the direct calls
 
@@ -137,7 +142,7 @@ def report(results: dict[str, dict[str, list[float]]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--messages", type=int, default=2000,
                         help="Service Bus and HTTP invocations per path")
     parser.add_argument("--batches", type=int, default=100, help="Event Hubs batches per path")

@@ -433,22 +433,24 @@ def hostile_service_bus(gen: _Generator, oversize_bytes: int = 0) -> list[Item]:
         message_id = f"{run}-HOS-S-{n:03d}"  # its own order id: an effect would be visible
         return message_id, {"orderId": message_id, "version": 1, "status": "paid", "updatedBy": "sim"}
 
-    for n, (case, reason, change) in enumerate([
-            ("deep-nesting", "TooDeeplyNested", None),
-            ("nan", "InvalidNumber", {"version": float("nan")}),
-            ("surrogate-in-field", "InvalidText", {"updatedBy": "sim" + LONE_SURROGATE}),
-            ("int-2^63", "NumberOutOfRange", {"version": 2**63}),
-            ("missing-keys", "InvalidStatusEvent", "missing")]):
+    status_cases: list[tuple[str, str, Any]] = [
+        ("deep-nesting", "TooDeeplyNested", None),
+        ("nan", "InvalidNumber", {"version": float("nan")}),
+        ("surrogate-in-field", "InvalidText", {"updatedBy": "sim" + LONE_SURROGATE}),
+        ("int-2^63", "NumberOutOfRange", {"version": 2**63}),
+        ("missing-keys", "InvalidStatusEvent", "missing")]
+    for n, (case, reason, change) in enumerate(status_cases):
         message_id, body = status(n)
         text = (DEEP if change is None else json.dumps({"orderId": message_id})
                 if change == "missing" else json.dumps({**body, **change}))
         add("order_status", names.status_queue, case, reason, text, message_id)
 
-    for n, (case, reason, change) in enumerate([
-            ("deep-nesting", "TooDeeplyNested", None),
-            ("nan", "InvalidNumber", {"priority": float("nan")}),
-            ("surrogate-in-field", "InvalidText", {"to": "customer" + LONE_SURROGATE + "@example.org"}),
-            ("not-an-object", "MalformedJson", "list")]):
+    notification_cases: list[tuple[str, str, Any]] = [
+        ("deep-nesting", "TooDeeplyNested", None),
+        ("nan", "InvalidNumber", {"priority": float("nan")}),
+        ("surrogate-in-field", "InvalidText", {"to": "customer" + LONE_SURROGATE + "@example.org"}),
+        ("not-an-object", "MalformedJson", "list")]
+    for n, (case, reason, change) in enumerate(notification_cases):
         message_id = f"{run}-HOS-N-{n:03d}"
         body = {"notificationId": message_id, "to": "customer-1@example.org",
                 "template": "order-accepted"}

@@ -62,10 +62,10 @@ def stack() -> Iterator[StackInfo]:
         local.__enter__()
     try:
         yield StackInfo(
-            table_connection_string=table_env or local.table_connection_string,  # type: ignore[union-attr]
-            cosmos_endpoint=cosmos_env or local.cosmos_endpoint,  # type: ignore[union-attr]
+            table_connection_string=table_env or local.table_connection_string,
+            cosmos_endpoint=cosmos_env or local.cosmos_endpoint,
             cosmos_key=os.environ.get("IDEMPOTENCY_TEST_COSMOS_KEY", "")
-            if cosmos_env else local.environment()["COSMOS_KEY"],  # type: ignore[union-attr]
+            if cosmos_env else local.environment()["COSMOS_KEY"],
             cosmos_verify=os.environ.get("IDEMPOTENCY_TEST_COSMOS_VERIFY", "true") == "true"
             if cosmos_env else False,
             stack=local,

@@ -193,6 +193,7 @@ def test_in_progress_is_never_cached(counted):
     key, _, digest = _order(6)
     owner = Idempotency(store)
     _, held = owner.claim(key, digest)
+    assert held is not None
     cache = CompletedKeyCache(100)
     other = Idempotency(store, cache=cache)
 

@@ -5,6 +5,8 @@ provider of the test's own (the global provider is left alone); logs with
 caplog. Event names are the ones the Bicep alerts query.
 """
 
+# Log records carry their `extra` fields as attributes the LogRecord type does not declare.
+# pyright: reportAttributeAccessIssue=false
 from __future__ import annotations
 
 import logging

@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 from azure.core.exceptions import AzureError, HttpResponseError
 
@@ -54,7 +54,7 @@ class WriteOp:
 
     kind: OperationKind
     id: str
-    body: dict[str, Any] = field(default_factory=dict)
+    body: dict[str, Any] = field(default_factory=dict[str, Any])
     etag: str | None = None  # replace/patch/delete only when the document is unchanged
     patch: tuple[dict[str, Any], ...] = ()  # Cosmos patch operations
     record: IdempotencyRecord | None = None  # a marker of a group: the backend encodes it
@@ -293,8 +293,17 @@ def translate_error(backend: str, error: AzureError, *,
                             status_code=status) from error
 
 
+StatusErrors = dict[int, Callable[[], Exception]]
+
+
+@overload
+def store_call[T](backend: str, action: Callable[[], T], *, on_status: StatusErrors | None = None,
+                  none_if_missing: Literal[False] = False) -> T: ...
+@overload
+def store_call[T](backend: str, action: Callable[[], T], *, on_status: StatusErrors | None = None,
+                  none_if_missing: Literal[True]) -> T | None: ...
 def store_call[T](backend: str, action: Callable[[], T], *,
-                  on_status: dict[int, Callable[[], Exception]] | None = None,
+                  on_status: StatusErrors | None = None,
                   none_if_missing: bool = False) -> T | None:
     """Run one store request; its failure translated by `translate_error`."""
     try:
@@ -304,8 +313,16 @@ def store_call[T](backend: str, action: Callable[[], T], *,
         return None
 
 
+@overload
 async def async_store_call[T](backend: str, action: Callable[[], Awaitable[T]], *,
-                              on_status: dict[int, Callable[[], Exception]] | None = None,
+                              on_status: StatusErrors | None = None,
+                              none_if_missing: Literal[False] = False) -> T: ...
+@overload
+async def async_store_call[T](backend: str, action: Callable[[], Awaitable[T]], *,
+                              on_status: StatusErrors | None = None,
+                              none_if_missing: Literal[True]) -> T | None: ...
+async def async_store_call[T](backend: str, action: Callable[[], Awaitable[T]], *,
+                              on_status: StatusErrors | None = None,
                               none_if_missing: bool = False) -> T | None:
     """`store_call` for an async SDK request (the same translation)."""
     try:

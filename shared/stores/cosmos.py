@@ -35,7 +35,7 @@ from shared.stores.codec import check_flat, is_record, pending_names, record_fie
 
 BACKEND = "Cosmos DB"
 _SYSTEM = ("_rid", "_self", "_etag", "_attachments", "_ts", "ttl")
-_IF_UNCHANGED = MatchConditions.IfNotModified
+IF_UNCHANGED = MatchConditions.IfNotModified
 # Cosmos DB keeps a key's pending messages in one string property (no 64 KiB property limit as
 # on Table), so recording them as dispatched is one patch of at most three operations.
 PENDING_CHUNK_CHARS = 2**31
@@ -50,6 +50,7 @@ class CosmosMapping:
     @classmethod
     def from_container(cls, container: Any, partition_key_path: str = "/pk") -> Self:
         """Around a container of the caller's (who keeps its client and closes it)."""
+        # cls is a store class: the mapping mixin itself has no __init__ taking these
         return cls("", database="", container=container.id,  # type: ignore[call-arg]
                    partition_key_path=partition_key_path, container_client=container)
 
@@ -104,7 +105,7 @@ class CosmosMapping:
     def _committed(marker: IdempotencyRecord, operations: Sequence[WriteOp],
                    results: list[dict[str, Any]], written: list[Document] | None
                    ) -> IdempotencyRecord:
-        etags = [r.get("eTag") or (r.get("resourceBody") or {}).get("_etag") for r in results]
+        etags = [_etag_in(result) for result in results]
         if written is not None:
             written += written_documents(marker.partition_key, operations, etags[1:])
         return marker.evolve(etag=etags[0])
@@ -126,10 +127,19 @@ class CosmosMapping:
         return Document(document_id, partition, body, item.get("_etag"))
 
 
+def _etag_in(result: dict[str, Any]) -> str | None:
+    """An operation's new etag in a transactional batch answer."""
+    body: dict[str, Any] = result.get("resourceBody") or {}
+    return result.get("eTag") or body.get("_etag")
+
+
 def batch_failure(error: CosmosBatchOperationError, marker_id: str | None) -> Exception:
     """The store-contract error for a failed transactional batch."""
-    status = error.operation_responses[error.error_index].get("statusCode")
-    return transaction_failure(error.error_index, status, marker_id=marker_id)
+    failed: Any = error  # the SDK leaves these attributes untyped
+    index = int(failed.error_index or 0)
+    responses: list[dict[str, Any]] = failed.operation_responses or []
+    status: int | None = responses[index].get("statusCode") if index < len(responses) else None
+    return transaction_failure(index, status, marker_id=marker_id)
 
 
 class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
@@ -159,7 +169,7 @@ class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
     def from_connection_string(cls, conn_str: str, *, database: str, container: str,
                                partition_key_path: str = "/pk", **client_options: Any
                                ) -> CosmosIdempotencyStore:
-        client = store_call(BACKEND, lambda: CosmosClient.from_connection_string(
+        client = store_call(BACKEND, lambda: CosmosClient.from_connection_string(  # pyright: ignore[reportUnknownMemberType] - its credential parameter is partly untyped
             conn_str, **client_options))
         store = cls.from_container(client.get_database_client(database).get_container_client(container),
                                    partition_key_path)
@@ -194,19 +204,19 @@ class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
         changed = changed_statuses(record.id)
         replaced = store_call(BACKEND, lambda: self._container.replace_item(
             record.id, self._record_document(record), etag=record.etag,
-            match_condition=_IF_UNCHANGED), on_status=changed)
+            match_condition=IF_UNCHANGED), on_status=changed)
         return record.evolve(etag=replaced.get("_etag"))
 
     def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
         changed = changed_statuses(record.id)
         store_call(BACKEND, lambda: self._container.delete_item(
-            record.id, record.partition_key, etag=record.etag, match_condition=_IF_UNCHANGED),
+            record.id, record.partition_key, etag=record.etag, match_condition=IF_UNCHANGED),
             on_status=changed)
 
     def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
         patched = store_call(BACKEND, lambda: self._container.patch_item(
             marker.id, marker.partition_key, self._dispatched_patch(marker), etag=marker.etag,
-            match_condition=_IF_UNCHANGED), on_status=changed_statuses(marker.id))
+            match_condition=IF_UNCHANGED), on_status=changed_statuses(marker.id))
         return marker.evolve(etag=patched.get("_etag"), outbox=())
 
     def iter_pending(self, *, since_before: float) -> Iterator[IdempotencyRecord]:
@@ -227,7 +237,8 @@ class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
 
     def iter_records(self, *, in_progress_before: float | None = None,
                      expired_before: float | None = None) -> Iterator[IdempotencyRecord]:
-        clauses, params = ["IS_DEFINED(c.idemState)"], []
+        clauses = ["IS_DEFINED(c.idemState)"]
+        params: list[dict[str, Any]] = []
         if in_progress_before is not None:
             clauses.append("c.idemState = @state AND c.idemLeaseExpiresAt < @lease")
             params += [{"name": "@state", "value": RecordState.IN_PROGRESS.value},
@@ -238,7 +249,7 @@ class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
         query = "SELECT * FROM c WHERE " + " AND ".join(clauses)  # noqa: S608 - fixed clauses, values bound
         pages = store_call(BACKEND, lambda: self._container.query_items(
             query, parameters=params, enable_cross_partition_query=True))
-        iterator = iter(pages)
+        iterator: Iterator[dict[str, Any]] = iter(pages)
         while True:
             try:
                 document = store_call(BACKEND, lambda: next(iterator))

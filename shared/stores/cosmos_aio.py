@@ -25,8 +25,8 @@ from shared.stores.base import (
 )
 from shared.stores.codec import is_record
 from shared.stores.cosmos import (
-    _IF_UNCHANGED,
     BACKEND,
+    IF_UNCHANGED,
     CosmosMapping,
     batch_failure,
     changed_statuses,
@@ -117,12 +117,12 @@ class AsyncCosmosIdempotencyStore(CosmosMapping, AsyncDocumentStore):
     async def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord:
         replaced = await self._call(lambda: self._container.replace_item(
             record.id, self._record_document(record), etag=record.etag,
-            match_condition=_IF_UNCHANGED), on_status=changed_statuses(record.id))
+            match_condition=IF_UNCHANGED), on_status=changed_statuses(record.id))
         return record.evolve(etag=replaced.get("_etag"))
 
     async def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
         await self._call(lambda: self._container.delete_item(
-            record.id, record.partition_key, etag=record.etag, match_condition=_IF_UNCHANGED),
+            record.id, record.partition_key, etag=record.etag, match_condition=IF_UNCHANGED),
             on_status=changed_statuses(record.id))
 
     async def read_document(self, partition: str, document_id: str) -> Document | None:
@@ -148,7 +148,7 @@ class AsyncCosmosIdempotencyStore(CosmosMapping, AsyncDocumentStore):
     async def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
         patched = await self._call(lambda: self._container.patch_item(
             marker.id, marker.partition_key, self._dispatched_patch(marker), etag=marker.etag,
-            match_condition=_IF_UNCHANGED), on_status=changed_statuses(marker.id))
+            match_condition=IF_UNCHANGED), on_status=changed_statuses(marker.id))
         return marker.evolve(etag=patched.get("_etag"), outbox=())
 
     async def close(self) -> None:

@@ -16,7 +16,14 @@ from typing import Any, Self
 
 from azure.core import MatchConditions
 from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential, TokenCredential
-from azure.data.tables import EdmType, EntityProperty, TableClient, TableTransactionError, UpdateMode
+from azure.data.tables import (
+    EdmType,
+    EntityProperty,
+    TableClient,
+    TableEntity,
+    TableTransactionError,
+    UpdateMode,
+)
 
 from shared.exceptions import OperationFailedError, RecordExistsError
 from shared.outbox import PENDING_COUNT, PENDING_SINCE
@@ -38,10 +45,10 @@ from shared.stores.table_batch import submit_transaction
 BACKEND = "Table Storage"
 _SYSTEM = ("PartitionKey", "RowKey", "Timestamp", "etag")
 _INT32 = range(-(2**31), 2**31)
-_IF_UNCHANGED = MatchConditions.IfNotModified
+IF_UNCHANGED = MatchConditions.IfNotModified
 
 
-def _etag(metadata: dict[str, Any] | None) -> str | None:
+def etag_of(metadata: dict[str, Any] | None) -> str | None:
     return (metadata or {}).get("etag")
 
 
@@ -67,6 +74,7 @@ class TableMapping:
     @classmethod
     def from_table_client(cls, client: Any) -> Self:
         """Around a table client of the caller's."""
+        # cls is a store class: the mapping mixin itself has no __init__ taking these
         return cls(client.url, table_name=client.table_name,  # type: ignore[call-arg]
                    table_client=client)
 
@@ -80,8 +88,8 @@ class TableMapping:
         """The marker with its new etag; what `operations` wrote goes to `written`."""
         if written is not None:
             written += written_documents(marker.partition_key, operations,
-                                         [_etag(meta) for meta in results[1:]])
-        return marker.evolve(etag=_etag(results[0]))
+                                         [etag_of(meta) for meta in results[1:]])
+        return marker.evolve(etag=etag_of(results[0]))
 
     @staticmethod
     def _record_entity(record: IdempotencyRecord,
@@ -92,7 +100,7 @@ class TableMapping:
     @staticmethod
     def _to_record(entity: Any) -> IdempotencyRecord:
         return record_from_fields(_plain(entity), record_id=entity["RowKey"],
-                                  partition=entity["PartitionKey"], etag=_etag(entity.metadata))
+                                  partition=entity["PartitionKey"], etag=etag_of(entity.metadata))
 
     @classmethod
     def _transaction_op(cls, partition: str, op: WriteOp) -> tuple[Any, ...]:
@@ -101,7 +109,7 @@ class TableMapping:
         else:
             check_flat(op.body)
             entity = _typed({**op.body, "PartitionKey": partition, "RowKey": op.id})
-        conditional = {"etag": op.etag, "match_condition": _IF_UNCHANGED} if op.etag else {}
+        conditional = {"etag": op.etag, "match_condition": IF_UNCHANGED} if op.etag else {}
         if op.kind == "create":
             return ("create", entity)
         if op.kind == "upsert":
@@ -122,7 +130,7 @@ class TableMapping:
         entity = cls._record_entity(marker, marker_body)
         first: tuple[Any, ...] = (
             ("update", entity, {"mode": UpdateMode.REPLACE, "etag": marker.etag,
-                                "match_condition": _IF_UNCHANGED})
+                                "match_condition": IF_UNCHANGED})
             if marker.etag else ("create", entity))
         return [first, *(cls._transaction_op(marker.partition_key, op) for op in operations)]
 
@@ -141,7 +149,7 @@ class TableMapping:
     @staticmethod
     def _document(partition: str, document_id: str, entity: Any) -> Document:
         body = {k: v for k, v in _plain(entity).items() if k not in _SYSTEM}
-        return Document(document_id, partition, body, _etag(entity.metadata))
+        return Document(document_id, partition, body, etag_of(entity.metadata))
 
 
 def transaction_error(error: TableTransactionError, marker_id: str | None) -> Exception:
@@ -154,7 +162,9 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
     """Dedup records and business entities in one Azure Table.
 
     Build it from the table endpoint and a credential (identity in Azure), from
-    a connection string (local runs), or around an existing `TableClient`.
+    a connection string (local runs), or around an existing `TableClient`. A
+    client the store creates is its own and `close` closes it; a client passed
+    in (`table_client=`, `from_table_client`) stays its caller's.
     """
 
     name = "table"
@@ -163,8 +173,11 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
                  AzureSasCredential | None = None, *, table_name: str,
                  table_client: TableClient | None = None, create_table: bool = False,
                  **client_options: Any) -> None:
-        self._client = table_client or TableClient(endpoint, table_name, credential=credential,
-                                                   **client_options)
+        self._owned: TableClient | None = None  # the client this store created, if any
+        if table_client is None:
+            table_client = self._owned = TableClient(endpoint, table_name, credential=credential,
+                                                     **client_options)
+        self._client = table_client
         if create_table:
             self.ensure_table()
 
@@ -173,7 +186,9 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
                                create_table: bool = False, **client_options: Any
                                ) -> TableIdempotencyStore:
         client = TableClient.from_connection_string(conn_str, table_name, **client_options)
-        return cls(client.url, table_name=table_name, table_client=client, create_table=create_table)
+        store = cls(client.url, table_name=table_name, table_client=client, create_table=create_table)
+        store._owned = client  # closed with the store
+        return store
 
     def ensure_table(self) -> None:
         """Create the table if it is missing (local runs; in Azure, Bicep creates it)."""
@@ -202,28 +217,28 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
     def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord:
         metadata = store_call(BACKEND, lambda: self._client.create_entity(self._record_entity(record)),
                               on_status={409: lambda: RecordExistsError(record.id)})
-        return record.evolve(etag=_etag(metadata))
+        return record.evolve(etag=etag_of(metadata))
 
     def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord:
         entity = self._record_entity(record)
         changed = changed_statuses(record.id)
         metadata = store_call(BACKEND, lambda: self._client.update_entity(
-            entity, mode=UpdateMode.REPLACE, etag=record.etag, match_condition=_IF_UNCHANGED),
+            entity, mode=UpdateMode.REPLACE, etag=record.etag, match_condition=IF_UNCHANGED),
             on_status=changed)
-        return record.evolve(etag=_etag(metadata))
+        return record.evolve(etag=etag_of(metadata))
 
     def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
         changed = changed_statuses(record.id)
         store_call(BACKEND, lambda: self._client.delete_entity(
-            record.partition_key, record.id, etag=record.etag, match_condition=_IF_UNCHANGED),
+            record.partition_key, record.id, etag=record.etag, match_condition=IF_UNCHANGED),
             on_status=changed)
 
     def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
         entity = self._dispatched_entity(marker)
         metadata = store_call(BACKEND, lambda: self._client.update_entity(
-            entity, mode=UpdateMode.MERGE, etag=marker.etag, match_condition=_IF_UNCHANGED),
+            entity, mode=UpdateMode.MERGE, etag=marker.etag, match_condition=IF_UNCHANGED),
             on_status=changed_statuses(marker.id))
-        return marker.evolve(etag=_etag(metadata), outbox=())
+        return marker.evolve(etag=etag_of(metadata), outbox=())
 
     def iter_pending(self, *, since_before: float) -> Iterator[IdempotencyRecord]:
         """A filter on `outboxPendingSince` returning only the keys of pending markers, each
@@ -245,7 +260,8 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
 
     def iter_records(self, *, in_progress_before: float | None = None,
                      expired_before: float | None = None) -> Iterator[IdempotencyRecord]:
-        clauses, params = ["idemState ne ''"], {}
+        clauses = ["idemState ne ''"]
+        params: dict[str, Any] = {}
         if in_progress_before is not None:
             clauses.append("idemState eq @state and idemLeaseExpiresAt lt @lease")
             params.update(state=RecordState.IN_PROGRESS.value, lease=float(in_progress_before))
@@ -254,7 +270,7 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
             params["expiry"] = float(expired_before)
         query = " and ".join(clauses)
         pages = store_call(BACKEND, lambda: self._client.query_entities(query, parameters=params))
-        iterator = iter(pages)
+        iterator: Iterator[TableEntity] = iter(pages)
         while True:
             try:
                 entity = store_call(BACKEND, lambda: next(iterator))
@@ -273,7 +289,7 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
             for start in range(0, len(records), MAX_TRANSACTION_OPERATIONS):
                 chunk = records[start:start + MAX_TRANSACTION_OPERATIONS]
                 ops = [("delete", {"PartitionKey": partition, "RowKey": r.id},
-                        {"etag": r.etag, "match_condition": _IF_UNCHANGED}) for r in chunk]
+                        {"etag": r.etag, "match_condition": IF_UNCHANGED}) for r in chunk]
                 try:
                     self._transaction(ops, marker_id=None)
                     deleted += len(chunk)
@@ -290,7 +306,7 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
     def write_documents(self, partition: str, operations: Sequence[WriteOp]) -> list[Document]:
         results = self._transaction([self._transaction_op(partition, op) for op in operations],
                                     marker_id=None)
-        return [Document(op.id, partition, op.body, _etag(meta))
+        return [Document(op.id, partition, op.body, etag_of(meta))
                 for op, meta in zip(operations, results, strict=True)]
 
     def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
@@ -301,4 +317,6 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
         return self._committed(marker, operations, results, written)
 
     def close(self) -> None:
-        self._client.close()
+        """Close the client this store created; a caller's client stays open."""
+        if self._owned is not None:
+            self._owned.close()

@@ -27,7 +27,7 @@ from shared.stores.base import (
     check_transaction_size,
 )
 from shared.stores.codec import is_record
-from shared.stores.table import _IF_UNCHANGED, BACKEND, TableMapping, _etag, transaction_error
+from shared.stores.table import BACKEND, IF_UNCHANGED, TableMapping, etag_of, transaction_error
 from shared.stores.table_batch import submit_transaction_async
 
 
@@ -88,18 +88,18 @@ class AsyncTableIdempotencyStore(TableMapping, AsyncDocumentStore):
         metadata = await async_store_call(
             BACKEND, lambda: self._client.create_entity(self._record_entity(record)),
             on_status={409: lambda: RecordExistsError(record.id)})
-        return record.evolve(etag=_etag(metadata))
+        return record.evolve(etag=etag_of(metadata))
 
     async def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord:
         entity = self._record_entity(record)
         metadata = await async_store_call(BACKEND, lambda: self._client.update_entity(
-            entity, mode=UpdateMode.REPLACE, etag=record.etag, match_condition=_IF_UNCHANGED),
+            entity, mode=UpdateMode.REPLACE, etag=record.etag, match_condition=IF_UNCHANGED),
             on_status=changed_statuses(record.id))
-        return record.evolve(etag=_etag(metadata))
+        return record.evolve(etag=etag_of(metadata))
 
     async def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
         await async_store_call(BACKEND, lambda: self._client.delete_entity(
-            record.partition_key, record.id, etag=record.etag, match_condition=_IF_UNCHANGED),
+            record.partition_key, record.id, etag=record.etag, match_condition=IF_UNCHANGED),
             on_status=changed_statuses(record.id))
 
     async def read_document(self, partition: str, document_id: str) -> Document | None:
@@ -112,7 +112,7 @@ class AsyncTableIdempotencyStore(TableMapping, AsyncDocumentStore):
                               ) -> list[Document]:
         results = await self._transaction(
             [self._transaction_op(partition, op) for op in operations], marker_id=None)
-        return [Document(op.id, partition, op.body, _etag(meta))
+        return [Document(op.id, partition, op.body, etag_of(meta))
                 for op, meta in zip(operations, results, strict=True)]
 
     async def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
@@ -125,9 +125,9 @@ class AsyncTableIdempotencyStore(TableMapping, AsyncDocumentStore):
     async def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
         entity = self._dispatched_entity(marker)
         metadata = await async_store_call(BACKEND, lambda: self._client.update_entity(
-            entity, mode=UpdateMode.MERGE, etag=marker.etag, match_condition=_IF_UNCHANGED),
+            entity, mode=UpdateMode.MERGE, etag=marker.etag, match_condition=IF_UNCHANGED),
             on_status=changed_statuses(marker.id))
-        return marker.evolve(etag=_etag(metadata), outbox=())
+        return marker.evolve(etag=etag_of(metadata), outbox=())
 
     async def close(self) -> None:
         """Close the client this store created; a caller's client stays open."""

@@ -31,7 +31,12 @@ from typing import Any
 from azure.core.exceptions import DecodeError
 from azure.core.rest import HttpRequest
 from azure.data.tables import TableTransactionError
-from azure.data.tables._error import RequestTooLargeError, _decode_error
+
+# The SDK's own error decoding, so a failed $batch raises exactly what the SDK raises (untyped).
+from azure.data.tables._error import (
+    RequestTooLargeError,
+    _decode_error,  # pyright: ignore[reportPrivateUsage, reportUnknownVariableType]
+)
 from azure.data.tables._table_batch import TableBatchOperations
 
 _BOUNDARY = re.compile(r'boundary="?([^";,\s]+)"?', re.IGNORECASE)
@@ -99,13 +104,14 @@ def operation_error(status: int, body: bytes) -> TableTransactionError:
     except (ValueError, KeyError, TypeError):
         pass
     failure = TableTransactionError(message=f"{message}\nErrorCode:{code}" if code else message)
-    failure.status_code, failure.error_code = status, code
+    failure.status_code = status
+    failure.error_code = code  # pyright: ignore[reportAttributeAccessIssue] - set by the SDK's decoder too
     return failure
 
 
 def decode_changeset(body: bytes, content_type: str) -> list[tuple[int, dict[str, str], bytes]]:
     """The HTTP responses in a `$batch` response body: (status, lowercased headers, body)."""
-    responses = []
+    responses: list[tuple[int, dict[str, str], bytes]] = []
     for part in _parts(body, content_type):
         headers, payload = _head(part)
         if headers.get("content-type", "").lower().startswith("multipart/mixed"):
@@ -121,7 +127,7 @@ def _parts(body: bytes, content_type: str) -> list[bytes]:
     if match is None:
         raise ValueError(f"no multipart boundary in {content_type!r}")
     delimiter = b"--" + match.group(1).encode()
-    parts = []
+    parts: list[bytes] = []
     for section in body.split(delimiter)[1:]:
         if section.startswith(b"--"):  # the close delimiter
             break
@@ -134,7 +140,7 @@ def _head(part: bytes) -> tuple[dict[str, str], bytes]:
     """A part's (or a response's) header lines as a dict, and what follows them."""
     split = _BLANK_LINE.split(part, maxsplit=1)
     lines = split[0].decode("latin-1").splitlines()
-    headers = {}
+    headers: dict[str, str] = {}
     for line in lines:
         name, colon, value = line.partition(":")
         if colon:

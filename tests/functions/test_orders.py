@@ -74,6 +74,7 @@ def test_reused_order_id_with_different_content_is_dead_lettered_with_both_hashe
     with caplog.at_level("ERROR"):
         action, reason, description = deliver(order(order_id, qty=5), order_id)
     assert (action, reason) == ("deadletter", "IdempotencyKeyConflict")
+    assert description is not None
     assert order_id in description and description.count("sha256:") == 2
     assert any(getattr(r, "event", None) == "IdempotencyKeyConflict" for r in caplog.records)
     stored = services.stores["orders"].read_document(order_id, order_id)

@@ -8,7 +8,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from azure.core.exceptions import HttpResponseError
@@ -304,7 +304,7 @@ def test_groups_run_concurrently_up_to_the_configured_limit(counted_services, an
             with lock:
                 running[0] -= 1
 
-    ledger.commit = slow_commit  # type: ignore[method-assign]
+    ledger.commit = slow_commit
     accounts = [account_id() for _ in range(10)]
     report = batch(services, [SentEvent(structured(f"c{n}", a, 1), n)
                               for n, a in enumerate(accounts, start=1)])
@@ -441,7 +441,7 @@ class Outage:
         for name in ("get_record", "put_record_if_absent", "replace_record_if_unchanged",
                      "delete_record_if_unchanged", "read_document", "write_documents"):
             setattr(store, name, self._guard(getattr(store, name)))
-        store.commit = self._commit(store.commit)  # type: ignore[method-assign]
+        store.commit = self._commit(store.commit)
 
     def _fail(self) -> None:
         self.failed += 1
@@ -514,7 +514,7 @@ def test_the_mark_stays_until_every_group_committed(counted_services, any_backen
             raise StoreUnavailableError("throttled", status_code=429)
         return real_commit(marker, operations, **kwargs)
 
-    ledger.commit = commit  # type: ignore[method-assign]
+    ledger.commit = commit
     events = [SentEvent(structured("m1", ok, 1), 1), SentEvent(structured("m2", failing, 2), 2),
               SentEvent(structured("m3", ok, 3), 3)]
     with pytest.raises(StoreUnavailableError):
@@ -541,7 +541,7 @@ class _Response:
 
 
 def throttled(headers: dict[str, str]) -> StoreUnavailableError:
-    error = HttpResponseError(response=_Response(429, headers))
+    error = HttpResponseError(response=cast(Any, _Response(429, headers)))
     return StoreUnavailableError("Cosmos DB answered 429", status_code=429, error=error)
 
 
@@ -561,7 +561,7 @@ def test_throttling_honours_retry_after_before_the_batch_raises(counted_services
     def throttle(*_args, **_kwargs):
         raise throttled({"Retry-After": header})
 
-    services.stores["ledger"].commit = throttle  # type: ignore[method-assign]
+    services.stores["ledger"].commit = throttle
     with pytest.raises(StoreUnavailableError):
         batch(services, [SentEvent(structured("r1", account_id(), 1), 1)])
     attempts = services.settings.payments_max_attempts

@@ -97,7 +97,7 @@ ROLE_NAME = {v: k for k, v in ROLE.items()}
 @cache
 def parse(relative: str) -> dict[str, Any]:
     """Parsed template (pycep JSON) of a file under infra/."""
-    return BicepParser().parse(file_path=INFRA / relative)
+    return dict(BicepParser().parse(file_path=INFRA / relative))
 
 
 def bicep_files() -> list[str]:
@@ -311,7 +311,7 @@ APP_PRINCIPAL = "appPrincipalId"
 DEVELOPER_PRINCIPAL = "developerPrincipalId"
 
 
-def app_roles_on(relative: str, symbol: str) -> set[str]:
+def app_roles_on(relative: str, symbol: str) -> set[str | None]:
     """Role names the app identity holds with `symbol` as scope in one template."""
     return {ROLE_NAME.get(a["role"], a["role"]) for a in role_assignments(relative)
             if a["principal"] == APP_PRINCIPAL and a["kind"] == "rbac" and a["scope"] == symbol}

@@ -206,7 +206,7 @@ class Producer:
 
 
 class AsyncProducer(Producer):
-    async def send_batch(self, events: list[Any], *, partition_key: str | None = None) -> Any:  # type: ignore[override]  # the aio producer's send is awaited
+    async def send_batch(self, events: list[Any], *, partition_key: str | None = None) -> Any:
         self._send(events, partition_key)
 
     async def close(self) -> None:  # type: ignore[override]  # the aio producer's close is awaited

@@ -48,7 +48,7 @@ def test_outgoing_carries_the_incoming_key_and_correlation_id():
     assert json.loads(message.body) == {"orderId": "ORD-1", "total": 1.5}
     assert message.content_type == "application/json"
     assert message.correlation_id == "corr-7"
-    assert message.properties["Idempotency-Key"].startswith(KEY.encoded)
+    assert str(message.properties["Idempotency-Key"]).startswith(KEY.encoded)
     assert message.properties["type"] == "OrderAccepted"
 
 

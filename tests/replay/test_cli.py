@@ -12,6 +12,7 @@ import uuid
 import pytest
 
 import domain.orders
+import domain.payments
 from functions.services import real_stores
 from functions.settings import Settings
 from replay.__main__ import duration, parse_args, run

@@ -23,10 +23,10 @@ from simulator.check import (
     scan,
     valid_line,
 )
-from simulator.scenario import Endpoints, ScenarioConfig, app_settings, run_scenario
+from simulator.scenario import Endpoints, ScenarioConfig, ScenarioResult, app_settings, run_scenario
 from simulator.workload import generate
 
-_runs: dict[str, object] = {}
+_runs: dict[tuple[str, str], ScenarioResult] = {}
 
 
 @pytest.fixture
@@ -56,6 +56,12 @@ def app_env(monkeypatch, stack):
         for name, value in app_settings(result.config, endpoints_of(stack)).items():
             monkeypatch.setenv(name, value)
     return install
+
+
+def evidence_of(result: ScenarioResult) -> Evidence:
+    """What a finished scenario gave its checker (every run here has it)."""
+    assert result.evidence is not None
+    return result.evidence
 
 
 def ledger_file(tmp_path, result) -> str:
@@ -221,7 +227,7 @@ def test_hostile_input_is_rejected_with_a_reason_on_its_first_delivery(stack, ba
     # Each hostile message was refused by its consumer(s) with a reason on the first delivery
     # (a later one only after the host crashed before settling: the duplicate-provoking faults
     # are on); none reached the host as an exception and no Event Hubs batch was retried.
-    evidence = result.evidence
+    evidence = evidence_of(result)
     for item in (i for i in hostile if i.kind != "payment"):
         if (item.logical, item.variant) in evidence.broker_dropped:
             continue
@@ -240,10 +246,10 @@ def test_a_valid_notification_dead_lettered_is_not_effected_although_nothing_is_
     result = clean_run(stack, "table", "a")
     item = next(i for i in result.workload.items if i.kind == "notification" and not i.invalid)
     evidence = replace(
-        result.evidence,
-        api_calls=[c for c in result.evidence.api_calls
+        evidence_of(result),
+        api_calls=[c for c in evidence_of(result).api_calls
                    if (c.channel, c.notification_id) != ("audit", item.key)],
-        dead_letters=[*result.evidence.dead_letters,
+        dead_letters=[*evidence_of(result).dead_letters,
                       DeadLetter("audit", item.logical, 0, "MaxDeliveryCountExceeded", "", 10)])
     check = checker_for(stack, result, evidence).run()
     assert check.valid_not_effected == {"notification: dead-lettered: MaxDeliveryCountExceeded": 1}
@@ -259,8 +265,8 @@ def test_a_copy_run_out_by_injected_faults_alone_is_listed_not_counted(stack):
     result = clean_run(stack, "table", "a")
     item = next(i for i in result.workload.items if i.kind == "notification" and not i.invalid)
     letter = DeadLetter("audit", item.logical, 0, "MaxDeliveryCountExceeded", "", 10, copy=0)
-    evidence = replace(result.evidence, dead_letters=[*result.evidence.dead_letters, letter])
-    sabotaged = {**result.evidence.faulted_deliveries, ("audit", item.logical, 0, 0): (10, 10)}
+    evidence = replace(evidence_of(result), dead_letters=[*evidence_of(result).dead_letters, letter])
+    sabotaged = {**(evidence_of(result).faulted_deliveries or {}), ("audit", item.logical, 0, 0): (10, 10)}
     check = checker_for(stack, result, replace(evidence, faulted_deliveries=sabotaged)).run()
     assert check.fault_exhausted == {"notification: dead-lettered: MaxDeliveryCountExceeded": 1}
     assert not check.valid_also_refused and invariant(check, "every valid message effected").ok
@@ -275,10 +281,10 @@ def test_a_valid_payment_parked_after_its_effect_landed_fails_the_run(stack):
     item = next(i for i in result.workload.items if i.kind == "payment" and i.expect == "effect"
                 and not i.copies)
     hub = f"payments-{result.config.run_id}"
-    checker = checker_for(stack, result, result.evidence)
+    checker = checker_for(stack, result, evidence_of(result))
     ParkingLot(checker.stores.parked).park(consumer="payments", entry_id=f"{hub}/0/999999",
                                            reason="ProcessingFailed", payload=item.body)
-    check = checker_for(stack, result, result.evidence).run()
+    check = checker_for(stack, result, evidence_of(result)).run()
     assert check.valid_also_refused == {"payment: parked: ProcessingFailed": 1}
     assert not invariant(check, "every valid message effected").ok
 
@@ -287,17 +293,17 @@ def test_outcome_unknown_counts_unless_the_api_ignores_idempotency_keys(stack):
     result = clean_run(stack, "table", "d")
     sent, unsent = [i for i in result.workload.items
                     if i.kind == "notification" and not i.invalid][1:3]
-    checker = checker_for(stack, result, result.evidence)
+    checker = checker_for(stack, result, evidence_of(result))
     for item in (sent, unsent):
         ParkingLot(checker.stores.parked).park(consumer="notify", entry_id=item.key,
                                                reason="OutcomeUnknown", payload=item.body)
-    calls = [c for c in result.evidence.api_calls
+    calls = [c for c in evidence_of(result).api_calls
              if (c.channel, c.notification_id) != ("notify", unsent.key)]
-    honoured = checker_for(stack, result, replace(result.evidence, api_calls=calls)).run()
+    honoured = checker_for(stack, result, replace(evidence_of(result), api_calls=calls)).run()
     assert honoured.valid_not_effected == {"notification: parked: OutcomeUnknown": 1}
     assert honoured.valid_also_refused == {"notification: parked: OutcomeUnknown": 1}
     assert not invariant(honoured, "every valid message effected").ok
-    ignored = checker_for(stack, result, replace(result.evidence, api_calls=calls,
+    ignored = checker_for(stack, result, replace(evidence_of(result), api_calls=calls,
                                                  api_honours_key=False)).run()
     assert not ignored.valid_not_effected and not ignored.valid_also_refused
     assert ignored.outcome_unknown == {"parked OutcomeUnknown, no effect found": 1,
@@ -308,7 +314,7 @@ def test_outcome_unknown_counts_unless_the_api_ignores_idempotency_keys(stack):
 
 def test_invalid_input_refused_for_a_processing_reason_or_late_is_not_rejected(stack):
     result = clean_run(stack, "table", "a")
-    evidence = result.evidence
+    evidence = evidence_of(result)
     deep, nan, missing = (next(i for i in result.workload.items
                                if i.kind == "order" and i.case == case
                                and (i.logical, 0) not in evidence.broker_dropped)
@@ -318,7 +324,7 @@ def test_invalid_input_refused_for_a_processing_reason_or_late_is_not_rejected(s
         if letter.logical == deep.logical:  # the poison pill: retried until the broker gave up
             letter = replace(letter, reason="MaxDeliveryCountExceeded", delivery_count=10)
         letters.append(letter)
-    outcomes = dict(evidence.outcomes)
+    outcomes = dict(evidence.outcomes or {})
     outcomes[("orders", nan.logical, 0)] = Counter({"raised RecursionError": 1, "abandon": 1,
                                                     "deadletter (InvalidNumber)": 1})
     check = checker_for(stack, result, replace(evidence, dead_letters=letters,
@@ -339,12 +345,12 @@ def test_invalid_input_refused_for_a_processing_reason_or_late_is_not_rejected(s
 def test_transient_failures_may_reach_the_host_but_a_stalled_partition_may_not(stack):
     result = clean_run(stack, "table", "a")
     payment = next(i for i in result.workload.items if i.kind == "payment" and not i.invalid)
-    outcomes = {**result.evidence.outcomes,
+    outcomes = {**(evidence_of(result).outcomes or {}),
                 ("payments", payment.logical, 0): Counter({"raised StoreUnavailableError": 2,
                                                            "ok": 1})}
-    check = checker_for(stack, result, replace(result.evidence, outcomes=outcomes)).run()
+    check = checker_for(stack, result, replace(evidence_of(result), outcomes=outcomes)).run()
     assert invariant(check, "no exception reached the host").ok
-    check = checker_for(stack, result, replace(result.evidence, outcomes=outcomes,
+    check = checker_for(stack, result, replace(evidence_of(result), outcomes=outcomes,
                                                stalled_batches=1)).run()
     assert not invariant(check, "no exception reached the host").ok
 

@@ -36,6 +36,7 @@ def test_batches_respect_max_size_and_checkpoint_moves_the_resume_position(hub):
     pid = fill(hub, 7)[0].partition_id
     owners = PartitionOwnership(hub, instances=1)
     batch = owners.take(0, max_batch=3)
+    assert batch is not None
     assert [e.sequence_number for e in batch.events] == [0, 1, 2]
     assert owners.take(0, max_batch=3) is None  # one batch per partition at a time
     owners.finish(batch, checkpoint=True)
@@ -48,12 +49,15 @@ def test_crash_before_checkpoint_replays_from_the_last_checkpoint(hub):
     owners = PartitionOwnership(hub, instances=2)
     owner = owners.partitions[pid].owner
     first = owners.take(owner, max_batch=2)
+    assert first is not None
     owners.finish(first, checkpoint=True)
     second = owners.take(owner, max_batch=2)
+    assert second is not None
     owners.finish(second, checkpoint=False)  # the host died: no checkpoint
     moved = owners.crash(owner, lambda candidates: next(c for c in candidates if c != owner))
     assert moved == [pid]
     replay = owners.take(owners.partitions[pid].owner, max_batch=10)
+    assert replay is not None
     assert [e.sequence_number for e in replay.events] == [2, 3, 4, 5]
 
 
@@ -63,8 +67,10 @@ def test_rebalance_lets_two_instances_process_the_same_events(hub):
     old = owners.partitions[pid].owner
     new = 1 - old
     in_flight = owners.take(old, max_batch=4)
+    assert in_flight is not None
     owners.move(pid, new)  # ownership moves while the old owner is mid-batch
     overlap = owners.take(new, max_batch=4)
+    assert overlap is not None
     assert [e.sequence_number for e in overlap.events] == [e.sequence_number for e in in_flight.events]
     owners.finish(in_flight, checkpoint=True)  # the old owner still checkpoints (last write wins)
     assert owners.take(old, max_batch=4) is None

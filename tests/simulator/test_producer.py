@@ -53,6 +53,7 @@ class FakeBatch(list):
     def __init__(self, limit=1000):
         super().__init__()
         self.limit = limit
+        self.partition_key: str | None = None
 
     def add_message(self, message):
         if len(self) >= self.limit:

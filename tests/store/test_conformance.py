@@ -183,7 +183,7 @@ def test_oversized_result_is_a_clear_error_but_the_effect_stays_recorded(store, 
     assert handler.count == 0
 
 
-def test_decorator_runs_a_function_once_per_key(idem):
+def test_decorator_runs_a_function_once_per_key(idem: Idempotency):
     calls: list[dict] = []
 
     @idem.idempotent(key=lambda body: DedupKey.from_business_key("jobs", body["ref"], field="ref"))

@@ -68,7 +68,7 @@ def run_operations(store: LossyStore, cache_sizes: tuple[int, int],
     instances = [Idempotency(store, documents=DocumentCache(max_entries=size))
                  for size in cache_sizes]
     applied: dict[str, set[str]] = {account: set() for account in ACCOUNTS}
-    counter = dict.fromkeys(ACCOUNTS, 0)
+    counter: dict[str, int] = dict.fromkeys(ACCOUNTS, 0)
     results: dict[tuple[str, str], int] = {}  # (account, message) -> its count
     for op in operations:
         if op[0] == "external":  # someone else bumps the counter, under the etag it read

@@ -352,6 +352,7 @@ def test_a_release_the_store_refuses_leaves_the_claim_to_run_out(clock: FakeCloc
 def test_a_holder_that_lost_its_lease_releases_nothing(bench: Bench,
                                                        caplog: pytest.LogCaptureFixture) -> None:
     _, stale = bench.idem.claim(KEY, SAME)
+    assert stale is not None
     bench.clock.advance(LEASE.total_seconds())
     _, taker = bench.flow().claim(KEY, SAME)
     bench.idem.release(stale)  # its handler failed after the takeover: no error

@@ -412,7 +412,7 @@ def digest_of(message: str, variant: int) -> str:
 class FlowMachine(RuleBasedStateMachine):
     """Copies of a few messages, several workers, one store; see the module docstring."""
 
-    store_factory: ClassVar[Callable[[], Scheduled]]
+    store_factory: ClassVar[staticmethod[[], Scheduled]]  # set per store by flow_machine
     check_every_key: ClassVar[bool] = True  # False: only the keys the last step touched
     examples: ClassVar[int] = 0
     first_failure: ClassVar[int | None] = None  # the example in which a check first failed

@@ -62,7 +62,7 @@ def test_the_request_body_is_a_changeset_the_stdlib_mime_parser_reads(table_serv
         ("delete", {"PartitionKey": PK, "RowKey": "gone"}),
     ])
     head = f"Content-Type: {request.headers['Content-Type']}\r\n\r\n".encode()
-    message = email.message_from_bytes(head + request.content, policy=email.policy.HTTP)
+    message: Any = email.message_from_bytes(head + request.content, policy=email.policy.HTTP)
     [changeset] = message.get_payload()
     parts = changeset.get_payload()
     assert [p["Content-ID"] for p in parts] == ["0", "1", "2"]
@@ -95,7 +95,8 @@ def test_decoding_tolerates_bare_newlines_and_a_quoted_boundary():
 def test_a_failed_operation_raises_the_sdk_error_with_its_index():
     [(status, _, body)] = decode_changeset(FAILED, "multipart/mixed; boundary=batchresponse_1")
     error = operation_error(status, body)
-    assert (type(error).__name__, error.index, error.status_code, error.error_code) == (
+    assert (type(error).__name__, error.index, error.status_code,
+            error.error_code) == (  # pyright: ignore[reportAttributeAccessIssue] - set by the decoder
         "TableTransactionError", 2, 409, "EntityAlreadyExists")
     assert str(error).splitlines()[0] == "2:The specified entity already exists."
 
@@ -229,7 +230,8 @@ def test_more_than_100_operations_raise_the_servers_reason(twins):
     ops = [("create", {"PartitionKey": PK, "RowKey": f"r{i:03}"}) for i in range(101)]
     with pytest.raises(HttpResponseError) as failed:
         submit_transaction(lean, ops)
-    assert (failed.value.status_code, failed.value.index) == (400, 0)
+    assert (failed.value.status_code,
+            failed.value.index) == (400, 0)  # pyright: ignore[reportAttributeAccessIssue] - the SDK's
     assert "maximum 100 changes" in str(failed.value)
     assert _entities(lean) == []
 

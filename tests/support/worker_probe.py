@@ -29,9 +29,10 @@ def report(app_dir: str) -> dict[str, Any]:
     try:
         host = WorkerHost.start(app_dir, sample_settings(app_dir))
     except WorkerInitError as error:
-        return {"init": dataclasses.asdict(error.status), "functions": {}, "loads": {}}
+        status = dataclasses.asdict(error.status) if error.status is not None else None
+        return {"init": status, "functions": {}, "loads": {}}
     return {
-        "init": dataclasses.asdict(host.init),
+        "init": dataclasses.asdict(host.init) if host.init is not None else None,
         "capabilities": host.capabilities,
         "worker": host.worker_metadata,
         "functions": {name: dataclasses.asdict(meta) for name, meta in host.metadata().items()},

@@ -74,6 +74,7 @@ def test_orders_reused_id_with_other_content_is_dead_lettered_with_reason_and_de
                                                       order_id)
     print(f"settlement server received: {recorder.calls[-1]!r}")
     assert (action, reason) == ("deadletter", "IdempotencyKeyConflict")
+    assert description is not None
     assert order_id in description and description.count("sha256:") == 2
     assert services.stores["orders"].read_document(order_id, order_id).body["total"] == 19.0
 

@@ -1,0 +1,245 @@
+"""The flows stepped by hand: each step's answer (or error) fed in, no store at all.
+
+The flows are sans-I/O (`shared.flow`): a flow yields a step and receives its
+answer, so a test can play the store and the user's code, step by step, and
+assert exactly what the flow asks for next, the way h11's tests feed its
+connection events. The stores are proven elsewhere (tests/store/).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from shared import DedupKey, IdempotencyConfig, IdempotencyRecord, OutcomeStatus, RecordState
+from shared.exceptions import (
+    ConcurrencyRetriesExhaustedError,
+    OperationFailedError,
+    RecordChangedError,
+    RecordExistsError,
+)
+from shared.flow import (
+    Build,
+    Built,
+    CommitGroup,
+    Committed,
+    Flow,
+    Gather,
+    GetRecord,
+    PutRecordIfAbsent,
+    ReadDocument,
+    ReplaceRecordIfUnchanged,
+    Sleep,
+    Step,
+    WriteDocuments,
+    run_async,
+    run_sync,
+)
+from shared.idempotency import GroupMessage, Idempotency
+from shared.stores.base import Document
+from shared.stores.memory import InMemoryIdempotencyStore
+from shared.transaction import Writes
+from shared.watermark import Mark, PartitionWatermark
+
+NOW = 1_000_000.0
+KEY = DedupKey("orders", "o-1")
+HASH = "sha256:same"
+
+
+class Stepper[T]:
+    """Drives a flow by hand: `send` an answer or `throw` an error, get the next step."""
+
+    def __init__(self, flow: Flow[T]) -> None:
+        self.flow = flow
+        self.value: T | None = None
+        self.done = False
+
+    def start(self) -> Step:
+        return next(self.flow)
+
+    def send(self, answer: Any) -> Step | None:
+        return self._next(lambda: self.flow.send(answer))
+
+    def throw(self, error: BaseException) -> Step | None:
+        return self._next(lambda: self.flow.throw(error))
+
+    def _next(self, advance: Any) -> Step | None:
+        try:
+            return advance()
+        except StopIteration as stop:
+            self.value, self.done = stop.value, True
+            return None
+
+
+class NoStore:
+    """Stands where a store would: the flows read its name for telemetry, nothing else."""
+
+    name = "hand"
+
+
+def ledger(**config: Any) -> Idempotency:
+    """A flow owner whose store is never reached: every step is answered by the test."""
+    return Idempotency(NoStore(), config=IdempotencyConfig(clock=lambda: NOW, **config))
+
+
+def record(key: DedupKey = KEY, *, state: RecordState = RecordState.COMPLETED,
+           request_hash: str = HASH, etag: str = 'W/"9"', expires_at: float = NOW + 3600,
+           lease_expires_at: float | None = None, partition: str | None = None,
+           result: Any = None) -> IdempotencyRecord:
+    return IdempotencyRecord(key=key, state=state, request_hash=request_hash, created_at=NOW - 60,
+                             updated_at=NOW - 60, expires_at=expires_at,
+                             lease_expires_at=lease_expires_at, etag=etag, partition=partition,
+                             result=result)
+
+
+# -- a claim that loses a race twice ----------------------------------------------------------
+def test_a_claim_that_loses_the_takeover_race_twice_reads_again_and_wins_the_third() -> None:
+    abandoned = record(state=RecordState.IN_PROGRESS, lease_expires_at=NOW - 1)  # lease ran out
+    flow = Stepper(ledger().claim.flow(KEY, HASH))
+    for attempt in range(1, 4):
+        step = flow.start() if attempt == 1 else flow.throw(RecordChangedError(abandoned.id))
+        assert isinstance(step, PutRecordIfAbsent) and step.record.etag is None
+        step = flow.throw(RecordExistsError(step.record.id))  # someone holds the key
+        assert step == GetRecord(KEY.encoded, KEY.encoded)
+        step = flow.send(abandoned)
+        assert isinstance(step, ReplaceRecordIfUnchanged)  # take it over under its etag
+        assert step.record.etag == abandoned.etag and step.record.attempts == abandoned.attempts + 1
+        taken = step.record
+    # the third takeover lands
+    assert flow.send(taken.evolve(etag='W/"10"')) is None
+    outcome, held = flow.value
+    assert outcome.status is OutcomeStatus.TAKEN_OVER and held.etag == 'W/"10"'
+
+
+def test_a_claim_that_loses_every_race_gives_up_after_its_attempts() -> None:
+    flow = Stepper(ledger(max_commit_attempts=2).claim.flow(KEY, HASH))
+    assert isinstance(flow.start(), PutRecordIfAbsent)
+    assert isinstance(flow.throw(RecordExistsError(KEY.encoded)), GetRecord)
+    step = flow.send(None)  # released between the create and the read: a lost race
+    assert isinstance(step, PutRecordIfAbsent)
+    assert isinstance(flow.throw(RecordExistsError(KEY.encoded)), GetRecord)
+    with pytest.raises(ConcurrencyRetriesExhaustedError, match="lost 2 races"):
+        flow.send(None)  # lost again: no third attempt
+
+
+# -- a group commit whose marker at index 3 conflicts -------------------------------------------
+def group_of(count: int) -> list[GroupMessage]:
+    return [GroupMessage(DedupKey("ledger", f"e{i}"), f"sha256:{i}") for i in range(count)]
+
+
+def built(indexes: Sequence[int]) -> Built:
+    writes = Writes("acct")
+    writes.replace("balance", {"n": len(indexes)}, etag='W/"1"')
+    return Built([{"after": i} for i in indexes], writes)
+
+
+def test_a_group_commit_whose_fourth_marker_exists_judges_it_and_commits_the_others() -> None:
+    messages = group_of(5)
+    flow = Stepper(ledger().run_atomic_group.flow(messages, lambda tx, indexes: [],
+                                                  partition="acct"))
+    step = flow.start()
+    assert isinstance(step, Build) and step.args == ([0, 1, 2, 3, 4],)
+    step = flow.send(built([0, 1, 2, 3, 4]))
+    assert isinstance(step, CommitGroup)
+    assert [m.key for m in step.markers] == [m.key for m in messages]
+    existing = record(messages[3].key, request_hash=messages[3].request_hash, partition="acct",
+                      result={"after": "before"})
+    step = flow.throw(RecordExistsError(existing.id, index=3))
+    assert step == GetRecord("acct", existing.id)  # the failed marker is read, nothing else
+    step = flow.send(existing)
+    assert isinstance(step, Build) and step.args == ([0, 1, 2, 4],)  # built again without it
+    step = flow.send(built([0, 1, 2, 4]))
+    assert isinstance(step, CommitGroup) and len(step.markers) == 4
+    assert flow.send(Committed(step.markers)) is None
+    outcomes = flow.value
+    assert [o.status for o in outcomes] == [OutcomeStatus.PROCESSED] * 3 + [
+        OutcomeStatus.DUPLICATE, OutcomeStatus.PROCESSED]
+    assert outcomes[3].result == {"after": "before"}  # the first commit's result, not a new one
+    assert [o.result for o in outcomes if o.status is OutcomeStatus.PROCESSED] == [
+        {"after": 0}, {"after": 1}, {"after": 2}, {"after": 4}]
+
+
+def test_a_group_commit_whose_business_write_lost_a_race_builds_on_a_fresh_read() -> None:
+    flow = Stepper(ledger().run_atomic_group.flow(group_of(2), lambda tx, indexes: [],
+                                                  partition="acct"))
+    flow.start()
+    assert isinstance(flow.send(built([0, 1])), CommitGroup)
+    step = flow.throw(OperationFailedError(0, 412))  # the balance changed since it was read
+    assert isinstance(step, Build) and step.args == ([0, 1],)
+    assert step.reads is not None and step.reads.documents == {}  # nothing remembered
+    assert isinstance(flow.send(built([0, 1])), CommitGroup)
+
+
+# -- a watermark advance that meets a higher mark ------------------------------------------------
+def mark_document(sequence_number: int, etag: str) -> Document:
+    return Document("0", "hwm", {"sequenceNumber": sequence_number, "partitionId": "0"}, etag)
+
+
+def test_a_mark_advance_that_meets_a_higher_mark_rereads_and_leaves_it() -> None:
+    watermark = PartitionWatermark(None, consumer="payments", event_hub="hub", consumer_group="cg")
+    known = Mark(5, mark_document(5, 'W/"5"'))
+    flow = Stepper(watermark.advance.flow("0", 9, known=known))
+    step = flow.start()  # no read: the caller's mark is the first guess
+    assert isinstance(step, WriteDocuments)
+    [op] = step.operations
+    assert (op.kind, op.etag, op.body["sequenceNumber"]) == ("replace", 'W/"5"', 9)
+    step = flow.throw(OperationFailedError(0, 412))  # someone moved the mark meanwhile
+    assert isinstance(step, ReadDocument)
+    assert flow.send(mark_document(20, 'W/"20"')) is None  # 20 >= 9: nothing to write
+    assert flow.value == 20
+
+
+def test_a_first_mark_is_created_and_a_second_writer_s_create_makes_it_read_again() -> None:
+    watermark = PartitionWatermark(None, consumer="payments", event_hub="hub", consumer_group="cg")
+    flow = Stepper(watermark.advance.flow("0", 3, known=None))
+    step = flow.start()
+    assert isinstance(step, WriteDocuments) and step.operations[0].kind == "create"
+    step = flow.throw(OperationFailedError(0, 409))  # created by another instance first
+    assert isinstance(step, ReadDocument)
+    step = flow.send(mark_document(2, 'W/"2"'))
+    assert isinstance(step, WriteDocuments) and step.operations[0].etag == 'W/"2"'
+    flow.send([mark_document(3, 'W/"3"')])
+    assert flow.value == 3
+
+
+# -- the drivers -----------------------------------------------------------------------------
+def sleeps_then(seconds: float, value: Any) -> Flow[Any]:
+    yield Sleep(seconds)
+    return value
+
+
+def fails() -> Flow[Any]:
+    yield Sleep(0)
+    raise KeyError("boom")
+
+
+def test_both_drivers_answer_a_gather_in_order_and_raise_its_first_error_after_all_finished() -> None:
+    slept: list[float] = []
+
+    def gathered() -> Flow[list[Any]]:
+        return (yield Gather((sleeps_then(2, "a"), fails(), sleeps_then(1, "c")), limit=2))
+
+    with pytest.raises(KeyError):
+        run_sync(gathered(), None, sleep=slept.append)
+    assert sorted(slept) == [0, 1, 2]  # the flow after the failing one still ran
+    slept.clear()
+    with pytest.raises(KeyError):
+        asyncio.run(run_async(gathered(), None, sleep=slept.append))
+    assert sorted(slept) == [0, 1, 2]
+
+    def fine() -> Flow[list[Any]]:
+        return (yield Gather((sleeps_then(2, "a"), sleeps_then(1, "b")), limit=1))
+
+    assert run_sync(fine(), None, sleep=slept.append) == ["a", "b"]
+    assert asyncio.run(run_async(fine(), None, sleep=slept.append)) == ["a", "b"]
+
+
+def test_the_sync_driver_refuses_an_async_build() -> None:
+    async def build(tx: Any) -> int:
+        return 1
+
+    with pytest.raises(TypeError, match="async face"):
+        run_sync(ledger().run_atomic.flow(KEY, HASH, build), InMemoryIdempotencyStore())
