@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from shared.keys import DedupKey
-from shared.outbox import MAX_PENDING_BYTES, decode_pending, encode_pending, outgoing
-from shared.stores.base import WriteOp
+from shared.outbox import MAX_PENDING_BYTES, outgoing
+from shared.records import IdempotencyRecord, RecordState
 
 KEY = DedupKey("orders", "ORD-big")
 
@@ -18,8 +18,9 @@ def test_a_keys_largest_pending_messages_are_written_and_read_back_whole(make_st
     messages = [outgoing(KEY, "notifications", bytes(range(256)) * (size // 256), ordinal=n,
                          correlation_id="c", properties={"type": "OrderAccepted", "n": n})
                 for n in range(2)]
-    fields = encode_pending(messages)
-    store.write_documents("p1", [WriteOp("create", "marker-1", {"state": "completed", **fields})])
-    document = store.read_document("p1", "marker-1")
-    assert document is not None
-    assert decode_pending(document.body) == messages
+    marker = IdempotencyRecord(KEY, RecordState.COMPLETED, "h", created_at=1.0, updated_at=1.0,
+                               partition="p1", record_id="marker-1", outbox=tuple(messages))
+    store.commit(marker, [])
+    stored = store.get_record("p1", "marker-1")
+    assert stored is not None
+    assert list(stored.outbox) == messages
