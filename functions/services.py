@@ -44,6 +44,7 @@ from shared import (
 )
 from shared.aio import ThreadedStore
 from shared.cache import DocumentCache
+from shared.dispatch import InMemoryDispatcher, ServiceBusDispatcher
 from shared.maintenance import Maintenance
 from shared.parking import ParkingLot
 from shared.telemetry import Telemetry
@@ -120,6 +121,19 @@ class RealAsyncStores:
             self._credential = None
 
 
+def real_dispatcher(settings: Settings) -> ServiceBusDispatcher:
+    """The outbox's dispatcher on the trigger's Service Bus connection: a connection string
+    locally, the namespace and the app's identity in Azure (Data Sender on the destinations
+    only). The destinations that are topics are named; the rest are queues."""
+    topics = (settings.notifications_topic,)
+    connection = settings.service_bus_connection
+    if connection and "endpoint=" in connection.lower():
+        return ServiceBusDispatcher.from_connection_string(connection, topics=topics)
+    return ServiceBusDispatcher(_endpoint(settings.service_bus_namespace,
+                                          "ServiceBusConnection__fullyQualifiedNamespace"),
+                                _credential(settings), topics=topics)
+
+
 def real_stores(settings: Settings, **client_options: Any) -> StoreFactory:
     """The stores of `STORE_ROLES` in Cosmos DB or Table Storage, as settings say.
 
@@ -178,6 +192,7 @@ class Services:
     parking: ParkingLot
     telemetry: Telemetry
     async_factory: Any = None  # what built async_stores, when it has more to close
+    dispatcher: Any = None  # sends what the consumers' commits recorded (shared.dispatch)
 
     async def aclose(self) -> None:
         """Close what the async stores' factory opened (`RealAsyncStores`: clients and the
@@ -192,22 +207,27 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
                    async_stores: AsyncStoreFactory | None = None,
                    sender: Sender = urllib_sender, clock: Callable[[], float] = time.time,
                    sleep: Callable[[float], None] = time.sleep,
-                   telemetry: Telemetry | None = None) -> Services:
+                   telemetry: Telemetry | None = None, dispatcher: Any = None) -> Services:
     """Wire the domain services on the stores `stores(role)` returns (default: real ones).
 
     The async payments service runs on `async_stores(role)`; without them (tests, the
     simulator's fault-injecting stores) on the sync stores, each request on a thread.
+    `dispatcher` sends the outgoing messages (default: Service Bus from settings with the
+    real stores, an `InMemoryDispatcher` with given ones).
     """
     telemetry = telemetry or Telemetry()
     if stores is None:
         stores = real_stores(settings)
         async_stores = async_stores or RealAsyncStores(settings)
+        dispatcher = dispatcher or real_dispatcher(settings)
+    dispatcher = dispatcher if dispatcher is not None else InMemoryDispatcher()
     by_role = {role: stores(role) for role in STORE_ROLES}
     config = dataclasses.replace(settings.idempotency_config(), clock=clock)
     parking = ParkingLot(by_role["parked"], telemetry=telemetry, clock=clock)
 
     def idem(role: str) -> Idempotency:
-        return Idempotency(by_role[role], config=config, telemetry=telemetry)
+        return Idempotency(by_role[role], config=config, telemetry=telemetry,
+                           dispatcher=dispatcher)
 
     # An instance owns a partition's batches for a while: it remembers the partition's mark
     # and the balances it wrote (both re-checked by etag when it writes them next).
@@ -239,7 +259,7 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
     return Services(
         settings=settings,
         stores=by_role,
-        orders=OrderService(idem("orders")),
+        orders=OrderService(idem("orders"), notifications_topic=settings.notifications_topic),
         payments=payments,
         payments_async=payments_async,
         async_stores=on_loop,
@@ -252,6 +272,7 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
                                 grace_seconds=settings.window.length.total_seconds(), clock=clock),
         parking=parking,
         telemetry=telemetry,
+        dispatcher=dispatcher,
     )
 
 
