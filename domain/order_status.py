@@ -1,10 +1,10 @@
-"""Order status events: the naturally idempotent path (spec requirement 7), no dedup record.
+"""Order status events: the naturally idempotent path (a versioned upsert), no dedup record.
 
 Each event carries the order's full resulting state and a version. It is
 applied as an upsert guarded by the version: create when absent, replace
 under the etag only when the incoming version is newer. Replays and
 duplicates change nothing; older events arriving late are rejected and
-logged (requirement 10: dedup does not order, versions do).
+logged (dedup does not order events; versions do).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Dedup configuration and the retention rule (spec requirement 8)."""
+"""Dedup configuration and the retention rule: a record outlives every redelivery of its message."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Telemetry export and trace propagation (spec requirements 11 and 12).
+"""Telemetry export, and trace context carried from producer to consumer and downstream.
 
 `configure_observability()` turns on the Azure Monitor OpenTelemetry distro
 (traces, metrics and logs to Application Insights) when

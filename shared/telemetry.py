@@ -1,4 +1,4 @@
-"""Structured logs and OpenTelemetry metrics for dedup outcomes (spec requirement 11).
+"""Structured logs and OpenTelemetry metrics for dedup outcomes: every outcome observable.
 
 Every outcome is one log record whose `extra` fields are stable (they become
 customDimensions in Application Insights) and one point on each metric:
