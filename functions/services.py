@@ -238,7 +238,7 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
                                "max_concurrency": settings.payments_max_concurrency}
     payments = payment_processor(
         Idempotency(by_role["ledger"], config=config, telemetry=telemetry,
-                    documents=DocumentCache()),
+                    documents=DocumentCache(), dispatcher=dispatcher),
         PartitionWatermark(by_role["dedup"], **mark), parking, rules=rules, sleep=sleep, **options)
     on_loop = {role: (async_stores(role) if async_stores else ThreadedStore(by_role[role]))
                for role in ("ledger", "dedup", "parked")}
@@ -256,10 +256,11 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
                                    sender=sender)
 
     record_roles = ("dedup", "ledger", "notifications")
+    orders_idem = idem("orders")
     return Services(
         settings=settings,
         stores=by_role,
-        orders=OrderService(idem("orders"), notifications_topic=settings.notifications_topic),
+        orders=OrderService(orders_idem, notifications_topic=settings.notifications_topic),
         payments=payments,
         payments_async=payments_async,
         async_stores=on_loop,
@@ -269,7 +270,10 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
         http_payments=HttpPaymentService(idem("dedup"), payments),
         order_status=OrderStatusService(by_role["order-status"]),
         maintenance=Maintenance({role: by_role[role] for role in record_roles}, parking,
-                                grace_seconds=settings.window.length.total_seconds(), clock=clock),
+                                grace_seconds=settings.window.length.total_seconds(), clock=clock,
+                                outbox={"orders": orders_idem, "ledger": payments.ledger},
+                                outbox_age_seconds=settings.outbox_sweep_age.total_seconds(),
+                                telemetry=telemetry),
         parking=parking,
         telemetry=telemetry,
         dispatcher=dispatcher,
