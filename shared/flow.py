@@ -23,11 +23,13 @@ import inspect
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Concatenate, Protocol, Self, overload
 
+from shared.cache import DocumentCache
 from shared.exceptions import (
     ConcurrencyRetriesExhaustedError,
     OperationFailedError,
@@ -36,12 +38,130 @@ from shared.exceptions import (
     StoreUnavailableError,
 )
 from shared.keys import DedupKey
-from shared.outbox import OutgoingMessage, PropertyValue
+from shared.outbox import OutgoingMessage, PropertyValue, check_pending_size, outgoing
 from shared.records import IdempotencyRecord
 from shared.stores.base import RACE_STATUSES, Document, WriteOp
-from shared.transaction import Reads, Writes
 
 logger = logging.getLogger(__name__)
+
+
+# -- what the steps carry --------------------------------------------------------------------
+class Writes:
+    """What one atomic commit writes besides its markers: business writes, in order, in the
+    markers' partition (a transaction; what else a commit may carry joins here), and the
+    messages it sends (`send`: recorded on the marker, dispatched after the commit).
+
+    `key` is the dedup key the messages' default ids derive from (in a group commit, the
+    first message's: the marker that carries them); `correlation_id` the incoming
+    message's, propagated unless `send` is given another.
+    """
+
+    def __init__(self, partition: str, *, key: DedupKey | None = None,
+                 correlation_id: str | None = None) -> None:
+        self.partition = partition
+        self.operations: list[WriteOp] = []
+        self.outgoing: list[OutgoingMessage] = []
+        self._key = key
+        self._correlation_id = correlation_id
+        self._ordinals: Counter[str] = Counter()
+
+    def send(self, destination: str, body: bytes | str | Mapping[str, Any] | Sequence[Any], *,
+             message_id: str | None = None, content_type: str | None = None,
+             properties: Mapping[str, PropertyValue] | None = None,
+             correlation_id: str | None = None, session_id: str | None = None,
+             partition_key: str | None = None,
+             scheduled_enqueue_time: datetime.datetime | None = None) -> OutgoingMessage:
+        """Record a message to send once this transaction has committed (see `shared.outbox`):
+        written on the marker in the same transaction, dispatched after the commit, re-sent
+        until recorded as dispatched.
+
+        Its id defaults to one derived from the key, the destination and its ordinal there,
+        so a rebuilt transaction yields the same ids. Too large a body, or too many bytes
+        for one marker, raises OutgoingMessageTooLargeError here, before anything commits.
+        """
+        if self._key is None:
+            raise TypeError("this transaction has no dedup key to send for (use an atomic commit)")
+        ordinal = self._ordinals[destination]
+        message = outgoing(self._key, destination, body, ordinal=ordinal, message_id=message_id,
+                           content_type=content_type,
+                           correlation_id=correlation_id or self._correlation_id,
+                           properties=properties, session_id=session_id,
+                           partition_key=partition_key,
+                           scheduled_enqueue_time=scheduled_enqueue_time)
+        check_pending_size([*self.outgoing, message])
+        self._ordinals[destination] = ordinal + 1
+        self.outgoing.append(message)
+        return message
+
+    def create(self, document_id: str, body: dict[str, Any]) -> None:
+        self.operations.append(WriteOp("create", document_id, body))
+
+    def replace(self, document_id: str, body: dict[str, Any], *, etag: str | None) -> None:
+        self.operations.append(WriteOp("replace", document_id, body, etag))
+
+    def upsert(self, document_id: str, body: dict[str, Any]) -> None:
+        self.operations.append(WriteOp("upsert", document_id, body))
+
+    def patch(self, document_id: str, operations: list[dict[str, Any]], *,
+              etag: str | None = None) -> None:
+        self.operations.append(WriteOp("patch", document_id, etag=etag, patch=tuple(operations)))
+
+    def delete(self, document_id: str, *, etag: str | None = None) -> None:
+        self.operations.append(WriteOp("delete", document_id, etag=etag))
+
+
+class Reads:
+    """What one group commit read, across its attempts and chunks, so it reads each document
+    once and again only after losing a race on it; and, with a `DocumentCache`, documents
+    this process wrote last, taken instead of a read (the commit's etag checks them)."""
+
+    def __init__(self, partition: str, cache: DocumentCache | None = None) -> None:
+        self.partition = partition
+        self.cache = cache
+        self.documents: dict[str, Document | None] = {}
+        self.cached: dict[str, Document] = {}  # taken from the cache: must be written back
+
+    def known(self, document_id: str) -> tuple[bool, Document | None]:
+        """(True, the document) when it needs no read; (False, None) otherwise."""
+        if document_id in self.documents:
+            return True, self.documents[document_id]
+        found = self.cache.get(self.partition, document_id) if self.cache is not None else None
+        if found is None:
+            return False, None
+        self.documents[document_id] = self.cached[document_id] = found
+        return True, found
+
+    def remember(self, document_id: str, document: Document | None) -> None:
+        self.documents[document_id] = document
+
+    def unchecked(self, operations: Sequence[WriteOp]) -> list[str]:
+        """Cached documents the writes do not write back under the etag taken: read them."""
+        checked = {op.id for op in operations
+                   if op.kind in ("replace", "patch", "delete") and op.id in self.cached
+                   and op.etag == self.cached[op.id].etag}
+        unchecked = [document_id for document_id in self.cached if document_id not in checked]
+        self.forget(unchecked)
+        return unchecked
+
+    def forget(self, document_ids: Sequence[str]) -> None:
+        for document_id in document_ids:
+            self.documents.pop(document_id, None)
+            self.cached.pop(document_id, None)
+            if self.cache is not None:
+                self.cache.forget(self.partition, document_id)
+
+    def lost_race(self) -> None:
+        """A business write failed its condition: read everything again."""
+        self.forget(list(self.cached))
+        self.documents.clear()
+
+    def committed(self, operations: Sequence[WriteOp], written: Sequence[Document]) -> None:
+        """After a commit: remember what it wrote; the next chunk builds on that."""
+        self.forget([op.id for op in operations])
+        self.documents.clear()
+        if self.cache is not None:
+            for document in written:
+                self.cache.put(document)
 
 
 # -- the steps ------------------------------------------------------------------------------
@@ -354,7 +474,7 @@ def _perform_sync(step: Step, store: SyncStore, sleep: Callable[[float], object]
             if inspect.isawaitable(value):
                 _close(value)
                 raise TypeError("an async build needs the async face (shared.aio)")
-            return Built(value, tx.writes)
+            return Built(value, tx)
         case RunHandler():
             return _LeaseRenewal(step, store).run()
         case Sleep(seconds):
@@ -426,7 +546,7 @@ async def _perform_async(step: Step, store: AsyncStore, sleep: Callable[[float],
             _commits(store)
             tx = AsyncTransaction(store, partition, reads, key=key, correlation_id=correlation_id)
             value = build(tx, *args)
-            return Built(await value if inspect.isawaitable(value) else value, tx.writes)
+            return Built(await value if inspect.isawaitable(value) else value, tx)
         case RunHandler():
             return await _AsyncLeaseRenewal(step, store).run()
         case Sleep(seconds):
@@ -659,14 +779,14 @@ class flowmethod[**P, T]:
 
 
 # -- the transaction a build fills --------------------------------------------------------------
-class _TransactionReads:
-    """The read half of a transaction, written once as a flow."""
+class BaseTransaction(Writes):
+    """What a build receives: the commit's writes (`Writes`: they join the marker's
+    transaction, in its partition) and `read`, written once as a flow."""
 
     def __init__(self, store: Any, partition: str, reads: Reads | None = None, *,
                  key: DedupKey | None = None, correlation_id: str | None = None) -> None:
+        super().__init__(partition, key=key, correlation_id=correlation_id)
         self.store = store
-        self.partition = partition
-        self.writes = Writes(partition, key=key, correlation_id=correlation_id)
         self._reads = reads
 
     @flowmethod
@@ -682,48 +802,12 @@ class _TransactionReads:
             self._reads.remember(document_id, document)
         return document
 
-    # The business writes join the commit (one partition, after the marker).
-    def create(self, document_id: str, body: dict[str, Any]) -> None:
-        self.writes.create(document_id, body)
 
-    def replace(self, document_id: str, body: dict[str, Any], *, etag: str | None) -> None:
-        self.writes.replace(document_id, body, etag=etag)
-
-    def upsert(self, document_id: str, body: dict[str, Any]) -> None:
-        self.writes.upsert(document_id, body)
-
-    def patch(self, document_id: str, operations: list[dict[str, Any]], *,
-              etag: str | None = None) -> None:
-        self.writes.patch(document_id, operations, etag=etag)
-
-    def delete(self, document_id: str, *, etag: str | None = None) -> None:
-        self.writes.delete(document_id, etag=etag)
-
-    # The outbox: messages sent once the commit has succeeded (see `Writes.send`).
-    def send(self, destination: str, body: bytes | str | Mapping[str, Any] | Sequence[Any], *,
-             message_id: str | None = None, content_type: str | None = None,
-             properties: Mapping[str, PropertyValue] | None = None,
-             correlation_id: str | None = None, session_id: str | None = None,
-             partition_key: str | None = None,
-             scheduled_enqueue_time: datetime.datetime | None = None) -> OutgoingMessage:
-        """Record a message that is sent only once this transaction has committed, with
-        the marker, and re-sent until recorded as dispatched (`Writes.send`)."""
-        return self.writes.send(destination, body, message_id=message_id,
-                                content_type=content_type, properties=properties,
-                                correlation_id=correlation_id, session_id=session_id,
-                                partition_key=partition_key,
-                                scheduled_enqueue_time=scheduled_enqueue_time)
-
-    @property
-    def operations(self) -> list[WriteOp]:
-        return self.writes.operations
-
-
-class Transaction(_TransactionReads, Sync):
+class Transaction(BaseTransaction, Sync):
     """What a sync build receives: `read` a document, add writes to the commit."""
 
 
-class AsyncTransaction(_TransactionReads, Async):
+class AsyncTransaction(BaseTransaction, Async):
     """What an async build receives (`shared.aio.Transaction`): `await tx.read(...)`."""
 
 

@@ -54,10 +54,12 @@ from shared.flow import (
     GetRecord,
     HandlerRun,
     PutRecordIfAbsent,
+    Reads,
     RecordDispatched,
     ReplaceRecordIfUnchanged,
     RunHandler,
     Sync,
+    Writes,
     flowmethod,
     retry_on_race,
 )
@@ -66,7 +68,6 @@ from shared.keys import request_hash as hash_request
 from shared.records import IdempotencyRecord, Outcome, OutcomeStatus, RecordState, encode_result
 from shared.stores.base import MAX_TRANSACTION_OPERATIONS, RACE_STATUSES
 from shared.telemetry import Telemetry
-from shared.transaction import Reads, Writes
 
 P = ParamSpec("P")
 logger = logging.getLogger(__name__)

@@ -3,7 +3,8 @@
 A key is scoped by consumer (two consumers of one message each apply it
 once), built only from stable message identity (never a delivery's), and
 encoded so any input is a valid Table Storage PartitionKey/RowKey and Cosmos
-DB id: deterministic and injective, with long keys replaced by their SHA-256. The raw key stays on the record for operators.
+DB id: deterministic and injective, with long keys replaced by their SHA-256.
+The raw key stays on the record for operators.
 """
 
 # Callers pass what a trigger delivered (untyped at run time): the isinstance checks on

@@ -35,13 +35,13 @@ from shared.flow import (
     Sleep,
     Step,
     WriteDocuments,
+    Writes,
     run_async,
     run_sync,
 )
 from shared.idempotency import GroupMessage, Idempotency
 from shared.stores.base import Document
 from shared.stores.memory import InMemoryIdempotencyStore
-from shared.transaction import Writes
 from shared.watermark import Mark, PartitionWatermark
 
 NOW = 1_000_000.0

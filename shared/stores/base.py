@@ -301,7 +301,7 @@ def store_call[T](backend: str, action: Callable[[], T], *, on_status: StatusErr
                   none_if_missing: Literal[False] = False) -> T: ...
 @overload
 def store_call[T](backend: str, action: Callable[[], T], *, on_status: StatusErrors | None = None,
-                  none_if_missing: Literal[True]) -> T | None: ...
+                  none_if_missing: bool) -> T | None: ...
 def store_call[T](backend: str, action: Callable[[], T], *,
                   on_status: StatusErrors | None = None,
                   none_if_missing: bool = False) -> T | None:
@@ -320,7 +320,7 @@ async def async_store_call[T](backend: str, action: Callable[[], Awaitable[T]], 
 @overload
 async def async_store_call[T](backend: str, action: Callable[[], Awaitable[T]], *,
                               on_status: StatusErrors | None = None,
-                              none_if_missing: Literal[True]) -> T | None: ...
+                              none_if_missing: bool) -> T | None: ...
 async def async_store_call[T](backend: str, action: Callable[[], Awaitable[T]], *,
                               on_status: StatusErrors | None = None,
                               none_if_missing: bool = False) -> T | None:
@@ -330,3 +330,51 @@ async def async_store_call[T](backend: str, action: Callable[[], Awaitable[T]], 
     except AzureError as error:
         translate_error(backend, error, on_status=on_status, none_if_missing=none_if_missing)
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class Request[T]:
+    """One store request, built once for a backend's sync and async store (the mapping
+    builds it; only sending it differs): `send(client)` makes the SDK call (the sync SDK
+    answers, the async one returns an awaitable), `answer` turns the SDK's answer into the
+    store's; `on_status` and `none_if_missing` as for `translate_error`; `refine` may name a
+    more precise error for one the SDK raised (a failed transaction's operation)."""
+
+    send: Callable[[Any], Any]
+    answer: Callable[[Any], T]
+    on_status: StatusErrors | None = None
+    none_if_missing: bool = False
+    refine: Callable[[Exception], Exception | None] | None = None
+
+
+def _raise_refined(request: Request[Any], error: Exception) -> None:
+    """Raise the request's more precise error for `error`, if it names one."""
+    refined = request.refine(error) if request.refine is not None else None
+    if refined is not None:
+        raise refined from error
+
+
+def send_request[T](backend: str, client: Any, request: Request[T]) -> T:
+    """Send a request with a sync SDK client; its failure translated by `translate_error`."""
+    def call() -> Any:
+        try:
+            return request.send(client)
+        except Exception as error:
+            _raise_refined(request, error)
+            raise
+
+    return request.answer(store_call(backend, call, on_status=request.on_status,
+                                     none_if_missing=request.none_if_missing))
+
+
+async def send_request_async[T](backend: str, client: Any, request: Request[T]) -> T:
+    """`send_request` with an async SDK client (the same translation)."""
+    async def call() -> Any:
+        try:
+            return await request.send(client)
+        except Exception as error:
+            _raise_refined(request, error)
+            raise
+
+    return request.answer(await async_store_call(backend, call, on_status=request.on_status,
+                                                 none_if_missing=request.none_if_missing))

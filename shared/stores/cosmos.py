@@ -11,7 +11,7 @@ every read checks, since expiry runs in the background.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Self
 
 from azure.core import MatchConditions
@@ -24,9 +24,11 @@ from shared.records import IdempotencyRecord, RecordState
 from shared.stores.base import (
     Document,
     IdempotencyStore,
+    Request,
     WriteOp,
     changed_statuses,
     check_transaction_size,
+    send_request,
     store_call,
     transaction_failure,
     written_documents,
@@ -126,11 +128,67 @@ class CosmosMapping:
         body = {k: v for k, v in item.items() if k not in _SYSTEM and k not in hidden}
         return Document(document_id, partition, body, item.get("_etag"))
 
+    # -- the requests, built once for the sync and the async store (`Request`) -------------
+    def _get_record(self, partition: str, record_id: str) -> Request[IdempotencyRecord | None]:
+        return Request(lambda container: container.read_item(record_id, partition),
+                       lambda item: self._to_record(item)
+                       if item is not None and is_record(item) else None, none_if_missing=True)
+
+    def _put_record_if_absent(self, record: IdempotencyRecord) -> Request[IdempotencyRecord]:
+        return Request(lambda container: container.create_item(self._record_document(record)),
+                       lambda created: record.evolve(etag=created.get("_etag")),
+                       on_status={409: lambda: RecordExistsError(record.id)})
+
+    def _replace_record_if_unchanged(self, record: IdempotencyRecord) -> Request[IdempotencyRecord]:
+        return Request(lambda container: container.replace_item(
+            record.id, self._record_document(record), etag=record.etag,
+            match_condition=IF_UNCHANGED), lambda replaced: record.evolve(etag=replaced.get("_etag")),
+            on_status=changed_statuses(record.id))
+
+    def _record_dispatched(self, marker: IdempotencyRecord) -> Request[IdempotencyRecord]:
+        return Request(lambda container: container.patch_item(
+            marker.id, marker.partition_key, self._dispatched_patch(marker), etag=marker.etag,
+            match_condition=IF_UNCHANGED),
+            lambda patched: marker.evolve(etag=patched.get("_etag"), outbox=()),
+            on_status=changed_statuses(marker.id))
+
+    def _delete_record_if_unchanged(self, record: IdempotencyRecord) -> Request[None]:
+        return Request(lambda container: container.delete_item(
+            record.id, record.partition_key, etag=record.etag, match_condition=IF_UNCHANGED),
+            lambda _: None, on_status=changed_statuses(record.id))
+
+    def _read_document(self, partition: str, document_id: str) -> Request[Document | None]:
+        return Request(lambda container: container.read_item(document_id, partition),
+                       lambda item: None if item is None
+                       else self._document(partition, document_id, item), none_if_missing=True)
+
+    def _write_documents(self, partition: str, operations: Sequence[WriteOp]
+                         ) -> Request[list[Document]]:
+        return _batch(partition, [self._batch_op(partition, op) for op in operations], None,
+                      lambda results: [Document(op.id, partition, op.body, result.get("eTag"))
+                                       for op, result in zip(operations, results, strict=True)])
+
+    def _commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp],
+                marker_body: dict[str, Any] | None, written: list[Document] | None
+                ) -> Request[IdempotencyRecord]:
+        return _batch(marker.partition_key, self._commit_batch(marker, operations, marker_body),
+                      marker.id, lambda results: self._committed(marker, operations, results,
+                                                                 written))
+
 
 def _etag_in(result: dict[str, Any]) -> str | None:
     """An operation's new etag in a transactional batch answer."""
     body: dict[str, Any] = result.get("resourceBody") or {}
     return result.get("eTag") or body.get("_etag")
+
+
+def _batch[T](partition: str, batch: list[tuple[Any, ...]], marker_id: str | None,
+              answer: Callable[[list[dict[str, Any]]], T]) -> Request[T]:
+    """One transactional batch; a failed operation maps to the store contract."""
+    check_transaction_size(len(batch))
+    return Request(lambda container: container.execute_item_batch(batch, partition_key=partition),
+                   answer, refine=lambda error: batch_failure(error, marker_id)
+                   if isinstance(error, CosmosBatchOperationError) else None)
 
 
 def batch_failure(error: CosmosBatchOperationError, marker_id: str | None) -> Exception:
@@ -176,48 +234,24 @@ class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
         store._cosmos = client  # closed with the store
         return store
 
-    def _batch(self, partition: str, batch: list[tuple[Any, ...]], *,
-               marker_id: str | None) -> list[dict[str, Any]]:
-        """One transactional batch; a failed operation maps to the store contract."""
-        check_transaction_size(len(batch))
-
-        def execute() -> list[dict[str, Any]]:
-            try:
-                return self._container.execute_item_batch(batch, partition_key=partition)
-            except CosmosBatchOperationError as error:
-                raise batch_failure(error, marker_id) from error
-
-        return store_call(BACKEND, execute)
+    def _send[T](self, request: Request[T]) -> T:
+        return send_request(BACKEND, self._container, request)
 
     # -- records ----------------------------------------------------------------
     def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
-        document = store_call(BACKEND, lambda: self._container.read_item(record_id, partition),
-                              none_if_missing=True)
-        return self._to_record(document) if document is not None and is_record(document) else None
+        return self._send(self._get_record(partition, record_id))
 
     def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        created = store_call(BACKEND, lambda: self._container.create_item(self._record_document(record)),
-                             on_status={409: lambda: RecordExistsError(record.id)})
-        return record.evolve(etag=created.get("_etag"))
+        return self._send(self._put_record_if_absent(record))
 
     def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        changed = changed_statuses(record.id)
-        replaced = store_call(BACKEND, lambda: self._container.replace_item(
-            record.id, self._record_document(record), etag=record.etag,
-            match_condition=IF_UNCHANGED), on_status=changed)
-        return record.evolve(etag=replaced.get("_etag"))
+        return self._send(self._replace_record_if_unchanged(record))
 
     def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
-        changed = changed_statuses(record.id)
-        store_call(BACKEND, lambda: self._container.delete_item(
-            record.id, record.partition_key, etag=record.etag, match_condition=IF_UNCHANGED),
-            on_status=changed)
+        self._send(self._delete_record_if_unchanged(record))
 
     def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
-        patched = store_call(BACKEND, lambda: self._container.patch_item(
-            marker.id, marker.partition_key, self._dispatched_patch(marker), etag=marker.etag,
-            match_condition=IF_UNCHANGED), on_status=changed_statuses(marker.id))
-        return marker.evolve(etag=patched.get("_etag"), outbox=())
+        return self._send(self._record_dispatched(marker))
 
     def iter_pending(self, *, since_before: float) -> Iterator[IdempotencyRecord]:
         """A range query on `outboxPendingSince`: the field exists only while messages are
@@ -259,22 +293,15 @@ class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
 
     # -- documents --------------------------------------------------------------
     def read_document(self, partition: str, document_id: str) -> Document | None:
-        item = store_call(BACKEND, lambda: self._container.read_item(document_id, partition),
-                          none_if_missing=True)
-        return None if item is None else self._document(partition, document_id, item)
+        return self._send(self._read_document(partition, document_id))
 
     def write_documents(self, partition: str, operations: Sequence[WriteOp]) -> list[Document]:
-        results = self._batch(partition, [self._batch_op(partition, op) for op in operations],
-                              marker_id=None)
-        return [Document(op.id, partition, op.body, result.get("eTag"))
-                for op, result in zip(operations, results, strict=True)]
+        return self._send(self._write_documents(partition, operations))
 
     def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
                marker_body: dict[str, Any] | None = None,
                written: list[Document] | None = None) -> IdempotencyRecord:
-        results = self._batch(marker.partition_key, self._commit_batch(marker, operations, marker_body),
-                              marker_id=marker.id)
-        return self._committed(marker, operations, results, written)
+        return self._send(self._commit(marker, operations, marker_body, written))
 
     def close(self) -> None:
         if self._cosmos is not None:

@@ -1,36 +1,29 @@
 """Cosmos DB backend on `azure.cosmos.aio`: the async face of `CosmosIdempotencyStore`.
 
-The item mapping, batch building and error translation are the sync store's
-(`CosmosMapping`, `batch_failure`, `translate_error`); only the requests are awaited.
+Every request is built once, by the mapping it shares with the sync store
+(`CosmosMapping`: items, batches, the store-contract errors); only sending it
+differs (`send_request_async`, awaited on a ready client).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
 from azure.cosmos.aio import ContainerProxy, CosmosClient
-from azure.cosmos.exceptions import CosmosBatchOperationError
 
-from shared.exceptions import RecordExistsError
 from shared.records import IdempotencyRecord
 from shared.stores.base import (
     AsyncDocumentStore,
     Document,
+    Request,
     WriteOp,
     async_store_call,
-    check_transaction_size,
+    send_request_async,
 )
-from shared.stores.codec import is_record
-from shared.stores.cosmos import (
-    BACKEND,
-    IF_UNCHANGED,
-    CosmosMapping,
-    batch_failure,
-    changed_statuses,
-)
+from shared.stores.cosmos import BACKEND, CosmosMapping
 
 
 class AsyncCosmosIdempotencyStore(CosmosMapping, AsyncDocumentStore):
@@ -83,73 +76,37 @@ class AsyncCosmosIdempotencyStore(CosmosMapping, AsyncDocumentStore):
                 await async_store_call(BACKEND, self._cosmos.__aenter__)
                 self._initialized = True
 
-    async def _call(self, action: Callable[[], Awaitable[Any]], *,
-                    on_status: dict[int, Callable[[], Exception]] | None = None,
-                    none_if_missing: bool = False) -> Any:
+    async def _send[T](self, request: Request[T]) -> T:
         """One request on a ready client; its failure translated by `translate_error`."""
         await self._ready()
-        return await async_store_call(BACKEND, action, on_status=on_status,
-                                      none_if_missing=none_if_missing)
-
-    async def _batch(self, partition: str, batch: list[tuple[Any, ...]], *,
-                     marker_id: str | None) -> list[dict[str, Any]]:
-        check_transaction_size(len(batch))
-
-        async def execute() -> list[dict[str, Any]]:
-            try:
-                return await self._container.execute_item_batch(batch, partition_key=partition)
-            except CosmosBatchOperationError as error:
-                raise batch_failure(error, marker_id) from error
-
-        return await self._call(execute)
+        return await send_request_async(BACKEND, self._container, request)
 
     async def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
-        document = await self._call(lambda: self._container.read_item(record_id, partition),
-                                    none_if_missing=True)
-        return self._to_record(document) if document is not None and is_record(document) else None
+        return await self._send(self._get_record(partition, record_id))
 
     async def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        created = await self._call(
-            lambda: self._container.create_item(self._record_document(record)),
-            on_status={409: lambda: RecordExistsError(record.id)})
-        return record.evolve(etag=created.get("_etag"))
+        return await self._send(self._put_record_if_absent(record))
 
     async def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        replaced = await self._call(lambda: self._container.replace_item(
-            record.id, self._record_document(record), etag=record.etag,
-            match_condition=IF_UNCHANGED), on_status=changed_statuses(record.id))
-        return record.evolve(etag=replaced.get("_etag"))
+        return await self._send(self._replace_record_if_unchanged(record))
 
     async def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
-        await self._call(lambda: self._container.delete_item(
-            record.id, record.partition_key, etag=record.etag, match_condition=IF_UNCHANGED),
-            on_status=changed_statuses(record.id))
+        await self._send(self._delete_record_if_unchanged(record))
 
     async def read_document(self, partition: str, document_id: str) -> Document | None:
-        item = await self._call(lambda: self._container.read_item(document_id, partition),
-                                none_if_missing=True)
-        return None if item is None else self._document(partition, document_id, item)
+        return await self._send(self._read_document(partition, document_id))
 
     async def write_documents(self, partition: str, operations: Sequence[WriteOp]
                               ) -> list[Document]:
-        results = await self._batch(partition, [self._batch_op(partition, op) for op in operations],
-                                    marker_id=None)
-        return [Document(op.id, partition, op.body, result.get("eTag"))
-                for op, result in zip(operations, results, strict=True)]
+        return await self._send(self._write_documents(partition, operations))
 
     async def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
                      marker_body: dict[str, Any] | None = None,
                      written: list[Document] | None = None) -> IdempotencyRecord:
-        results = await self._batch(marker.partition_key,
-                                    self._commit_batch(marker, operations, marker_body),
-                                    marker_id=marker.id)
-        return self._committed(marker, operations, results, written)
+        return await self._send(self._commit(marker, operations, marker_body, written))
 
     async def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
-        patched = await self._call(lambda: self._container.patch_item(
-            marker.id, marker.partition_key, self._dispatched_patch(marker), etag=marker.etag,
-            match_condition=IF_UNCHANGED), on_status=changed_statuses(marker.id))
-        return marker.evolve(etag=patched.get("_etag"), outbox=())
+        return await self._send(self._record_dispatched(marker))
 
     async def close(self) -> None:
         """Close the client this store created; a caller's client stays open."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Self
 
 from azure.core import MatchConditions
@@ -32,9 +32,11 @@ from shared.stores.base import (
     MAX_TRANSACTION_OPERATIONS,
     Document,
     IdempotencyStore,
+    Request,
     WriteOp,
     changed_statuses,
     check_transaction_size,
+    send_request,
     store_call,
     transaction_failure,
     written_documents,
@@ -151,6 +153,65 @@ class TableMapping:
         body = {k: v for k, v in _plain(entity).items() if k not in _SYSTEM}
         return Document(document_id, partition, body, etag_of(entity.metadata))
 
+    # -- the requests, built once for the sync and the async store (`Request`) -------------
+    _submit: Callable[[Any, list[tuple[Any, ...]]], Any]  # the face's $batch sender
+
+    def _transaction_request[T](self, batch: list[tuple[Any, ...]], marker_id: str | None,
+                                answer: Callable[[list[Any]], T]) -> Request[T]:
+        """One entity-group transaction; a failed operation maps to the store contract."""
+        check_transaction_size(len(batch))
+        return Request(lambda client: self._submit(client, batch), answer,
+                       refine=lambda error: transaction_error(error, marker_id)
+                       if isinstance(error, TableTransactionError) else None)
+
+    def _get_record(self, partition: str, record_id: str) -> Request[IdempotencyRecord | None]:
+        return Request(lambda client: client.get_entity(partition, record_id),
+                       lambda entity: self._to_record(entity)
+                       if entity is not None and is_record(entity) else None, none_if_missing=True)
+
+    def _put_record_if_absent(self, record: IdempotencyRecord) -> Request[IdempotencyRecord]:
+        return Request(lambda client: client.create_entity(self._record_entity(record)),
+                       lambda metadata: record.evolve(etag=etag_of(metadata)),
+                       on_status={409: lambda: RecordExistsError(record.id)})
+
+    def _replace_record_if_unchanged(self, record: IdempotencyRecord) -> Request[IdempotencyRecord]:
+        entity = self._record_entity(record)
+        return Request(lambda client: client.update_entity(
+            entity, mode=UpdateMode.REPLACE, etag=record.etag, match_condition=IF_UNCHANGED),
+            lambda metadata: record.evolve(etag=etag_of(metadata)),
+            on_status=changed_statuses(record.id))
+
+    def _record_dispatched(self, marker: IdempotencyRecord) -> Request[IdempotencyRecord]:
+        entity = self._dispatched_entity(marker)
+        return Request(lambda client: client.update_entity(
+            entity, mode=UpdateMode.MERGE, etag=marker.etag, match_condition=IF_UNCHANGED),
+            lambda metadata: marker.evolve(etag=etag_of(metadata), outbox=()),
+            on_status=changed_statuses(marker.id))
+
+    def _delete_record_if_unchanged(self, record: IdempotencyRecord) -> Request[None]:
+        return Request(lambda client: client.delete_entity(
+            record.partition_key, record.id, etag=record.etag, match_condition=IF_UNCHANGED),
+            lambda _: None, on_status=changed_statuses(record.id))
+
+    def _read_document(self, partition: str, document_id: str) -> Request[Document | None]:
+        return Request(lambda client: client.get_entity(partition, document_id),
+                       lambda entity: None if entity is None
+                       else self._document(partition, document_id, entity), none_if_missing=True)
+
+    def _write_documents(self, partition: str, operations: Sequence[WriteOp]
+                         ) -> Request[list[Document]]:
+        return self._transaction_request(
+            [self._transaction_op(partition, op) for op in operations], None,
+            lambda results: [Document(op.id, partition, op.body, etag_of(meta))
+                             for op, meta in zip(operations, results, strict=True)])
+
+    def _commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp],
+                marker_body: dict[str, Any] | None, written: list[Document] | None
+                ) -> Request[IdempotencyRecord]:
+        return self._transaction_request(
+            self._commit_batch(marker, operations, marker_body), marker.id,
+            lambda results: self._committed(marker, operations, results, written))
+
 
 def transaction_error(error: TableTransactionError, marker_id: str | None) -> Exception:
     """The store-contract error for a failed entity-group transaction."""
@@ -196,49 +257,30 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
             store_call(BACKEND, self._client.create_table,
                        on_status={409: lambda: RecordExistsError(self._client.table_name)})
 
+    _submit = staticmethod(submit_transaction)
+
+    def _send[T](self, request: Request[T]) -> T:
+        return send_request(BACKEND, self._client, request)
+
     def _transaction(self, batch: list[tuple[Any, ...]], *, marker_id: str | None) -> list[Any]:
-        """One entity-group transaction; a failed operation maps to the store contract."""
-        check_transaction_size(len(batch))
-
-        def submit() -> list[Any]:
-            try:
-                return submit_transaction(self._client, batch)
-            except TableTransactionError as error:
-                raise transaction_error(error, marker_id) from error
-
-        return store_call(BACKEND, submit)
+        """One entity-group transaction (the purge's)."""
+        return self._send(self._transaction_request(batch, marker_id, lambda results: results))
 
     # -- records ----------------------------------------------------------------
     def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
-        entity = store_call(BACKEND, lambda: self._client.get_entity(partition, record_id),
-                            none_if_missing=True)
-        return self._to_record(entity) if entity is not None and is_record(entity) else None
+        return self._send(self._get_record(partition, record_id))
 
     def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        metadata = store_call(BACKEND, lambda: self._client.create_entity(self._record_entity(record)),
-                              on_status={409: lambda: RecordExistsError(record.id)})
-        return record.evolve(etag=etag_of(metadata))
+        return self._send(self._put_record_if_absent(record))
 
     def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        entity = self._record_entity(record)
-        changed = changed_statuses(record.id)
-        metadata = store_call(BACKEND, lambda: self._client.update_entity(
-            entity, mode=UpdateMode.REPLACE, etag=record.etag, match_condition=IF_UNCHANGED),
-            on_status=changed)
-        return record.evolve(etag=etag_of(metadata))
+        return self._send(self._replace_record_if_unchanged(record))
 
     def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
-        changed = changed_statuses(record.id)
-        store_call(BACKEND, lambda: self._client.delete_entity(
-            record.partition_key, record.id, etag=record.etag, match_condition=IF_UNCHANGED),
-            on_status=changed)
+        self._send(self._delete_record_if_unchanged(record))
 
     def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
-        entity = self._dispatched_entity(marker)
-        metadata = store_call(BACKEND, lambda: self._client.update_entity(
-            entity, mode=UpdateMode.MERGE, etag=marker.etag, match_condition=IF_UNCHANGED),
-            on_status=changed_statuses(marker.id))
-        return marker.evolve(etag=etag_of(metadata), outbox=())
+        return self._send(self._record_dispatched(marker))
 
     def iter_pending(self, *, since_before: float) -> Iterator[IdempotencyRecord]:
         """A filter on `outboxPendingSince` returning only the keys of pending markers, each
@@ -299,22 +341,15 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
 
     # -- documents --------------------------------------------------------------
     def read_document(self, partition: str, document_id: str) -> Document | None:
-        entity = store_call(BACKEND, lambda: self._client.get_entity(partition, document_id),
-                            none_if_missing=True)
-        return None if entity is None else self._document(partition, document_id, entity)
+        return self._send(self._read_document(partition, document_id))
 
     def write_documents(self, partition: str, operations: Sequence[WriteOp]) -> list[Document]:
-        results = self._transaction([self._transaction_op(partition, op) for op in operations],
-                                    marker_id=None)
-        return [Document(op.id, partition, op.body, etag_of(meta))
-                for op, meta in zip(operations, results, strict=True)]
+        return self._send(self._write_documents(partition, operations))
 
     def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
                marker_body: dict[str, Any] | None = None,
                written: list[Document] | None = None) -> IdempotencyRecord:
-        results = self._transaction(self._commit_batch(marker, operations, marker_body),
-                                    marker_id=marker.id)
-        return self._committed(marker, operations, results, written)
+        return self._send(self._commit(marker, operations, marker_body, written))
 
     def close(self) -> None:
         """Close the client this store created; a caller's client stays open."""

@@ -1,7 +1,8 @@
 """Table Storage backend on `azure.data.tables.aio`: the async face of `TableIdempotencyStore`.
 
-The entity mapping, transaction building and error translation are the sync
-store's (`TableMapping`, `transaction_error`, `translate_error`); only the requests are awaited.
+Every request is built once, by the mapping it shares with the sync store
+(`TableMapping`: entities, transactions, the store-contract errors); only
+sending it differs (`send_request_async`, and the async `$batch` sender).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from typing import Any
 
 from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
 from azure.core.credentials_async import AsyncTokenCredential
-from azure.data.tables import TableTransactionError, UpdateMode
 from azure.data.tables.aio import TableClient
 
 from shared.exceptions import RecordExistsError
@@ -21,13 +21,12 @@ from shared.records import IdempotencyRecord
 from shared.stores.base import (
     AsyncDocumentStore,
     Document,
+    Request,
     WriteOp,
     async_store_call,
-    changed_statuses,
-    check_transaction_size,
+    send_request_async,
 )
-from shared.stores.codec import is_record
-from shared.stores.table import BACKEND, IF_UNCHANGED, TableMapping, etag_of, transaction_error
+from shared.stores.table import BACKEND, TableMapping
 from shared.stores.table_batch import submit_transaction_async
 
 
@@ -67,67 +66,37 @@ class AsyncTableIdempotencyStore(TableMapping, AsyncDocumentStore):
             await async_store_call(BACKEND, self._client.create_table,
                                    on_status={409: lambda: RecordExistsError(self._client.table_name)})
 
-    async def _transaction(self, batch: list[tuple[Any, ...]], *,
-                           marker_id: str | None) -> list[Any]:
-        check_transaction_size(len(batch))
+    _submit = staticmethod(submit_transaction_async)
 
-        async def submit() -> list[Any]:
-            try:
-                return await submit_transaction_async(self._client, batch)
-            except TableTransactionError as error:
-                raise transaction_error(error, marker_id) from error
-
-        return await async_store_call(BACKEND, submit)
+    async def _send[T](self, request: Request[T]) -> T:
+        return await send_request_async(BACKEND, self._client, request)
 
     async def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
-        entity = await async_store_call(
-            BACKEND, lambda: self._client.get_entity(partition, record_id), none_if_missing=True)
-        return self._to_record(entity) if entity is not None and is_record(entity) else None
+        return await self._send(self._get_record(partition, record_id))
 
     async def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        metadata = await async_store_call(
-            BACKEND, lambda: self._client.create_entity(self._record_entity(record)),
-            on_status={409: lambda: RecordExistsError(record.id)})
-        return record.evolve(etag=etag_of(metadata))
+        return await self._send(self._put_record_if_absent(record))
 
     async def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        entity = self._record_entity(record)
-        metadata = await async_store_call(BACKEND, lambda: self._client.update_entity(
-            entity, mode=UpdateMode.REPLACE, etag=record.etag, match_condition=IF_UNCHANGED),
-            on_status=changed_statuses(record.id))
-        return record.evolve(etag=etag_of(metadata))
+        return await self._send(self._replace_record_if_unchanged(record))
 
     async def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
-        await async_store_call(BACKEND, lambda: self._client.delete_entity(
-            record.partition_key, record.id, etag=record.etag, match_condition=IF_UNCHANGED),
-            on_status=changed_statuses(record.id))
+        await self._send(self._delete_record_if_unchanged(record))
 
     async def read_document(self, partition: str, document_id: str) -> Document | None:
-        entity = await async_store_call(
-            BACKEND, lambda: self._client.get_entity(partition, document_id),
-            none_if_missing=True)
-        return None if entity is None else self._document(partition, document_id, entity)
+        return await self._send(self._read_document(partition, document_id))
 
     async def write_documents(self, partition: str, operations: Sequence[WriteOp]
                               ) -> list[Document]:
-        results = await self._transaction(
-            [self._transaction_op(partition, op) for op in operations], marker_id=None)
-        return [Document(op.id, partition, op.body, etag_of(meta))
-                for op, meta in zip(operations, results, strict=True)]
+        return await self._send(self._write_documents(partition, operations))
 
     async def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
                      marker_body: dict[str, Any] | None = None,
                      written: list[Document] | None = None) -> IdempotencyRecord:
-        results = await self._transaction(self._commit_batch(marker, operations, marker_body),
-                                          marker_id=marker.id)
-        return self._committed(marker, operations, results, written)
+        return await self._send(self._commit(marker, operations, marker_body, written))
 
     async def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
-        entity = self._dispatched_entity(marker)
-        metadata = await async_store_call(BACKEND, lambda: self._client.update_entity(
-            entity, mode=UpdateMode.MERGE, etag=marker.etag, match_condition=IF_UNCHANGED),
-            on_status=changed_statuses(marker.id))
-        return marker.evolve(etag=etag_of(metadata), outbox=())
+        return await self._send(self._record_dispatched(marker))
 
     async def close(self) -> None:
         """Close the client this store created; a caller's client stays open."""

@@ -32,13 +32,13 @@ from shared.flow import (
     GetRecord,
     RecordDispatched,
     Transaction,
+    Writes,
 )
 from shared.idempotency import AsyncIdempotency, GroupMessage, Idempotency
 from shared.keys import DedupKey
 from shared.outbox import MAX_BODY_BYTES, outgoing_message_id
 from shared.records import IdempotencyRecord, OutcomeStatus
 from shared.stores.memory import InMemoryIdempotencyStore
-from shared.transaction import Writes
 
 KEY = DedupKey("orders", "ORD-1")
 CONTEXT = {"correlation_id": "corr-1", "message_id": "ORD-1"}
@@ -56,7 +56,7 @@ def built_by(step: Build) -> Built:
     """What the driver answers a Build step with: the user's build on a transaction."""
     tx = Transaction(None, step.partition, step.reads, key=step.key,
                      correlation_id=step.correlation_id)
-    return Built(step.build(tx, *step.args), tx.writes)
+    return Built(step.build(tx, *step.args), tx)
 
 
 def flow_of(idempotency: Idempotency, **options: Any) -> Flow[Any]:
