@@ -27,7 +27,6 @@ BINDING_SETTINGS = (
     "AUDIT_SUBSCRIPTION_NAME",
     "PAYMENTS_HUB_NAME",
     "PAYMENTS_CONSUMER_GROUP",
-    "BALANCES_QUEUE_NAME",
     "MAINTENANCE_SCHEDULE",
 )
 # Read by the app at startup.
@@ -52,7 +51,6 @@ APP_SETTINGS = (
     "PAYMENTS_HUB_NAME",
     "PAYMENTS_CONSUMER_GROUP",
     "NOTIFICATIONS_TOPIC_NAME",
-    "BALANCES_QUEUE_NAME",
     "OUTBOX_DUPLICATE_DETECTION_SECONDS",
     "OUTBOX_SWEEP_AGE_SECONDS",
     "APPLICATIONINSIGHTS_CONNECTION_STRING",
@@ -142,7 +140,6 @@ class Settings:
     payments_consumer_group: str
     azure_client_id: str | None
     notifications_topic: str = "notifications"
-    balances_queue: str = "balance-changes"
     service_bus_connection: str | None = None  # a connection string (local runs)
     service_bus_namespace: str | None = None  # <name>.servicebus.windows.net (identity)
     outbox_duplicate_detection: timedelta = timedelta(days=2)
@@ -205,7 +202,6 @@ class Settings:
             payments_consumer_group=env.get("PAYMENTS_CONSUMER_GROUP", "$Default") or "$Default",
             azure_client_id=env.get("AZURE_CLIENT_ID") or None,
             notifications_topic=env.get("NOTIFICATIONS_TOPIC_NAME", "notifications") or "notifications",
-            balances_queue=env.get("BALANCES_QUEUE_NAME", "balance-changes") or "balance-changes",
             service_bus_connection=(env.get(SERVICE_BUS_CONNECTION) or "").strip() or None,
             service_bus_namespace=(env.get(SERVICE_BUS_NAMESPACE) or "").strip() or None,
             outbox_duplicate_detection=timedelta(
