@@ -45,6 +45,7 @@ from shared import (
 from shared.aio import ThreadedStore
 from shared.cache import DocumentCache
 from shared.dispatch import InMemoryDispatcher, ServiceBusDispatcher
+from shared.exceptions import DispatchRejectedError
 from shared.maintenance import Maintenance
 from shared.parking import ParkingLot
 from shared.telemetry import Telemetry
@@ -121,7 +122,19 @@ class RealAsyncStores:
             self._credential = None
 
 
-def real_dispatcher(settings: Settings) -> ServiceBusDispatcher:
+class UnconfiguredDispatcher:
+    """No Service Bus connection in the settings (a tool that only reads): a dispatch is
+    refused, so the messages stay pending (and alert) instead of vanishing."""
+
+    def dispatch(self, messages: Any) -> None:
+        raise DispatchRejectedError("no Service Bus connection is configured (ServiceBusConnection "
+                                    "or ServiceBusConnection__fullyQualifiedNamespace)")
+
+    def close(self) -> None:
+        pass
+
+
+def real_dispatcher(settings: Settings) -> ServiceBusDispatcher | UnconfiguredDispatcher:
     """The outbox's dispatcher on the trigger's Service Bus connection: a connection string
     locally, the namespace and the app's identity in Azure (Data Sender on the destinations
     only). The destinations that are topics are named; the rest are queues."""
@@ -129,9 +142,10 @@ def real_dispatcher(settings: Settings) -> ServiceBusDispatcher:
     connection = settings.service_bus_connection
     if connection and "endpoint=" in connection.lower():
         return ServiceBusDispatcher.from_connection_string(connection, topics=topics)
-    return ServiceBusDispatcher(_endpoint(settings.service_bus_namespace,
-                                          "ServiceBusConnection__fullyQualifiedNamespace"),
-                                _credential(settings), topics=topics)
+    if not settings.service_bus_namespace:
+        return UnconfiguredDispatcher()
+    return ServiceBusDispatcher(settings.service_bus_namespace, _credential(settings),
+                                topics=topics)
 
 
 def real_stores(settings: Settings, **client_options: Any) -> StoreFactory:

@@ -248,7 +248,8 @@ def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
             api_calls=list(api.calls), api_honours_key=config.api_honours_key,
             broker_dropped={(item.logical, item.variant) for item in workload.service_bus_items
                             if (item.logical, item.variant) not in host.accepted},
-            outcomes=dict(outcomes), stalled_batches=stats.gave_up, faulted_deliveries=faulted)
+            outcomes=dict(outcomes), stalled_batches=stats.gave_up, faulted_deliveries=faulted,
+            outbox_delivered=True)
         stores = stores_of(unwrapped)
         check = Checker(workload.items, stores, run_id=config.run_id,
                         hub=settings_env["PAYMENTS_HUB_NAME"], evidence=evidence).run()
