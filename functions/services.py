@@ -285,7 +285,7 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
         order_status=OrderStatusService(by_role["order-status"]),
         maintenance=Maintenance({role: by_role[role] for role in record_roles}, parking,
                                 grace_seconds=settings.window.length.total_seconds(), clock=clock,
-                                outbox={"orders": orders_idem, "ledger": payments.ledger},
+                                outbox={"orders": orders_idem},  # the consumers that send
                                 outbox_age_seconds=settings.outbox_sweep_age.total_seconds(),
                                 telemetry=telemetry),
         parking=parking,

@@ -52,8 +52,9 @@ def build(tx: Any) -> dict[str, Any]:
     return {"orderId": "ORD-1"}
 
 
-def built_by(step: Build) -> Built:
+def built_by(step: object) -> Built:
     """What the driver answers a Build step with: the user's build on a transaction."""
+    assert isinstance(step, Build)
     tx = Transaction(None, step.partition, step.reads, key=step.key,
                      correlation_id=step.correlation_id)
     return Built(step.build(tx, *step.args), tx)
