@@ -54,8 +54,14 @@ class Stepper[T]:
 
     def __init__(self, flow: Flow[T]) -> None:
         self.flow = flow
-        self.value: T | None = None
         self.done = False
+        self._value: list[T] = []
+
+    @property
+    def value(self) -> T:
+        """What the flow returned (it must have finished)."""
+        assert self.done
+        return self._value[0]
 
     def start(self) -> Step:
         return next(self.flow)
@@ -70,7 +76,7 @@ class Stepper[T]:
         try:
             return advance()
         except StopIteration as stop:
-            self.value, self.done = stop.value, True
+            self._value, self.done = [stop.value], True
             return None
 
 
@@ -99,6 +105,7 @@ def record(key: DedupKey = KEY, *, state: RecordState = RecordState.COMPLETED,
 def test_a_claim_that_loses_the_takeover_race_twice_reads_again_and_wins_the_third() -> None:
     abandoned = record(state=RecordState.IN_PROGRESS, lease_expires_at=NOW - 1)  # lease ran out
     flow = Stepper(ledger().claim.flow(KEY, HASH))
+    taken = abandoned
     for attempt in range(1, 4):
         step = flow.start() if attempt == 1 else flow.throw(RecordChangedError(abandoned.id))
         assert isinstance(step, PutRecordIfAbsent) and step.record.etag is None
