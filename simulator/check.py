@@ -130,6 +130,7 @@ class Evidence:
     # What orders published went through the (simulated) broker to notify and audit, so each
     # committed order's OrderAccepted must show in `api_calls` (False: a test's own dispatcher).
     outbox_delivered: bool = False
+    outbox_orders: dict[str, str] = field(default_factory=dict)  # message id -> order id
 
 
 @dataclass
@@ -721,12 +722,25 @@ class Checker:
                 self.result.phantoms[f"OrderAccepted ({channel})"] += len(wrong)
                 why = "no committed order" if order_id not in committed else "other content"
                 self.result.example("phantom", f"{channel} OrderAccepted {order_id}: {why}")
+        refused: dict[tuple[str, str], list[DeadLetter]] = defaultdict(list)
+        for letter in self.evidence.dead_letters or []:
+            if letter.logical.startswith("outbox:"):
+                order = self.evidence.outbox_orders.get(letter.logical.split(":", 1)[1])
+                if order is not None:
+                    refused[(letter.consumer, order)].append(letter)
         for order_id, content in committed.items():
             for channel in CHANNELS:
                 self.result.logical[f"OrderAccepted ({channel})"] += 1
                 effects = sum(1 for c in per.get((channel, order_id), [])
                               if c.new_effect and c.content == content)
                 if effects == 0:
+                    letters = refused.get((channel, order_id))
+                    if letters:  # refused with a reason: not lost, but a valid message not effected
+                        reason = letters[0].reason
+                        self.result.valid_not_effected[f"OrderAccepted: dead-lettered {reason}"] += 1
+                        self.result.example("valid not effected",
+                                            f"{channel} OrderAccepted {order_id} ({reason})")
+                        continue
                     self.result.lost[f"OrderAccepted ({channel})"] += 1
                     self.result.example("lost", f"{channel} OrderAccepted {order_id}: never effected")
                 elif effects > 1:

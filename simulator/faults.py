@@ -638,6 +638,7 @@ class SimulatedDispatcher:
     def __init__(self) -> None:
         self.namespace: Any = None
         self.sent: Counter[str] = Counter()  # message id -> sends the broker took or dropped
+        self.orders: dict[str, str] = {}  # message id -> the order an OrderAccepted announces
         self._lock = threading.Lock()
 
     def _send(self, message: Any) -> None:
@@ -647,8 +648,14 @@ class SimulatedDispatcher:
         sent = SentMessage(message.body, message_id=message.message_id,
                            correlation_id=message.correlation_id, content_type=message.content_type,
                            application_properties=dict(message.properties) or None)
+        try:
+            body = json.loads(message.body)
+        except ValueError:
+            body = None
         with self._lock:
             self.sent[message.message_id] += 1
+            if isinstance(body, dict) and body.get("type") == "OrderAccepted":
+                self.orders[message.message_id] = str(body.get("orderId"))
         self.namespace.send(message.destination, sent, Origin(f"outbox:{message.message_id}"))
 
     def dispatch(self, messages: Sequence[Any]) -> None:

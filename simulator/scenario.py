@@ -249,7 +249,7 @@ def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
             broker_dropped={(item.logical, item.variant) for item in workload.service_bus_items
                             if (item.logical, item.variant) not in host.accepted},
             outcomes=dict(outcomes), stalled_batches=stats.gave_up, faulted_deliveries=faulted,
-            outbox_delivered=True)
+            outbox_delivered=True, outbox_orders=dict(dispatcher.orders))
         stores = stores_of(unwrapped)
         check = Checker(workload.items, stores, run_id=config.run_id,
                         hub=settings_env["PAYMENTS_HUB_NAME"], evidence=evidence).run()
