@@ -22,12 +22,17 @@ from functions import http_payments, maintenance, notifications, order_status, o
 from functions.settings import Settings
 from shared.observability import configure_observability
 
-Settings.from_env()
-# The duplicate-rate alert counts INFO events (DuplicateDetected): let the app's own loggers pass
-# INFO whatever level the worker leaves on the root logger.
+_settings = Settings.from_env()
+# Log records are for what a person acts on (conflicts, parkings, stale claims, one summary per
+# Event Hubs batch); per-message counts and latencies are metrics (shared/telemetry.py). The
+# app's loggers pass INFO whatever level the worker leaves on the root logger; processed
+# messages and duplicates are DEBUG (duplicates INFO with DEDUP_LOG_DUPLICATES=true). The Azure
+# SDKs' loggers stay at WARNING: the worker sets the root logger to INFO, and their HTTP logging
+# policy writes two INFO records per store request, each exported to Application Insights.
 for _package in ("shared", "domain", "functions"):
     logging.getLogger(_package).setLevel(logging.INFO)
-configure_observability()
+logging.getLogger("azure").setLevel(logging.WARNING)
+configure_observability(sampling_ratio=_settings.trace_sampling_ratio)
 
 app = func.FunctionApp()
 

@@ -36,7 +36,9 @@ from azure.cosmos.aio import CosmosClient as AsyncCosmosClient
 from azure.data.tables import TableClient
 from requests.adapters import HTTPAdapter
 
+from shared.sdk_transport import async_transport, proxy_configured
 from shared.stores import CosmosIdempotencyStore, TableIdempotencyStore
+from shared.stores.cosmos_indexing import record_indexing_policy
 from shared.stores.table_aio import AsyncTableIdempotencyStore
 
 
@@ -186,7 +188,8 @@ def counted_async_table_store(connection_string: str, table_name: str, counter: 
     return AsyncTableIdempotencyStore.from_connection_string(
         connection_string, table_name=table_name,
         per_call_policies=[CountingPolicy(counter, "call")],
-        per_retry_policies=[CountingPolicy(counter, "wire")], **options)
+        per_retry_policies=[CountingPolicy(counter, "wire")],
+        **{"transport": async_transport(), **options})  # as the app builds its clients
 
 
 async def counted_async_cosmos_client(endpoint: str, key: str, counter: RequestCounter, *,
@@ -194,7 +197,8 @@ async def counted_async_cosmos_client(endpoint: str, key: str, counter: RequestC
     """An async CosmosClient (entered: account read, session consistency) counting every request
     at its transport; `enable_endpoint_discovery=False` behind a relay, as for the sync one."""
     client = AsyncCosmosClient(endpoint, key, connection_verify=verify,
-                               transport=AsyncCountingTransport(counter), **options)
+                               transport=AsyncCountingTransport(counter, use_env_settings=proxy_configured()),
+                               **options)
     await client.__aenter__()
     return client
 
@@ -238,5 +242,6 @@ def counted_cosmos_store(client: CosmosClient, database: str, container: str, *,
 
     db = client.create_database_if_not_exists(database)
     proxy = db.create_container_if_not_exists(container, PartitionKey(partition_key_path),
-                                              default_ttl=-1)
+                                              default_ttl=-1,
+                                              indexing_policy=record_indexing_policy(partition_key_path))
     return CosmosIdempotencyStore.from_container(proxy, partition_key_path)

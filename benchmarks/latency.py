@@ -47,6 +47,7 @@ from benchmarks.counting import (
     pooled_transport,
 )
 from benchmarks.harness import BACKENDS, Endpoints
+from benchmarks.hash_cost import HashCost, measure, payment_contents
 from benchmarks.latency_variants import (
     LATENCY_VARIANTS,
     PaymentStores,
@@ -142,6 +143,7 @@ class LatencyRun:
     seconds: float
     load_before: tuple[float, float, float]
     load_after: tuple[float, float, float]
+    hash_cost: HashCost | None = None  # the request hash's CPU per event, canonical vs previous
 
     def result(self, rtt: float, accounts: int, backend: str, name: str) -> LatencyResult | None:
         return next((r for r in self.results if (r.rtt_ms, r.accounts, r.backend, r.name)
@@ -499,4 +501,5 @@ def run_latency(direct: Endpoints, sizes: LatencySizes, rtts: tuple[float, ...],
     return LatencyRun(sizes=sizes, seed=seed, rtts=tuple(rtts), backends=tuple(backends),
                       variants=names, probes=probes, results=results, started_at=started_at,
                       seconds=time.perf_counter() - started, load_before=load_before,
-                      load_after=os.getloadavg())
+                      load_after=os.getloadavg(),
+                      hash_cost=measure(payment_contents(events=sizes.events, seed=seed)))

@@ -1,4 +1,4 @@
-"""Figures, targets (issue 12) and the markdown / JSON outputs of a latency-mode run."""
+"""Figures, targets (issues 12 and 20) and the markdown / JSON outputs of a latency-mode run."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.latency import LatencyResult, LatencyRun
-from benchmarks.latency_variants import APP, COLD_APP, LIMIT, PER_EVENT, SYNC_APP
+from benchmarks.latency_variants import APP, COLD_APP, LIMIT, PER_EVENT, REMEMBERED, SYNC_APP
 from benchmarks.report import aligned, machine
 
 TARGET_RTT_MS = 5.0
@@ -33,6 +33,8 @@ class LatencyRow:
     replay_retried: int  # of those, sent again after a transport failure
     vs_limit: float  # events/s over the no-dedup grouped limit's, same scenario
     vs_per_event: float  # events/s over the per-event dedup path's, same scenario
+    vs_remembered: float  # events/s over the no-dedup remembered-etags variant's, same scenario
+    cpu_vs_remembered: float  # client CPU per event over that variant's
     balances_ok: bool
     meta_requests: int
     retried_calls: int
@@ -42,6 +44,12 @@ def _ratio(value: float, base: LatencyResult | None) -> float:
     if base is None or not base.seconds:
         return math.nan
     return value / base.events_per_second
+
+
+def _cpu_ratio(result: LatencyResult, base: LatencyResult | None) -> float:
+    if base is None or not base.cpu_seconds or not result.events or not base.events:
+        return math.nan
+    return (result.cpu_seconds / result.events) / (base.cpu_seconds / base.events)
 
 
 def rows(run: LatencyRun) -> list[LatencyRow]:
@@ -58,6 +66,9 @@ def rows(run: LatencyRun) -> list[LatencyRow]:
             vs_limit=_ratio(r.events_per_second, run.result(r.rtt_ms, r.accounts, r.backend, LIMIT)),
             vs_per_event=_ratio(r.events_per_second,
                                 run.result(r.rtt_ms, r.accounts, r.backend, PER_EVENT)),
+            vs_remembered=_ratio(r.events_per_second, remembered := run.result(
+                r.rtt_ms, r.accounts, r.backend, REMEMBERED)),
+            cpu_vs_remembered=_cpu_ratio(r, remembered),
             balances_ok=r.balances_checked > 0 and r.balance_mismatches == 0,
             meta_requests=r.meta_requests, retried_calls=r.retried_calls))
     return out
@@ -130,6 +141,17 @@ def targets(run: LatencyRun) -> list[Target]:
                                   app.vs_per_event >= need))
             out.append(Target(f"{at}, {few} accounts: <= 0.45 store requests per event", backend,
                               f"{app.requests_per_event:.3f}", app.requests_per_event <= 0.45))
+        for accounts in dict.fromkeys((few, many)):  # issue 20: the dedup work costs ~nothing
+            row = found.get((rtt, accounts, backend, APP))
+            if row is None or (rtt, accounts, backend, REMEMBERED) not in found:
+                continue
+            out.append(Target(f"{at}, {accounts} accounts: dedup path >= 0.9x the no-dedup "
+                              "remembered-etags variant's events/s", backend,
+                              f"{row.vs_remembered:.2f}x", row.vs_remembered >= 0.9))
+            out.append(Target(f"{at}, {accounts} accounts: client CPU per event <= 1.15x the "
+                              "no-dedup remembered-etags variant's", backend,
+                              f"{row.cpu_ms_per_event:.2f} ms, {row.cpu_vs_remembered:.2f}x",
+                              row.cpu_vs_remembered <= 1.15))
         many_app = found.get((rtt, many, backend, APP))
         if many != few and many_app is not None and (rtt, many, backend, PER_EVENT) in found:
             need = speedup.get(backend, (12.0, 3.5))[1]
@@ -169,10 +191,12 @@ def _rtt_cell(row: LatencyRow) -> str:
 
 SUMMARY = ("Backend", "Accounts", "RTT ms (measured)", "Dedup per event (old), ev/s",
            "No dedup sequential, ev/s", "No dedup grouped (limit), ev/s",
-           "Sync service (threads), ev/s", "App, nothing remembered, ev/s", "App, ev/s",
-           "App vs limit", "App vs old", "App req/event", "App CPU/event", "App replay req")
+           "No dedup, remembered etags, ev/s", "Sync service (threads), ev/s",
+           "App, nothing remembered, ev/s", "App, ev/s", "App vs limit", "App vs etags",
+           "App vs old", "App req/event", "App CPU/event", "Etags CPU/event", "App replay req")
 FULL = ("RTT ms (measured)", "Accounts", "Backend", "Variant", "Events/s", "Req/event",
-        "Client CPU/event", "Replayed batch: req", "vs limit", "vs per-event", "Balances")
+        "Client CPU/event", "Replayed batch: req", "vs limit", "vs etags", "CPU vs etags",
+        "vs per-event", "Balances")
 
 
 def summary_rows(run: LatencyRun) -> list[list[str]]:
@@ -184,6 +208,10 @@ def summary_rows(run: LatencyRun) -> list[list[str]]:
                 def eps(name: str, key: tuple[float, int, str] = (rtt, accounts, backend)) -> str:
                     row = found.get((*key, name))
                     return _num(row.events_per_second) if row else "n/a"
+
+                def cpu(name: str, key: tuple[float, int, str] = (rtt, accounts, backend)) -> str:
+                    row = found.get((*key, name))
+                    return f"{row.cpu_ms_per_event:.2f} ms" if row else "n/a"
                 app = found.get((rtt, accounts, backend, APP))
                 ref = app or next((r for k, r in found.items() if k[:3] == (rtt, accounts, backend)),
                                   None)
@@ -191,10 +219,11 @@ def summary_rows(run: LatencyRun) -> list[list[str]]:
                     continue
                 out.append([
                     backend, str(accounts), _rtt_cell(ref), eps(PER_EVENT), eps("no-dedup-seq"),
-                    eps(LIMIT), eps(SYNC_APP), eps(COLD_APP), eps(APP),
-                    _x(app.vs_limit) if app else "n/a", _x(app.vs_per_event) if app else "n/a",
+                    eps(LIMIT), eps(REMEMBERED), eps(SYNC_APP), eps(COLD_APP), eps(APP),
+                    _x(app.vs_limit) if app else "n/a", _x(app.vs_remembered) if app else "n/a",
+                    _x(app.vs_per_event) if app else "n/a",
                     _num(app.requests_per_event, 2) if app else "n/a",
-                    f"{app.cpu_ms_per_event:.2f} ms" if app else "n/a",
+                    f"{app.cpu_ms_per_event:.2f} ms" if app else "n/a", cpu(REMEMBERED),
                     _replay_cell(app) if app else "n/a"])
     return out
 
@@ -202,7 +231,8 @@ def summary_rows(run: LatencyRun) -> list[list[str]]:
 def full_rows(run: LatencyRun) -> list[list[str]]:
     return [[_rtt_cell(r), str(r.accounts), r.backend, r.label, _num(r.events_per_second),
              _num(r.requests_per_event, 2), f"{r.cpu_ms_per_event:.2f} ms",
-             f"{r.replay_requests} / {r.replay_events} events", _x(r.vs_limit), _x(r.vs_per_event),
+             f"{r.replay_requests} / {r.replay_events} events", _x(r.vs_limit), _x(r.vs_remembered),
+             _x(r.cpu_vs_remembered), _x(r.vs_per_event),
              "ok" if r.balances_ok else "**wrong**"] for r in rows(run)]
 
 
@@ -247,7 +277,8 @@ def markdown(run: LatencyRun) -> str:
              "other processes).",
              "- Replayed batch: the last batch again after a simulated host restart; without "
              "dedup it is applied twice (counted in the balances check).",
-             "", "Targets (issue 12):", ""]
+             *([f"- {run.hash_cost.note()}"] if run.hash_cost else []),
+             "", "Targets (issues 12 and 20):", ""]
     for target in targets(run):
         lines.append(f"- {target.text} ({target.backend}): {target.measured}: "
                      f"{'met' if target.met else '**missed**'}")
@@ -265,6 +296,7 @@ def to_json(run: LatencyRun) -> dict[str, Any]:
         "load_before": run.load_before, "load_after": run.load_after,
         "probes": [{**asdict(p), "added_ms": p.added_ms} for p in run.probes],
         "app_shape": app_shape(run),
+        "hash_cost": asdict(run.hash_cost) if run.hash_cost else None,
         "rows": [asdict(r) for r in rows(run)],
         "targets": [asdict(t) for t in targets(run)],
         "raw": [asdict(r) for r in run.results],

@@ -15,6 +15,12 @@ partition, as `domain.payments` keeps it):
 * `no-dedup-grouped`: the limit for grouped dedup: per batch, one read and one
   single-document write per account, accounts run concurrently on a bounded
   thread pool. 2 requests per account per batch.
+* `no-dedup-etags`: the limit for the app's own shape (what the app would cost with
+  the dedup work free): async on the same aio clients, the balances and their etags
+  remembered, so per batch one etag-conditional balance write per account (no read;
+  accounts concurrent, bounded like the app) and then the partition's mark write.
+  An account it has not written yet is created (a 409 reads and replaces it).
+  `len(accounts) + 1` requests per batch.
 * `app`: what the `payments` function runs, whatever it is when the benchmark
   runs: `shared.aio.PartitionBatchProcessor.process_batch(events, partition_id)` built by
   `functions.services.build_services` on the benchmark's counted async stores
@@ -30,6 +36,7 @@ balances when nothing is delivered twice (a replay applies a batch again).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import time
@@ -38,6 +45,15 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
+
+from azure.core import MatchConditions
+from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
+from azure.cosmos.exceptions import (
+    CosmosAccessConditionFailedError,
+    CosmosResourceExistsError,
+    CosmosResourceNotFoundError,
+)
+from azure.data.tables import UpdateMode
 
 from benchmarks.variants import ChangedError, ExistsError, RawStore, raw_store
 from domain.messages import InboundEvent
@@ -321,6 +337,119 @@ class NoDedupGrouped(_NoDedup):
         self._pool.shutdown(wait=True)
 
 
+class AsyncRaw:
+    """Single-request writes and reads on an async store's own SDK client (no store layer)."""
+
+    def __init__(self, store: Any) -> None:
+        self.cosmos = hasattr(store, "container")
+        self._client = store.container if self.cosmos else store.client
+
+    async def create(self, partition: str, item_id: str, body: dict[str, Any]) -> str | None:
+        try:
+            if self.cosmos:
+                item = await self._client.create_item({**body, "id": item_id, "pk": partition})
+                return item.get("_etag")
+            meta = await self._client.create_entity({**body, "PartitionKey": partition, "RowKey": item_id})
+            return meta.get("etag")
+        except (CosmosResourceExistsError, ResourceExistsError) as error:
+            raise ExistsError(item_id) from error
+
+    async def read(self, partition: str, item_id: str) -> tuple[dict[str, Any], str | None] | None:
+        try:
+            if self.cosmos:
+                item = await self._client.read_item(item_id, partition)
+                return item, item.get("_etag")
+            entity = await self._client.get_entity(partition, item_id)
+            return dict(entity), entity.metadata.get("etag")
+        except (CosmosResourceNotFoundError, ResourceNotFoundError):
+            return None
+
+    async def replace_if(self, partition: str, item_id: str, body: dict[str, Any],
+                         etag: str | None) -> str | None:
+        try:
+            if self.cosmos:
+                item = await self._client.replace_item(
+                    item_id, {**body, "id": item_id, "pk": partition}, etag=etag,
+                    match_condition=MatchConditions.IfNotModified)
+                return item.get("_etag")
+            meta = await self._client.update_entity(
+                {**body, "PartitionKey": partition, "RowKey": item_id}, mode=UpdateMode.REPLACE,
+                etag=etag, match_condition=MatchConditions.IfNotModified)
+            return meta.get("etag")
+        except (CosmosAccessConditionFailedError, CosmosResourceNotFoundError,
+                ResourceModifiedError, ResourceNotFoundError) as error:
+            raise ChangedError(item_id) from error
+
+
+class NoDedupRemembered(PaymentVariant):
+    """The app's request shape with the dedup work taken out: what `app` would cost if
+    markers, hashing and the flow were free. Async on the same aio clients as `app`,
+    balances and etags remembered between batches (as the app remembers them)."""
+
+    name, label = "no-dedup-etags", "No dedup, remembered etags, per account, concurrent (async)"
+    dedup = False
+    roles = ("ledger", "dedup")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ledger = AsyncRaw(self.stores.aio["ledger"])
+        self.marks = AsyncRaw(self.stores.aio["dedup"])
+        self.restart()
+
+    def restart(self) -> None:
+        self.known: dict[tuple[str, str], tuple[int, str | None]] = {}  # (partition, id) -> (value, etag)
+
+    async def _put(self, raw: AsyncRaw, partition: str, item_id: str,
+                   body: Callable[[int | None], dict[str, Any]], value_of: Callable[[dict[str, Any]], int]
+                   ) -> None:
+        """Write with the remembered etag; an unknown item is created; a lost race re-reads."""
+        key = (partition, item_id)
+        for _ in range(10):
+            known = self.known.get(key)
+            try:
+                if known is None:
+                    new = body(None)
+                    etag = await raw.create(partition, item_id, new)
+                else:
+                    new = body(known[0])
+                    etag = await raw.replace_if(partition, item_id, new, known[1])
+                self.known[key] = (value_of(new), etag)
+                return
+            except (ExistsError, ChangedError):
+                self.outcomes["lost_race"] += 1
+                found = await raw.read(partition, item_id)
+                if found is None:
+                    self.known.pop(key, None)
+                else:
+                    self.known[key] = (value_of(found[0]), found[1])
+        raise RuntimeError(f"{item_id} in {partition}: lost 10 races")
+
+    async def _batch(self, events: list[InboundEvent], partition_id: str) -> None:
+        totals: dict[str, int] = defaultdict(int)
+        for event in events:
+            payment = parse_payment(event)
+            totals[payment.account] += payment.cents
+        gate = asyncio.Semaphore(self.concurrency)
+
+        async def account(name: str, cents: int) -> None:
+            async with gate:
+                await self._put(
+                    self.ledger, store_safe_id(name), ACCOUNT_DOCUMENT,
+                    lambda old: {"accountId": name, "balanceCents": (old or 0) + cents, "kind": "account"},
+                    lambda doc: int(doc["balanceCents"]))
+
+        await asyncio.gather(*(account(name, cents) for name, cents in totals.items()))
+        last = max(e.sequence_number for e in events)
+        await self._put(self.marks, store_safe_id(f"{CONSUMER}:{partition_id}"), "mark",
+                        lambda _old: {"sequenceNumber": last, "kind": "mark"},
+                        lambda doc: int(doc["sequenceNumber"]))
+        self.outcomes["applied"] += len(events)
+
+    def process(self, events: list[InboundEvent], partition_id: str) -> None:
+        assert self.stores.run is not None
+        self.stores.run(self._batch(events, partition_id))
+
+
 class SyncAppPath(PaymentVariant):
     """The payments `PartitionBatchProcessor.process_batch` (threads, sync SDKs) as
     `build_services` wires it: the processor behind the HTTP API and the replay tool."""
@@ -374,7 +503,8 @@ class ColdAppPath(AppPath):
 
 
 LATENCY_VARIANTS: dict[str, type[PaymentVariant]] = {
-    cls.name: cls for cls in (PerEventDedup, NoDedupSequential, NoDedupGrouped, SyncAppPath,
-                              AppPath, ColdAppPath)}
+    cls.name: cls for cls in (PerEventDedup, NoDedupSequential, NoDedupGrouped, NoDedupRemembered,
+                              SyncAppPath, AppPath, ColdAppPath)}
 PER_EVENT, LIMIT, APP, SYNC_APP, COLD_APP = (PerEventDedup.name, NoDedupGrouped.name,
                                              AppPath.name, SyncAppPath.name, ColdAppPath.name)
+REMEMBERED = NoDedupRemembered.name

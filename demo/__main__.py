@@ -64,6 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="run the backends one after the other in this process")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--json", help="write the reports' numbers to this JSON file")
+    parser.add_argument("--report-dir", default="demo-out",
+                        help="folder for demo-report.txt and demo-report.html (default demo-out)")
     proofs = parser.add_argument_group("counter-proofs (harness flags; the app is unchanged)")
     proofs.add_argument("--dedup-off", action="store_true",
                         help="stores answer every claim as new: the checks must report double effects")
@@ -102,6 +104,26 @@ class _Bars:
     def close(self) -> None:
         for bar in self.bars.values():
             bar.close()
+
+
+def write_reports(args: argparse.Namespace, backends: list[str],
+                  results: dict[str, tuple[str, dict[str, Any], bool]], text: str) -> tuple[str, str]:
+    """The text report and its HTML rendering (charts), side by side in --report-dir."""
+    from simulator.html_report import render
+
+    os.makedirs(args.report_dir, exist_ok=True)
+    text_path = os.path.join(args.report_dir, "demo-report.txt")
+    html_path = os.path.join(args.report_dir, "demo-report.html")
+    with open(text_path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    subtitle = (f"{args.messages:,} Service Bus messages and {args.events:,} Event Hubs events per "
+                f"backend, duplicate rate {args.duplicate_rate:g}, fault rate {args.fault_rate:g}, "
+                f"{args.consumers} competing consumers, seed {args.seed}")
+    page = render({b: results[b][1] for b in backends}, subtitle=subtitle,
+                  text_reports={b: results[b][0] for b in backends})
+    with open(html_path, "w", encoding="utf-8") as handle:
+        handle.write(page)
+    return os.path.abspath(text_path), os.path.abspath(html_path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,25 +183,28 @@ def main(argv: list[str] | None = None) -> int:
             for worker in workers:
                 worker.join(timeout=30)
     elapsed = time.perf_counter() - started
-    print()
+    report: list[str] = []
     for backend in backends:
         text, _, _ = results[backend]
-        print(text)
-        print()
+        report += [text, ""]
     for backend in backends:
         numbers = results[backend][1]
         if numbers:
-            print(f"{backend}: double effects {numbers['doubleEffects']}, lost {numbers['lost']}, "
-                  f"phantom {numbers['phantoms']}, pending {numbers['outboxPending']}, "
-                  f"valid messages not effected {numbers['validNotEffected']}"
-                  + (f" (+ {numbers['validAlsoRefused']} effected but also dead-lettered/parked)"
-                     if numbers["validAlsoRefused"] else "")
-                  + f", invalid input not rejected {sum(numbers['invalidNotRejected'].values())}")
+            report.append(f"{backend}: double effects {numbers['doubleEffects']}, lost {numbers['lost']}, "
+                          f"phantom {numbers['phantoms']}, pending {numbers['outboxPending']}, "
+                          f"valid messages not effected {numbers['validNotEffected']}"
+                          + (f" (+ {numbers['validAlsoRefused']} effected but also dead-lettered/parked)"
+                             if numbers["validAlsoRefused"] else "")
+                          + f", invalid input not rejected {sum(numbers['invalidNotRejected'].values())}")
     ok = all(results[b][2] for b in backends)
     mode = " in parallel" if not args.serial and len(backends) > 1 else ""
-    print(f"Total wall time {elapsed:.0f} s ({', '.join(backends)}{mode}, including server start "
-          f"and checks). App logs: {log_dir}")
-    print("RESULT: " + ("all invariants hold" if ok else "INVARIANT BROKEN (see FAIL above)"))
+    report.append(f"Total wall time {elapsed:.0f} s ({', '.join(backends)}{mode}, including server start "
+                  f"and checks). App logs: {log_dir}")
+    report.append("RESULT: " + ("all invariants hold" if ok else "INVARIANT BROKEN (see FAIL above)"))
+    print()
+    print("\n".join(report))
+    text_path, html_path = write_reports(args, backends, results, "\n".join(report) + "\n")
+    print(f"Reports: {text_path} and {html_path}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump({"ok": ok, "wallSeconds": elapsed, "args": vars(args),

@@ -14,6 +14,7 @@ group's store request in flight, with no thread per group.
 from __future__ import annotations
 
 import logging
+import time
 import typing
 
 import azure.functions as func
@@ -34,10 +35,17 @@ logger = logging.getLogger(__name__)
 async def payments(events: typing.List[func.EventHubEvent]) -> None:  # noqa: UP006 - the worker refuses list[...]
     if not events:
         return
-    report = await services().payments_async.process_batch(event_views(events),
-                                                           partition_id(events))
-    logger.info("payments batch", extra={"event": "PaymentsBatch", "applied": report.applied,
-                                         "duplicates": report.duplicates,
-                                         "replay_skipped": report.replay_skipped,
-                                         "accounts": report.groups,
-                                         "parked": report.parked, "watermark": report.watermark})
+    started = time.perf_counter()
+    views, partition = event_views(events), partition_id(events)
+    app = services()
+    report = await app.payments_async.process_batch(views, partition)
+    # One summary record per batch; the per-event outcomes are on the dedup.messages metric.
+    sequences = [view.sequence_number for view in views]
+    app.telemetry.batch(
+        consumer="payments", partition_id=partition,
+        counts={"processed": report.applied, "duplicate": report.duplicates,
+                "replay_skipped": report.replay_skipped, "parked": sum(report.parked.values())},
+        first_sequence=min(sequences), last_sequence=max(sequences),
+        duration=time.perf_counter() - started,
+        context={"accounts": report.groups, "watermark": report.watermark,
+                 **({"parked_reasons": dict(report.parked)} if report.parked else {})})

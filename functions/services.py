@@ -32,7 +32,14 @@ from domain.payments import (
     async_payment_processor,
     payment_processor,
 )
-from functions.settings import COSMOS_CONTAINERS, STORE_ROLES, TABLE_FOR, TABLES, Settings
+from functions.settings import (
+    COSMOS_CONTAINERS,
+    COSMOS_INDEXING,
+    STORE_ROLES,
+    TABLE_FOR,
+    TABLES,
+    Settings,
+)
 from shared import (
     AsyncCosmosIdempotencyStore,
     AsyncTableIdempotencyStore,
@@ -48,8 +55,18 @@ from shared.dispatch import InMemoryDispatcher, ServiceBusDispatcher
 from shared.exceptions import DispatchRejectedError
 from shared.maintenance import Maintenance
 from shared.parking import ParkingLot
+from shared.sdk_transport import async_transport, sync_transport
+from shared.stores.retry import RetryBudget
 from shared.telemetry import Telemetry
 from shared.watermark import PartitionWatermark
+
+#: The store SDKs' retries, set explicitly on every client built here. With the payments batch's
+#: tries per account group (PAYMENTS_MAX_ATTEMPTS, A) and its cap on an honoured Retry-After
+#: (shared.batch.MAX_RETRY_AFTER_SECONDS, R), a batch whose every request is throttled raises
+#: for the host's retry after at most A x (2 x 1 s + R) of waiting: 21 s by default, well inside the
+#: 10-minute function timeout and the 60 s Service Bus lock (a Service Bus message waits at most
+#: 2 s per store request). `shared.stores.retry` explains the layers.
+RETRY_BUDGET = RetryBudget(sdk_retries=2, sdk_wait=1.0)
 
 StoreFactory = Callable[[str], IdempotencyStore]
 AsyncStoreFactory = Callable[[str], Any]  # role -> an async store (shared.aio.AsyncStore)
@@ -78,9 +95,11 @@ class RealAsyncStores:
     (`services()` does), and `aclose()` them there.
     """
 
-    def __init__(self, settings: Settings, **client_options: Any) -> None:
+    def __init__(self, settings: Settings, *, budget: RetryBudget = RETRY_BUDGET,
+                 **client_options: Any) -> None:
         self.settings = settings
         self.client_options = client_options
+        self.budget = budget
         self.built: dict[str, Any] = {}
         self._credential: Any = None
 
@@ -98,19 +117,26 @@ class RealAsyncStores:
         return self.built[role]
 
     def _build(self, role: str) -> Any:
-        settings, options = self.settings, self.client_options
+        settings = self.settings
+        # Each client its own transport, without per-request proxy lookups (shared.sdk_transport).
+        transport = {"transport": async_transport()}
         if settings.backend == "cosmos" and role in COSMOS_CONTAINERS:
             return AsyncCosmosIdempotencyStore(
                 _endpoint(settings.cosmos_endpoint, "COSMOS_ENDPOINT"),
                 settings.cosmos_key or self._identity(),
                 database=settings.cosmos_database, container=role,
                 partition_key_path=COSMOS_CONTAINERS[role],
-                connection_verify=settings.cosmos_verify_tls, **options)
+                connection_verify=settings.cosmos_verify_tls,
+                **{**transport, **self.budget.cosmos_options(), **self.client_options})
+        options = {**transport, **self.budget.table_options(), **self.client_options}
+        codec = settings.table_batch_codec
         if settings.table_connection_string:
             return AsyncTableIdempotencyStore.from_connection_string(
-                settings.table_connection_string, table_name=TABLE_FOR[role], **options)
+                settings.table_connection_string, table_name=TABLE_FOR[role], batch_codec=codec,
+                **options)
         return AsyncTableIdempotencyStore(_endpoint(settings.table_endpoint, "TABLE_ENDPOINT"),
-                                          self._identity(), table_name=TABLE_FOR[role], **options)
+                                          self._identity(), table_name=TABLE_FOR[role],
+                                          batch_codec=codec, **options)
 
     async def aclose(self) -> None:
         """Close every store built here, then the credential (the stores do not own it)."""
@@ -148,32 +174,39 @@ def real_dispatcher(settings: Settings) -> ServiceBusDispatcher | UnconfiguredDi
                                 topics=topics)
 
 
-def real_stores(settings: Settings, **client_options: Any) -> StoreFactory:
+def real_stores(settings: Settings, *, budget: RetryBudget = RETRY_BUDGET,
+                **client_options: Any) -> StoreFactory:
     """The stores of `STORE_ROLES` in Cosmos DB or Table Storage, as settings say.
 
     With keys or connection strings (local runs) missing tables and containers
     are created; in Azure, Bicep creates them and the app's identity holds
     data-plane roles only. notify/audit records and parked entries always live
-    in Table Storage; the other roles follow DEDUP_BACKEND.
+    in Table Storage; the other roles follow DEDUP_BACKEND. The SDK clients
+    retry as `budget` says (`client_options` override it).
     """
+    # Each client its own transport, without per-request proxy lookups (shared.sdk_transport).
+    table_options = {"transport": sync_transport(), **budget.table_options(), **client_options}
     if settings.table_connection_string:
         table_service = TableServiceClient.from_connection_string(
-            settings.table_connection_string, **client_options)
+            settings.table_connection_string, **table_options)
         for name in TABLES:
             table_service.create_table_if_not_exists(name)
     else:
         table_service = TableServiceClient(_endpoint(settings.table_endpoint, "TABLE_ENDPOINT"),
-                                           credential=_credential(settings), **client_options)
+                                           credential=_credential(settings), **table_options)
     database = None
     if settings.backend == "cosmos":
         cosmos = CosmosClient(_endpoint(settings.cosmos_endpoint, "COSMOS_ENDPOINT"),
                               settings.cosmos_key or _credential(settings),
-                              connection_verify=settings.cosmos_verify_tls, **client_options)
+                              connection_verify=settings.cosmos_verify_tls,
+                              **{"transport": sync_transport(), **budget.cosmos_options(),
+                                 **client_options})
         if settings.cosmos_key:
             created = cosmos.create_database_if_not_exists(settings.cosmos_database)
             for name, path in COSMOS_CONTAINERS.items():
                 created.create_container_if_not_exists(
-                    name, PartitionKey(path), default_ttl=-1 if path == "/pk" else None)
+                    name, PartitionKey(path), default_ttl=-1 if path == "/pk" else None,
+                    indexing_policy=COSMOS_INDEXING[name])
         database = cosmos.get_database_client(settings.cosmos_database)
     built: dict[str, IdempotencyStore] = {}
 
@@ -184,7 +217,8 @@ def real_stores(settings: Settings, **client_options: Any) -> StoreFactory:
                     database.get_container_client(role), COSMOS_CONTAINERS[role])
             else:
                 built[role] = TableIdempotencyStore.from_table_client(
-                    table_service.get_table_client(TABLE_FOR[role]))
+                    table_service.get_table_client(TABLE_FOR[role]),
+                    batch_codec=settings.table_batch_codec)
         return built[role]
 
     return store
@@ -229,7 +263,7 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
     `dispatcher` sends the outgoing messages (default: Service Bus from settings with the
     real stores, an `InMemoryDispatcher` with given ones).
     """
-    telemetry = telemetry or Telemetry()
+    telemetry = telemetry or Telemetry(log_duplicates=settings.log_duplicates)
     if stores is None:
         stores = real_stores(settings)
         async_stores = async_stores or RealAsyncStores(settings)
@@ -281,7 +315,8 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
         async_factory=async_stores,
         notify=notifications("notify"),
         audit=notifications("audit"),
-        http_payments=HttpPaymentService(idem("dedup"), payments),
+        http_payments=HttpPaymentService(idem("dedup"), payments,
+                                         caller_header=settings.http_caller_header),
         order_status=OrderStatusService(by_role["order-status"]),
         maintenance=Maintenance({role: by_role[role] for role in record_roles}, parking,
                                 grace_seconds=settings.window.length.total_seconds(), clock=clock,

@@ -8,12 +8,16 @@ tests check that each name is defined in Bicep and local.settings.sample.json.
 from __future__ import annotations
 
 import os
+import re
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
 from shared.config import IdempotencyConfig, RedeliveryWindow
+from shared.observability import DEFAULT_SAMPLING_RATIO, sampling_ratio_from
+from shared.stores.cosmos_indexing import record_indexing_policy
+from shared.stores.table_batch import CODECS, Codec
 
 # Read by the host for bindings (not by Python code).
 BINDING_SETTINGS = (
@@ -37,6 +41,7 @@ APP_SETTINGS = (
     "COSMOS_DATABASE",
     "TABLE_ENDPOINT",
     "TABLE_CONNECTION_STRING",
+    "TABLE_BATCH_CODEC",
     "NOTIFICATION_API_URL",
     "NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY",
     "DEDUP_TTL_SECONDS",
@@ -56,6 +61,9 @@ APP_SETTINGS = (
     "APPLICATIONINSIGHTS_CONNECTION_STRING",
     "AZURE_CLIENT_ID",
     "COSMOS_VERIFY_TLS",
+    "HTTP_CALLER_HEADER",
+    "DEDUP_LOG_DUPLICATES",
+    "TRACE_SAMPLING_RATIO",
 )
 # Only for local runs (keys, emulator TLS); Azure uses the app's managed identity instead.
 LOCAL_ONLY_SETTINGS = ("COSMOS_KEY", "COSMOS_VERIFY_TLS", "TABLE_CONNECTION_STRING")
@@ -65,12 +73,19 @@ SETTING_NAMES = tuple(dict.fromkeys(BINDING_SETTINGS + APP_SETTINGS))
 # Cosmos containers with their partition key path, for DEDUP_BACKEND=cosmos:
 COSMOS_CONTAINERS = {"orders": "/orderId", "order-status": "/orderId", "ledger": "/pk",
                      "dedup": "/pk"}
+# Each container's indexing policy: only what the sweep and the listing tools query (every
+# container holds idempotency records); point reads and writes need no index. Bicep
+# (infra/core/cosmos.bicep) declares the same policies; tests/infra holds it to these.
+COSMOS_INDEXING = {name: record_indexing_policy(path) for name, path in COSMOS_CONTAINERS.items()}
 # Tables by role: the same roles for DEDUP_BACKEND=table, plus the two that always live in
 # Table Storage (the parking lot, and the notify/audit records).
 TABLE_FOR = {"orders": "orders", "order-status": "orderstatus", "ledger": "ledger",
              "dedup": "dedup", "notifications": "dedup", "parked": "parked"}
 TABLES = tuple(dict.fromkeys(TABLE_FOR.values()))
 STORE_ROLES = tuple(TABLE_FOR)
+
+
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")  # an RFC 9110 token
 
 
 class SettingsError(ValueError):
@@ -107,6 +122,13 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     raise SettingsError(f"{name}={raw!r} must be true or false")
 
 
+def _ratio(env: Mapping[str, str]) -> float:
+    try:
+        return sampling_ratio_from(env)
+    except ValueError as error:
+        raise SettingsError(str(error)) from error
+
+
 def _url(env: Mapping[str, str], name: str) -> str:
     """A required absolute http(s) URL: an empty one would fail every delivery instead."""
     raw = env.get(name, "").strip()
@@ -128,6 +150,7 @@ class Settings:
     cosmos_verify_tls: bool
     table_endpoint: str | None
     table_connection_string: str | None
+    table_batch_codec: Codec
     notification_api_url: str
     notification_api_honours_key: bool
     ttl: timedelta
@@ -144,6 +167,11 @@ class Settings:
     service_bus_namespace: str | None = None  # <name>.servicebus.windows.net (identity)
     outbox_duplicate_detection: timedelta = timedelta(days=2)
     outbox_sweep_age: timedelta = timedelta(minutes=10)
+    http_caller_header: str | None = None
+    # Duplicates and in-progress claims logged at INFO (an investigation), not DEBUG; they are
+    # always counted by cause in the dedup.messages metric.
+    log_duplicates: bool = False
+    trace_sampling_ratio: float = DEFAULT_SAMPLING_RATIO  # share of traces exported (TRACE_SAMPLING_RATIO)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -160,6 +188,10 @@ class Settings:
         cosmos_endpoint = env.get("COSMOS_ENDPOINT") or None
         if backend == "cosmos" and not cosmos_endpoint:
             raise SettingsError("DEDUP_BACKEND=cosmos needs COSMOS_ENDPOINT")
+        codec = env.get("TABLE_BATCH_CODEC", "lean").strip().lower() or "lean"
+        if codec not in CODECS:
+            raise SettingsError(f"TABLE_BATCH_CODEC={codec!r} must be 'lean' (the lean $batch codec, "
+                                "which falls back to the SDK's by itself) or 'sdk'")
         policy = env.get("PAYMENTS_MISSING_KEY_POLICY", "park").strip().lower()
         if policy not in ("park", "sequence"):
             raise SettingsError(f"PAYMENTS_MISSING_KEY_POLICY={policy!r} must be 'park' or 'sequence'")
@@ -182,6 +214,13 @@ class Settings:
                 f"(SERVICEBUS_LOCK_DURATION_SECONDS={int(lock_seconds)}): a crashed holder's lease "
                 "would outlive the lock and every redelivery would wait until the message is "
                 "dead-lettered")
+        caller_header = env.get("HTTP_CALLER_HEADER", "").strip() or None
+        if caller_header is not None and not _HEADER_NAME.match(caller_header):
+            raise SettingsError(f"HTTP_CALLER_HEADER={caller_header!r} must be an HTTP header name "
+                                "(letters, digits and !#$%&'*+-.^_`|~)")
+        if caller_header is not None and caller_header.lower() == "idempotency-key":
+            raise SettingsError("HTTP_CALLER_HEADER must name the header that identifies the "
+                                "caller, not Idempotency-Key")
         settings = cls(
             backend=backend,
             cosmos_endpoint=cosmos_endpoint,
@@ -190,6 +229,7 @@ class Settings:
             cosmos_verify_tls=_bool(env, "COSMOS_VERIFY_TLS", True),
             table_endpoint=table_endpoint,
             table_connection_string=table_conn,
+            table_batch_codec="sdk" if codec == "sdk" else "lean",
             notification_api_url=_url(env, "NOTIFICATION_API_URL"),
             notification_api_honours_key=_bool(env, "NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY", True),
             ttl=timedelta(seconds=_int(env, "DEDUP_TTL_SECONDS", 7 * 86400, 1)),
@@ -207,6 +247,9 @@ class Settings:
             outbox_duplicate_detection=timedelta(
                 seconds=_int(env, "OUTBOX_DUPLICATE_DETECTION_SECONDS", 2 * 86400, 20)),
             outbox_sweep_age=timedelta(seconds=_int(env, "OUTBOX_SWEEP_AGE_SECONDS", 600, 1)),
+            http_caller_header=caller_header,
+            log_duplicates=_bool(env, "DEDUP_LOG_DUPLICATES", False),
+            trace_sampling_ratio=_ratio(env),
         )
         settings.idempotency_config()  # the retention rule is a startup error
         settings.check_outbox_window()

@@ -55,6 +55,12 @@ param notificationApiHonoursIdempotencyKey bool = false
 @description('Cosmos DB capacity mode: true = serverless, false = provisioned autoscale.')
 param cosmosServerless bool = true
 
+@description('Client id of the HTTP API\'s Entra ID app registration (azd: HTTP_AUTH_CLIENT_ID). Set: App Service authentication identifies each caller and Idempotency-Keys are scoped per caller. Empty (default): off, one shared key scope.')
+param httpAuthClientId string = ''
+
+@description('HTTP_CALLER_HEADER of the deployed app: the header a front end (API Management) sets to name the caller. Empty: not used.')
+param httpCallerHeader string = ''
+
 @description('E-mail address for alert notifications. Empty: alerts fire without notifications.')
 param alertEmailAddress string = ''
 
@@ -82,6 +88,8 @@ module resources 'resources.bicep' = {
     notificationApiUrl: notificationApiUrl
     notificationApiHonoursIdempotencyKey: notificationApiHonoursIdempotencyKey
     cosmosServerless: cosmosServerless
+    httpAuthClientId: httpAuthClientId
+    httpCallerHeader: httpCallerHeader
     alertEmailAddress: alertEmailAddress
   }
 }

@@ -127,6 +127,25 @@ param outboxSweepAgeSeconds int = 600
 @minValue(60)
 param outboxPendingAlertSeconds int = 3600
 
+@description('HTTP_CALLER_HEADER: the request header that names the authenticated caller of POST /api/payments, set by a front end (e.g. API Management) that overwrites any client-sent copy; Idempotency-Keys are scoped per caller. Empty: App Service authentication\'s caller, if httpAuthClientId turns it on, else one shared scope.')
+param httpCallerHeader string = ''
+
+@description('Client id of the Entra ID app registration of the HTTP API: turns on App Service authentication (authsettingsV2), which identifies each caller, so Idempotency-Keys are scoped per caller. Empty (default): off; function keys alone share one key scope between all callers.')
+param httpAuthClientId string = ''
+
+@description('DEDUP_LOG_DUPLICATES: log every duplicate (and in-progress claim) at INFO, for an investigation. Off: duplicates are counted by cause in the dedup.messages metric only (customMetrics), and logged at DEBUG.')
+param dedupLogDuplicates bool = false
+
+@description('TRACE_SAMPLING_RATIO: share of traces (message spans and their store calls) the app exports, 0 to 1 (fixed-percentage sampler; Application Insights scales counts back up). Logs and metrics are never sampled.')
+param traceSamplingRatio string = '0.01'
+
+@description('TABLE_BATCH_CODEC: lean = Table entity-group transactions through the app\'s lean $batch codec (it falls back to the SDK\'s path by itself on an SDK it does not support); sdk = always the SDK\'s submit_transaction.')
+@allowed([
+  'lean'
+  'sdk'
+])
+param tableBatchCodec string = 'lean'
+
 @description('MAINTENANCE_SCHEDULE: NCRONTAB schedule of the maintenance timer (stale in-progress markers, expiry sweep).')
 param maintenanceSchedule string = '0 */15 * * * *'
 
@@ -210,6 +229,16 @@ module monitoring 'core/monitoring.bicep' = {
     appPrincipalId: identity.outputs.principalId
     developerPrincipalId: principalId
     developerPrincipalType: principalType
+  }
+}
+
+// Charts over the app's metrics and events, next to the component they read.
+module workbook 'core/workbook.bicep' = {
+  name: 'workbook'
+  params: {
+    location: location
+    tags: tags
+    applicationInsightsId: monitoring.outputs.applicationInsightsId
   }
 }
 
@@ -325,6 +354,7 @@ var appSettings = {
   COSMOS_ENDPOINT: cosmos.outputs.endpoint
   COSMOS_DATABASE: cosmosDatabaseName
   TABLE_ENDPOINT: storage.outputs.tableEndpoint
+  TABLE_BATCH_CODEC: tableBatchCodec
   NOTIFICATION_API_URL: notificationApiUrl
   NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY: notificationApiHonoursIdempotencyKey ? 'true' : 'false'
   DEDUP_TTL_SECONDS: string(dedupTtlSeconds)
@@ -339,7 +369,10 @@ var appSettings = {
   PAYMENTS_MAX_CONCURRENCY: string(paymentsMaxConcurrency)
   OUTBOX_DUPLICATE_DETECTION_SECONDS: string(outboxDuplicateDetectionSeconds)
   OUTBOX_SWEEP_AGE_SECONDS: string(outboxSweepAgeSeconds)
+  HTTP_CALLER_HEADER: httpCallerHeader
   MAINTENANCE_SCHEDULE: maintenanceSchedule
+  DEDUP_LOG_DUPLICATES: dedupLogDuplicates ? 'true' : 'false'
+  TRACE_SAMPLING_RATIO: traceSamplingRatio
   APPLICATIONINSIGHTS_CONNECTION_STRING: monitoring.outputs.connectionString
   APPLICATIONINSIGHTS_AUTHENTICATION_STRING: 'ClientId=${identity.outputs.clientId};Authorization=AAD'
   // One export path (infra/README.md, "Telemetry"): host.json sets telemetryMode OpenTelemetry and
@@ -349,6 +382,10 @@ var appSettings = {
   // second exporter next to the app's.
   PYTHON_ENABLE_OPENTELEMETRY: 'true'
   AZURE_CLIENT_ID: identity.outputs.clientId
+  // Deterministic credential: DefaultAzureCredential tries the managed identity (AZURE_CLIENT_ID)
+  // and nothing else instead of probing a chain (azure-identity 1.27, pinned). Local runs leave it unset
+  // and keep the developer chain (az login, azd, VS Code).
+  AZURE_TOKEN_CREDENTIALS: 'ManagedIdentityCredential'
 }
 
 module functionApp 'app/function-app.bicep' = {
@@ -364,6 +401,7 @@ module functionApp 'app/function-app.bicep' = {
     pythonVersion: '3.13'
     maximumInstanceCount: functionMaximumInstanceCount
     instanceMemoryMB: functionInstanceMemoryMB
+    authClientId: httpAuthClientId
   }
   // The host must not start before its identity can reach storage and the brokers.
   dependsOn: [

@@ -46,6 +46,12 @@ class SentMessage:
     application_properties: dict[str, Any] | None = None
 
 
+#: When a test's hub started taking events: an event without its own enqueued time was enqueued
+#: `sequence_number` milliseconds after it. The hub stamps an event once, so a replay carries the
+#: same time as the first delivery (a hub recreated later gives its events later times).
+HUB_EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+
+
 @dataclass(frozen=True)
 class SentEvent:
     """What a producer put on an event hub partition (with the broker's numbering)."""
@@ -57,6 +63,11 @@ class SentEvent:
     offset: int | None = None
     enqueued_time: datetime | None = None
     content_type: str | None = None
+
+    @property
+    def enqueued_at(self) -> datetime:
+        """The enqueued time the hub gave it (see `HUB_EPOCH` for events without one)."""
+        return self.enqueued_time or HUB_EPOCH + timedelta(milliseconds=self.sequence_number)
 
 
 def service_bus_content(sent: SentMessage, *, lock_token: uuid.UUID, delivery_count: int = 1,
@@ -101,7 +112,7 @@ def event_system_properties(event: SentEvent) -> dict[str, Any]:
         "SequenceNumber": event.sequence_number,
         "Offset": event.offset if event.offset is not None else event.sequence_number * 100,
         "PartitionKey": event.partition_key,
-        "EnqueuedTimeUtc": iso(event.enqueued_time or datetime.now(UTC)),
+        "EnqueuedTimeUtc": iso(event.enqueued_at),
         **({"content-type": event.content_type} if event.content_type else {}),
     }
 
@@ -118,7 +129,7 @@ def event_batch_metadata(events: list[SentEvent], *, partition_id: str, event_hu
         "SequenceNumberArray": [s["SequenceNumber"] for s in system],
         "OffsetArray": [str(s["Offset"]) for s in system],
         "PartitionKeyArray": [s["PartitionKey"] or "" for s in system],
-        "EnqueuedTimeUtcArray": [(e.enqueued_time or datetime.now(UTC)) for e in events],
+        "EnqueuedTimeUtcArray": [e.enqueued_at for e in events],
     }
 
 

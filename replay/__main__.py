@@ -4,7 +4,7 @@
     python -m replay show dlq:orders/42
     python -m replay replay parked:payments/payments/0/1234
     python -m replay replay --filter consumer=payments,reason=ProcessingFailed --dry-run
-    python -m replay replay --all
+    python -m replay replay --all            # one line per item as it completes, then totals
     python -m replay discard dlq:orders/43 --note "duplicate order, refunded by hand"
     python -m replay outbox [--older-than 10m]            # outgoing messages still pending
     python -m replay outbox --dispatch [--dry-run]        # dispatch them (same message ids)
@@ -26,14 +26,23 @@ import os
 import re
 import sys
 import time
+from collections import Counter
 from collections.abc import Mapping
 
 from functions.services import build_services
 from functions.settings import Settings, SettingsError
 from replay.deadletters import ServiceBusDeadLetters
-from replay.render import items_text, results_text, show_text
+from replay.render import counts_text, items_text, progress_line, results_text, show_text
 from replay.stores import document_lister
-from replay.tool import Filters, Options, ReplayError, ReplayTool, app_entities, pending_outgoing
+from replay.tool import (
+    Filters,
+    Options,
+    ReplayError,
+    ReplayTool,
+    Result,
+    app_entities,
+    pending_outgoing,
+)
 from shared.parking import ParkingLot
 
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
@@ -222,11 +231,22 @@ def run(tool: ReplayTool, args: argparse.Namespace) -> int:
                           older_than=args.older_than, newer_than=args.newer_than)
         options = Options(confirm_not_sent=args.confirm_not_sent,
                           past_retention=args.past_retention, dry_run=args.dry_run)
-        results = tool.replay(args.ids, filters=filters, options=options)
+        # One line per item as it completes, with the tally so far: on stdout as the text
+        # answer itself, on stderr with --json (stdout stays one JSON document).
+        stream = sys.stderr if args.json else sys.stdout
+        counts: Counter[str] = Counter()
+
+        def progress(result: Result, done: int, total: int) -> None:
+            counts[result.status] += 1
+            print(progress_line(result, done, total, counts), file=stream, flush=True)
+
+        results = tool.replay(args.ids, filters=filters, options=options, progress=progress)
+        print(json.dumps([r.to_json() for r in results], indent=2) if args.json
+              else counts_text(counts) or "nothing selected")
     else:
         results = [tool.discard(args.id, args.note)]
-    print(json.dumps([r.to_json() for r in results], indent=2) if args.json
-          else results_text(results))
+        print(json.dumps([r.to_json() for r in results], indent=2) if args.json
+              else results_text(results))
     return 1 if any(r.status == "failed" for r in results) else 0
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -86,10 +86,24 @@ def show_text(item: Item, facts: dict[str, Any], now: float) -> str:
     return "\n".join(lines)
 
 
+def counts_text(counts: Mapping[str, int]) -> str:
+    """Results per outcome, e.g. "2 replayed, 1 skipped"."""
+    return ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+
+
+def result_line(result: Result) -> str:
+    return f"{result.status:<12} {result.id}: {result.outcome}"
+
+
+def progress_line(result: Result, done: int, total: int, counts: Mapping[str, int]) -> str:
+    """One item as it completes: its place, its result, and the tally so far."""
+    width = len(str(total))
+    return f"[{done:>{width}}/{total}] {result_line(result)} ({counts_text(counts)})"
+
+
 def results_text(results: Sequence[Result]) -> str:
     if not results:
         return "nothing selected"
-    lines = [f"{r.status:<12} {r.id}: {r.outcome}" for r in results]
-    counts = Counter(r.status for r in results)
-    lines.append(", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
+    lines = [result_line(r) for r in results]
+    lines.append(counts_text(Counter(r.status for r in results)))
     return "\n".join(lines)

@@ -11,12 +11,21 @@ same entry twice never creates a second effect.
 Every action is recorded in the parking lot: on the parked entry itself, or,
 for a dead-lettered message (which leaves the queue once completed), on a
 journal entry under the same consumer (`deadletter/<entity>/<sequence>`).
+
+Concurrency rule: two people (or two `replay --all` runs) may work at once.
+Before acting on an item the tool claims its entry under the etag (who, when,
+expiring after `claim_seconds` like a lease, so a crashed run frees it); an
+item claimed by someone else is skipped as "being replayed by ...", and a
+resolved entry's outcome is never overwritten: an item another run resolved
+meanwhile (a message it resubmitted included) is reported as already done.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from domain.messages import InboundMessage, InvalidMessageError
@@ -39,10 +48,15 @@ from shared import (
     store_safe_id,
 )
 from shared.cloudevents import InvalidEventError, parse_cloudevent
-from shared.parking import ParkedEntry, ParkingLot
+from shared.parking import EntryClaimedError, EntryResolvedError, ParkedEntry, ParkingLot
 from shared.settlement import Action
 
 CONFLICT = "IdempotencyKeyConflict"
+#: How long a run's claim on an entry holds when the run dies before releasing it: longer
+#: than one item's replay takes (a resubmission scans at most a few thousand locked copies).
+CLAIM_SECONDS = 300.0
+#: Called after each item of a replay: (result, items done, items selected).
+Progress = Callable[["Result", int, int], None]
 NOTIFICATION_CONSUMERS = ("notify", "audit")
 # How each Service Bus consumer deduplicates, which decides how long a resubmission is absorbed:
 # "marker": the business document is the marker and never expires (orders); "record": a dedup
@@ -61,6 +75,14 @@ def app_entities(env: Mapping[str, str]) -> list[EntityRef]:
 
 class ReplayError(Exception):
     """A command cannot run as asked (unknown id, missing note); the message says why."""
+
+
+class _Skip(Exception):
+    """Stop acting on an item: someone else has it or resolved it; `result` says so."""
+
+    def __init__(self, result: Result) -> None:
+        super().__init__(result.outcome)
+        self.result = result
 
 
 @dataclass
@@ -166,6 +188,9 @@ class ReplayTool:
     operator: str
     clock: Callable[[], float]
     entities: Sequence[EntityRef] = field(default_factory=list)
+    claim_seconds: float = CLAIM_SECONDS
+    # (consumer, entry id) -> token of the claims this tool holds on the item in hand
+    _claims: dict[tuple[str, str], str] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.dead_letters is not None and not self.entities:
@@ -313,42 +338,101 @@ class ReplayTool:
         return item, facts
 
     def replay(self, item_ids: Iterable[str] = (), *, filters: Filters | None = None,
-               options: Options | None = None) -> list[Result]:
-        """Replay the given ids, or every open item the filters select."""
+               options: Options | None = None, progress: Progress | None = None) -> list[Result]:
+        """Replay the given ids, or every open item the filters select; `progress` hears of
+        each result as it comes."""
         options = options or Options()
         ids = list(item_ids)
         targets = [self.find(i) for i in ids] if ids else self.items(filters or Filters())
-        return [self._replay_one(item, options) for item in targets]
+        results: list[Result] = []
+        for item in targets:
+            results.append(self._guarded(item, lambda item=item: self._replay_one(item, options)))
+            if progress is not None:
+                progress(results[-1], len(results), len(targets))
+        return results
 
     def discard(self, item_id: str, note: str) -> Result:
         if not note.strip():
             raise ReplayError("discard needs --note saying why (it is kept on the entry)")
         item = self.find(item_id)
+        return self._guarded(item, lambda: self._discard(item, note))
+
+    def _discard(self, item: Item, note: str) -> Result:
         if item.state != "open":
             return self._already(item)
         if item.message is not None:
             journal = self._ensure_journal(item.message, item.entry)
+            self._claim(item, journal.entry_id)
             assert self.dead_letters is not None
             try:
                 self.dead_letters.complete(item.message)
             except NotInDeadLetterQueueError as error:
+                self._gone(item, journal.entry_id)
                 return Result(item.id, "failed", str(error))
-            self.parking.mark(item.consumer, journal.entry_id, action="discarded", by=self.operator,
-                              outcome="dead-lettered copy completed without resubmitting",
-                              note=note, resolved=True)
+            self._mark(item.consumer, journal.entry_id, action="discarded",
+                       outcome="dead-lettered copy completed without resubmitting", note=note,
+                       resolved=True)
             return Result(item.id, "discarded", "removed from the dead-letter queue; note kept")
         assert item.entry is not None
-        self.parking.mark(item.consumer, item.entry.entry_id, action="discarded", by=self.operator,
-                          outcome="discarded", note=note, resolved=True)
+        self._claim(item, item.entry.entry_id)
+        self._mark(item.consumer, item.entry.entry_id, action="discarded", outcome="discarded",
+                   note=note, resolved=True)
         return Result(item.id, "discarded", "entry closed; note kept")
+
+    # -- claims: one actor per item at a time ------------------------------------------------
+    def _guarded(self, item: Item, act: Callable[[], Result]) -> Result:
+        """Run one action; whatever happens, drop the claims it still holds."""
+        try:
+            return act()
+        except _Skip as skip:
+            return skip.result
+        except EntryResolvedError as error:  # resolved by someone else while this one acted
+            return self._already(item, error.entry)
+        finally:
+            for (consumer, entry_id), token in list(self._claims.items()):
+                with contextlib.suppress(IdempotencyError):  # else the claim simply expires
+                    self.parking.release(consumer, entry_id, token)
+            self._claims.clear()
+
+    def _claim(self, item: Item, entry_id: str) -> None:
+        """Take the entry before acting; _Skip when someone else has it or resolved it."""
+        try:
+            entry = self.parking.claim(item.consumer, entry_id, by=self.operator,
+                                       lease_seconds=self.claim_seconds)
+        except EntryResolvedError as error:
+            raise _Skip(self._already(item, error.entry)) from error
+        except EntryClaimedError as error:
+            held = error.entry
+            since = datetime.fromtimestamp(float(held.claimed_at or 0.0), UTC).strftime("%H:%M:%S")
+            left = max(0.0, float(held.claim_expires_at or 0.0) - self.now())
+            raise _Skip(Result(item.id, "skipped",
+                               f"being replayed by {held.claimed_by} (since {since} UTC; their "
+                               f"claim expires in {left:.0f} s); nothing done")) from error
+        assert entry.claim_token is not None
+        self._claims[(item.consumer, entry_id)] = entry.claim_token
+
+    def _mark(self, consumer: str, entry_id: str, *, action: str, outcome: str, note: str = "",
+              resolved: bool) -> ParkedEntry:
+        """Record the action, dropping this tool's claim on the entry with it."""
+        token = self._claims.pop((consumer, entry_id), None)
+        return self.parking.mark(consumer, entry_id, action=action, by=self.operator,
+                                 outcome=outcome, note=note, resolved=resolved, claim=token)
+
+    def _gone(self, item: Item, entry_id: str) -> None:
+        """The dead-lettered message left the queue under this tool's hands: when another run
+        resolved its journal meanwhile (it resubmitted or discarded it), say that, not failed."""
+        journal = self.parking.entry(item.consumer, entry_id)
+        if journal is not None and journal.resolved:
+            raise _Skip(self._already(item, journal))
 
     # -- replay, per kind ----------------------------------------------------------------
     @staticmethod
-    def _already(item: Item) -> Result:
-        entry = item.entry
+    def _already(item: Item, entry: ParkedEntry | None = None) -> Result:
+        entry = entry or item.entry
+        state = (entry.resolution or item.state) if entry is not None and entry.resolved else item.state
         who = f" by {entry.resolved_by}" if entry and entry.resolved_by else ""
         what = f": {entry.outcome}" if entry and entry.outcome else ""
-        return Result(item.id, "skipped", f"already {item.state}{who}{what}; nothing done")
+        return Result(item.id, "skipped", f"already {state}{who}{what}; nothing done")
 
     def _replay_one(self, item: Item, options: Options) -> Result:
         if item.state != "open":
@@ -369,17 +453,17 @@ class ReplayTool:
             return Result(item.id, "refused", f"no replay path for consumer {item.consumer!r}: "
                           "resolve it by hand, then discard it with a note")
         except IdempotencyError as error:
-            self._mark_failed(item, f"store error: {error}")
+            with contextlib.suppress(IdempotencyError):  # the store may still be down
+                self._mark_failed(item, f"store error: {error}")
             return Result(item.id, "failed", f"store error, nothing recorded as done: {error}")
 
     def _mark_failed(self, item: Item, outcome: str) -> None:
         if item.entry is not None:
-            self.parking.mark(item.consumer, item.entry.entry_id, action="replay-failed",
-                              by=self.operator, outcome=outcome, resolved=False)
+            self._mark(item.consumer, item.entry.entry_id, action="replay-failed", outcome=outcome,
+                       resolved=False)
 
     def _done(self, item: Item, entry_id: str, outcome: str, effect: str) -> Result:
-        self.parking.mark(item.consumer, entry_id, action="replayed", by=self.operator,
-                          outcome=outcome, resolved=True)
+        self._mark(item.consumer, entry_id, action="replayed", outcome=outcome, resolved=True)
         return Result(item.id, "replayed", outcome, effect)
 
     # Service Bus -------------------------------------------------------------------------
@@ -418,15 +502,17 @@ class ReplayTool:
             return Result(item.id, "would-replay", f"would resubmit to {target} with MessageId "
                           f"{message.message_id}; {expected}{fanout}")
         journal = self._ensure_journal(message, item.entry)
+        self._claim(item, journal.entry_id)
         try:
             self.dead_letters.resubmit_and_complete(message)
         except NotInDeadLetterQueueError as error:
-            self.parking.mark(item.consumer, journal.entry_id, action="replay-failed",
-                              by=self.operator, outcome=str(error), resolved=False)
+            self._gone(item, journal.entry_id)
+            self._mark(item.consumer, journal.entry_id, action="replay-failed", outcome=str(error),
+                       resolved=False)
             return Result(item.id, "failed", str(error))
         except ResubmitDroppedError as error:
-            self.parking.mark(item.consumer, journal.entry_id, action="replay-failed",
-                              by=self.operator, outcome=str(error), resolved=False)
+            self._mark(item.consumer, journal.entry_id, action="replay-failed", outcome=str(error),
+                       resolved=False)
             return Result(item.id, "failed", str(error))
         outcome = (f"resubmitted to {target} with MessageId {message.message_id} (dedup before: "
                    f"{prior or 'no effect recorded'}; {expected}){fanout}; dead-lettered copy "
@@ -440,18 +526,16 @@ class ReplayTool:
         existing = self.parking.entry(message.entity.consumer, entry_id)
         if existing is not None:
             return existing
-        self.parking.park(
+        # Created only if absent: a run racing this one keeps its journal, marks and claim.
+        return self.parking.park_if_absent(
             consumer=message.entity.consumer, entry_id=entry_id, reason=message.reason,
-            payload=message.body, error=message.description, alert=False,
+            payload=message.body, error=message.description,
             context={"source": "deadletter", "entity": message.entity.path,
                      "sequence_number": message.sequence_number, "message_id": message.message_id,
                      "enqueued_at": message.enqueued_at, "content_type": message.content_type,
                      "correlation_id": message.correlation_id,
                      "application_properties": message.application_properties,
                      "delivery_count": message.delivery_count})
-        created = self.parking.entry(message.entity.consumer, entry_id)
-        assert created is not None
-        return created
 
     # Event Hubs payments ------------------------------------------------------------------
     def _payment(self, entry: ParkedEntry) -> Payment | str:
@@ -481,6 +565,7 @@ class ReplayTool:
         payment = self._payment(entry)
         if not isinstance(payment, Payment):
             if not options.dry_run:
+                self._claim(item, entry.entry_id)
                 self._mark_failed(item, payment)
             return Result(item.id, "failed", payment)
         recorded = self._ledger_marker(payment)
@@ -496,6 +581,7 @@ class ReplayTool:
             return Result(item.id, "would-replay",
                           f"would apply {payment.key.key} to {payment.account_id} "
                           f"({'duplicate: already applied' if recorded else 'not applied yet'})")
+        self._claim(item, entry.entry_id)
         outcome = self.services.payments.apply(payment, {
             "replay": True, "entry_id": entry.entry_id, "operator": self.operator,
             "partition_id": entry.context.get("partition_id"),
@@ -538,6 +624,7 @@ class ReplayTool:
             return Result(item.id, "would-replay",
                           f"would {'re-open the closed record and ' if closed else ''}re-deliver "
                           f"{message_id} to {item.consumer}")
+        self._claim(item, entry.entry_id)
         if closed:
             assert record is not None
             store.delete_record_if_unchanged(record)  # a change meanwhile: RecordChangedError

@@ -14,7 +14,16 @@ committed or was parked.
 Transient is never poison: an outage, throttling or lost races never park a
 valid event. When a group still fails after its tries, the batch raises once
 every group finished, so the host's retry policy runs it again before the
-checkpoint; the mark and the keys absorb what was already done.
+checkpoint; the mark and the keys absorb what was already done. The wait
+before it raises is bounded: each try of a group spends at most the store
+SDKs' own retries (the app sizes that budget) and waits out at most
+`max_retry_after`; longer waits belong to the host's retry policy, which holds
+nothing while it backs off.
+
+A sequence number alone does not identify an event (a recreated hub or a
+failover restarts them): the mark covers an event only when it is at or below
+it and not enqueued after it (`Mark.covers`); an event below the mark but
+newer is a sequence reset, processed through its key and reported.
 
 Written once as flows: `PartitionBatchProcessor` runs groups on threads,
 `shared.aio.PartitionBatchProcessor` as tasks on one event loop.
@@ -25,19 +34,28 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 from shared.exceptions import ConcurrencyRetriesExhaustedError, retry_after
 from shared.flow import Async, Flow, Gather, OnStore, Sleep, Sync, flowmethod
-from shared.idempotency import BaseIdempotency, GroupMessage
+from shared.idempotency import AsyncIdempotency, BaseIdempotency, GroupMessage, Idempotency
 from shared.keys import DedupKey
-from shared.parking import BaseParkingLot
+from shared.parking import AsyncParkingLot, BaseParkingLot, ParkingLot
 from shared.payload import InvalidPayloadError
 from shared.records import Outcome, OutcomeStatus
 from shared.settlement import TRANSIENT_ERRORS
-from shared.watermark import BasePartitionWatermark
+from shared.watermark import (
+    AsyncPartitionWatermark,
+    BasePartitionWatermark,
+    Mark,
+    PartitionWatermark,
+    event_time,
+)
 
-MAX_RETRY_AFTER_SECONDS = 30.0  # the longest Retry-After honoured before the batch raises
+# The longest Retry-After a group waits out before its next try (and the batch before it raises):
+# longer waits belong to the host's retry policy, which holds nothing while it backs off.
+MAX_RETRY_AFTER_SECONDS = 5.0
 #: Outcomes after which an event needs nothing more (applied now or before, or refused).
 SETTLED = frozenset({OutcomeStatus.PROCESSED, OutcomeStatus.TAKEN_OVER, OutcomeStatus.DUPLICATE,
                      OutcomeStatus.CONFLICT})
@@ -55,6 +73,8 @@ class BatchEvent(Protocol):
     def properties(self) -> Mapping[str, Any]: ...
     @property
     def offset(self) -> str | None: ...
+    @property
+    def enqueued_time(self) -> datetime | str | None: ...
 
 
 @dataclass
@@ -80,7 +100,8 @@ class _Parsed[E, I]:
     request_hash: str
 
 
-class BasePartitionBatchProcessor[E: BatchEvent, I]:
+class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency,
+                                  W: BasePartitionWatermark, P: BaseParkingLot]:
     """Parametrised by the user's rule:
 
     * `parse(event, partition_id)`: the event's item; InvalidPayloadError for bad input;
@@ -91,11 +112,11 @@ class BasePartitionBatchProcessor[E: BatchEvent, I]:
       per item (kept on its marker); InvalidPayloadError refuses an item (parked).
     """
 
-    def __init__(self, ledger: BaseIdempotency, watermark: BasePartitionWatermark, parking: BaseParkingLot,
-                 *, consumer: str, event_hub: str, parse: Callable[[E, str], I],
-                 identify: Callable[[I], tuple[DedupKey, str]], group: Callable[[I], str],
-                 build: Callable[..., Any], max_attempts: int = 3, backoff: float = 0.2,
-                 max_concurrency: int = 16, max_retry_after: float = MAX_RETRY_AFTER_SECONDS,
+    def __init__(self, ledger: L, watermark: W, parking: P, *, consumer: str, event_hub: str,
+                 parse: Callable[[E, str], I], identify: Callable[[I], tuple[DedupKey, str]],
+                 group: Callable[[I], str], build: Callable[..., Any], max_attempts: int = 3,
+                 backoff: float = 0.2, max_concurrency: int = 16,
+                 max_retry_after: float = MAX_RETRY_AFTER_SECONDS,
                  sleep: Callable[[float], object] | None = None) -> None:
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
@@ -129,8 +150,12 @@ class BasePartitionBatchProcessor[E: BatchEvent, I]:
         report = BatchReport()
         watermark = self.watermark
         mark = yield OnStore(watermark.store, watermark.read.flow(partition_id))
-        fresh = sorted((e for e in events if mark is None or e.sequence_number > mark.sequence_number),
+        fresh = sorted((e for e in events if mark is None
+                        or not mark.covers(e.sequence_number, e.enqueued_time)),
                        key=lambda e: e.sequence_number)
+        # Below the mark yet newer: the hub restarted its numbers (recreated, failed over).
+        reset = next((e for e in fresh if mark is not None
+                      and mark.is_reset(e.sequence_number, e.enqueued_time)), None)
         report.replay_skipped = len(events) - len(fresh)
         self.ledger.telemetry.replay_skipped(report.replay_skipped, consumer=self.consumer,
                                              partition_id=partition_id)
@@ -156,11 +181,27 @@ class BasePartitionBatchProcessor[E: BatchEvent, I]:
                 yield Sleep(min(delay, self.max_retry_after))
             raise failure
         if fresh:
+            newest = fresh[-1]
             report.watermark = yield OnStore(watermark.store, watermark.advance.flow(
-                partition_id, fresh[-1].sequence_number, known=mark))
+                partition_id, newest.sequence_number, known=mark,
+                enqueued_time=newest.enqueued_time, offset=newest.offset))
+            self._marked(events, partition_id, mark, reset)
         elif mark is not None:
             report.watermark = mark.sequence_number
         return report
+
+    def _marked(self, events: Sequence[E], partition_id: str, mark: Mark | None,
+                reset: E | None) -> None:
+        """Telemetry of a mark that advanced: its lag, and a sequence reset if it moved down."""
+        telemetry = self.ledger.telemetry
+        if mark is not None and reset is not None:
+            telemetry.sequence_reset(consumer=self.consumer, partition_id=partition_id,
+                                     mark=mark.sequence_number, first=reset.sequence_number,
+                                     context={"event_hub": self.event_hub})
+        times = [t for t in (event_time(e.enqueued_time) for e in events) if t is not None]
+        if times:
+            telemetry.mark_lagging(self.ledger.config.clock() - max(times).timestamp(),
+                                   consumer=self.consumer, partition_id=partition_id)
 
     @flowmethod
     def apply(self, item: I, context: Mapping[str, Any] | None = None) -> Flow[Outcome]:
@@ -278,11 +319,14 @@ class BasePartitionBatchProcessor[E: BatchEvent, I]:
         report.park(reason)
 
 
-class PartitionBatchProcessor[E: BatchEvent, I](BasePartitionBatchProcessor[E, I], Sync):
+class PartitionBatchProcessor[E: BatchEvent, I](
+        BasePartitionBatchProcessor[E, I, Idempotency, PartitionWatermark, ParkingLot], Sync):
     """Runs a partition's batches on sync stores; groups commit on a bounded thread pool, each
     thread in a copy of the caller's context (trace, the worker's invocation id)."""
 
 
-class AsyncPartitionBatchProcessor[E: BatchEvent, I](BasePartitionBatchProcessor[E, I], Async):
+class AsyncPartitionBatchProcessor[E: BatchEvent, I](
+        BasePartitionBatchProcessor[E, I, AsyncIdempotency, AsyncPartitionWatermark, AsyncParkingLot],
+        Async):
     """`PartitionBatchProcessor` on async stores (`shared.aio.PartitionBatchProcessor`): groups
     are tasks on one event loop, at most `max_concurrency` in flight; builds may be async."""

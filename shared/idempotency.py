@@ -63,7 +63,7 @@ from shared.flow import (
     flowmethod,
     retry_on_race,
 )
-from shared.keys import DedupKey
+from shared.keys import DedupKey, same_request
 from shared.keys import request_hash as hash_request
 from shared.records import IdempotencyRecord, Outcome, OutcomeStatus, RecordState, encode_result
 from shared.stores.base import MAX_TRANSACTION_OPERATIONS, RACE_STATUSES
@@ -114,8 +114,10 @@ class BaseIdempotency:
                     partition: str | None = None, record_id: str | None = None,
                     expires: bool = True) -> IdempotencyRecord:
         now = self._now()
+        # str(): a record holds plain text (the Table SDK maps values by exact type), not the
+        # RequestHash with its payload.
         return IdempotencyRecord(
-            key=key, state=state, request_hash=request_hash, created_at=now, updated_at=now,
+            key=key, state=state, request_hash=str(request_hash), created_at=now, updated_at=now,
             expires_at=now + self.config.ttl.total_seconds() if expires else None,
             lease_expires_at=(now + self.config.lease.total_seconds()
                               if state is RecordState.IN_PROGRESS else None),
@@ -124,7 +126,7 @@ class BaseIdempotency:
 
     def _judge(self, existing: IdempotencyRecord, request_hash: str, key: DedupKey) -> Outcome:
         """Outcome for a live record someone else wrote first."""
-        if existing.request_hash != request_hash:
+        if not same_request(existing.request_hash, request_hash):
             return Outcome(OutcomeStatus.CONFLICT, key, request_hash, existing.result, existing)
         if existing.state is RecordState.COMPLETED:
             return Outcome(OutcomeStatus.DUPLICATE, key, request_hash, existing.result, existing)
@@ -140,7 +142,8 @@ class BaseIdempotency:
             return marker
         return marker.evolve(etag=over.etag, attempts=over.attempts + 1)
 
-    def _after_failed_marker(self, marker: IdempotencyRecord) -> Flow[Outcome | IdempotencyRecord]:
+    def _after_failed_marker(self, marker: IdempotencyRecord, request_hash: str
+                             ) -> Flow[Outcome | IdempotencyRecord]:
         """After a marker write failed: the outcome the live record there decides, or the
         expired record to take over. RecordChangedError when it vanished meanwhile."""
         existing: IdempotencyRecord | None = yield GetRecord(marker.partition_key, marker.id)
@@ -148,7 +151,7 @@ class BaseIdempotency:
             raise RecordChangedError(marker.id)  # deleted meanwhile: commit again
         if existing.is_expired(self._now()):
             return existing
-        return self._judge(existing, marker.request_hash, marker.key)
+        return self._judge(existing, request_hash, marker.key)  # the caller's: it judges old forms
 
     def _cached(self, key: DedupKey, request_hash: str) -> Outcome | None:
         """A duplicate (or conflict) answered by the local cache, without a store request."""
@@ -238,7 +241,7 @@ class BaseIdempotency:
                 raise RecordChangedError(fresh.id)  # released between create and read: again
             now = self._now()
             expired = existing.is_expired(now)
-            if not expired and existing.request_hash != request_hash:
+            if not expired and not same_request(existing.request_hash, request_hash):
                 return Outcome(OutcomeStatus.CONFLICT, key, request_hash, existing.result,
                                existing), None
             stale = not expired and existing.is_lease_expired(now)
@@ -389,7 +392,7 @@ class BaseIdempotency:
                                committed.markers[0])
             except (RecordExistsError, RecordChangedError):
                 pass
-            found = yield from self._after_failed_marker(marker)
+            found = yield from self._after_failed_marker(marker, request_hash)
             if isinstance(found, Outcome):
                 return found
             expired.append(found)
@@ -452,7 +455,8 @@ class BaseIdempotency:
                 index = chunk[error.index]
                 expired.pop(index, None)
                 try:
-                    found = yield from self._after_failed_marker(markers[error.index])
+                    found = yield from self._after_failed_marker(markers[error.index],
+                                                                 messages[index].request_hash)
                 except RecordChangedError:  # deleted meanwhile: commit it again
                     lost_race(index)
                     continue

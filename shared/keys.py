@@ -5,6 +5,8 @@ once), built only from stable message identity (never a delivery's), and
 encoded so any input is a valid Table Storage PartitionKey/RowKey and Cosmos
 DB id: deterministic and injective, with long keys replaced by their SHA-256.
 The raw key stays on the record for operators.
+The request hash (`request_hash`, `same_request`) tells a duplicate from a key
+reused for other content, whatever way a producer serialised the same JSON.
 """
 
 # Callers pass what a trigger delivered (untyped at run time): the isinstance checks on
@@ -40,7 +42,13 @@ TRANSPORT_FIELDS = frozenset({
 
 
 def _escape(match: re.Match[str]) -> str:
-    return "".join(f"{_ESCAPE}{byte:02X}" for byte in match.group().encode("utf-8"))
+    return _escaped_run(match.group())
+
+
+@functools.lru_cache(maxsize=4096)
+def _escaped_run(run: str) -> str:
+    # Keys of one stream share their unsafe runs ('["', '/', '","'...): escape each once.
+    return "".join(f"{_ESCAPE}{byte:02X}" for byte in run.encode("utf-8"))
 
 
 def encode_component(value: str) -> str:
@@ -127,8 +135,100 @@ class DedupKey:
         return cls(consumer, _check_text(raw, "CloudEvent source+id"))
 
 
+# -- request hash ---------------------------------------------------------------------------
+# The stored hash says how it was made. "jcs:sha256:" is the current form: SHA-256 of the
+# canonical JSON below. "sha256:" is SHA-256 of raw bytes, and also the previous JSON form
+# (json.dumps with sorted keys: it wrote 1 and 1.0 differently), still met in stored records.
+HASH_PREFIX = "jcs:sha256:"
+BYTES_PREFIX = LEGACY_PREFIX = "sha256:"
+
+# json.dumps writes every float as a digit followed by "." or a signed exponent ("1.5",
+# "1e-07"), which ints, true, false and null never hold: without a hit there is no float. A
+# hit inside a string only costs the exact pass, which rewrites floats outside strings alone.
+_FLOAT_HINT = re.compile(r"\d(?:\.|e[-+])")
+_STRING = re.compile(r'("[^"\\]*(?:\\.[^"\\]*)*")')
+_FLOAT = re.compile(r"-?\d+(?:\.\d+(?:e[-+]\d+)?|e[-+]\d+)")
+# Characters whose UTF-16 order differs from code-point order (surrogate pairs sort below
+# U+E000-U+FFFF in UTF-16): only text holding one of these needs the UTF-16 key sort.
+_UTF16_ORDER_MATTERS = re.compile("[\ue000-\U0010ffff]")
+
+
+def _number(value: float) -> str:
+    """A float by its value: integral ones as exact integer digits (1.0 -> "1", as RFC 8785
+    writes them below 2**53), others in ECMAScript's shortest form (RFC 8785 section 3.2.2.3)."""
+    if value.is_integer():
+        return str(int(value))  # also -0.0 -> "0"
+    text = repr(value)  # shortest round-trip digits, as ECMAScript chooses them
+    mantissa, _, exponent = text.partition("e")
+    if not exponent:
+        return text  # non-integral, so |value| < 2**52: positional in both notations
+    power = int(exponent)  # negative: a non-integral double below 1e-4
+    if power >= -6:  # ECMAScript is positional down to 1e-6; Python switches at 1e-4
+        sign, digits = ("-", mantissa[1:]) if mantissa.startswith("-") else ("", mantissa)
+        return f"{sign}0.{'0' * (-power - 1)}{digits.replace('.', '')}"
+    return f"{mantissa}e{power}"  # "1.5e-7": no zero padding, as ECMAScript writes it
+
+
+def _float_token(match: re.Match[str]) -> str:
+    return _number(float(match.group()))  # repr's digits read back to the same double
+
+
+def _rewrite_floats(text: str) -> str:
+    """json.dumps output with its floats (outside strings) in the canonical number form."""
+    pieces = _STRING.split(text)  # outside, string, outside, ..., outside
+    for index in range(0, len(pieces), 2):
+        if "." in pieces[index] or "e" in pieces[index]:
+            pieces[index] = _FLOAT.sub(_float_token, pieces[index])
+    return "".join(pieces)
+
+
+def _utf16_key(key: Any) -> bytes:
+    if not isinstance(key, str):
+        raise TypeError(f"object keys must be strings, got {type(key).__name__}")
+    return key.encode("utf-16-be", "surrogatepass")
+
+
+def _utf16_ordered(value: Any) -> Any:
+    """`value` with every object's keys in UTF-16 code-unit order (RFC 8785 section 3.2.3)."""
+    if isinstance(value, dict):
+        mapping = cast(dict[Any, Any], value)
+        return {key: _utf16_ordered(mapping[key]) for key in sorted(mapping, key=_utf16_key)}
+    if isinstance(value, (list, tuple)):
+        return [_utf16_ordered(item) for item in cast(list[Any], value)]
+    return value
+
+
 def canonical_json(value: Any) -> bytes:
-    """Stable bytes for a JSON-compatible value: sorted keys, no whitespace, UTF-8."""
+    """The canonical bytes of a JSON value: RFC 8785 (JCS), with exact integers beyond 2**53.
+
+    RFC 8785: no whitespace, keys in UTF-16 code-unit order, strings in its fixed escaping,
+    numbers by value (1, 1.0 and 1e0 are all written "1"). JCS writes every number as an
+    IEEE double, which would merge different integers above 2**53 (2**53 and 2**53 + 1), so
+    here every integral number is written as its exact integer digits and every other float
+    in the ECMAScript form JCS prescribes. Below 2**53 in magnitude that is byte for byte
+    RFC 8785 (tests/test_keys.py holds it to the `rfc8785` package); above it, equal exact
+    values (the int 2**60 and the float 2.0**60) still share one form and different ones
+    never do. Object keys must be strings.
+
+    Fast path: json.dumps (C) already writes JCS strings, ints, true/false/null, and sorts
+    keys by code point, which equals UTF-16 order unless the text holds a character at or
+    above U+E000; only then are keys re-sorted first, and only floats are rewritten.
+    """
+    try:
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False)
+        if not text.isascii() and _UTF16_ORDER_MATTERS.search(text):
+            text = json.dumps(_utf16_ordered(value), separators=(",", ":"), ensure_ascii=False,
+                              allow_nan=False)
+        if _FLOAT_HINT.search(text):
+            text = _rewrite_floats(text)
+        return text.encode("utf-8")
+    except (TypeError, ValueError, RecursionError) as error:  # UnicodeEncodeError is a ValueError
+        raise ValueError(f"payload is not canonical JSON: {error}") from error
+
+
+def _legacy_canonical_json(value: Any) -> bytes:
+    """The previous canonical form (sorted keys, Python's number text), for stored hashes."""
     try:
         text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                           allow_nan=False)
@@ -137,17 +237,61 @@ def canonical_json(value: Any) -> bytes:
     return text.encode("utf-8")
 
 
-def request_hash(payload: Any, *, fields: tuple[str, ...] | None = None) -> str:
+class RequestHash(str):
+    """A request hash as stored, which can also be checked against a hash stored in the
+    previous form (`same_request`). The previous form is computed only when such a record is
+    met, from the payload this hash was made of: do not change that payload meanwhile.
+    To store it yourself, store `str(hash)`: azure-data-tables converts by exact type."""
+
+    __slots__ = ("_payload",)  # on the hot path: no per-hash __dict__
+    _payload: Any
+
+    def __new__(cls, digest: str, payload: Any) -> RequestHash:
+        made = str.__new__(cls, digest)
+        made._payload = payload
+        return made
+
+    def __getnewargs__(self) -> tuple[str, Any]:  # type: ignore[override]  # copy and pickle
+        return str(self), self._payload
+
+    def legacy(self) -> str | None:
+        """This payload's hash in the previous form; None when that form could not hold it."""
+        if self.startswith(BYTES_PREFIX):
+            return str(self)  # bytes are hashed the same way in both forms
+        try:
+            return LEGACY_PREFIX + hashlib.sha256(_legacy_canonical_json(self._payload)).hexdigest()
+        except ValueError:
+            return None
+
+
+def same_request(stored: str | None, digest: str) -> bool:
+    """Whether a stored request hash is this message's: equal, or a hash in the previous JSON
+    form that this payload also has (records written before the canonical form; some, like
+    markers that never expire, outlive any retention window, so the previous form is accepted
+    for as long as such records exist; it costs nothing until one is met)."""
+    if stored == digest:
+        return True
+    if (stored is None or not stored.startswith(LEGACY_PREFIX) or not isinstance(digest, RequestHash)
+            or digest.startswith(LEGACY_PREFIX)):
+        return False
+    return digest.legacy() == stored
+
+
+def request_hash(payload: Any, *, fields: tuple[str, ...] | None = None) -> RequestHash:
     """SHA-256 of the payload's canonical form, or of selected immutable fields.
 
-    Bytes are hashed as they are; anything else as canonical JSON, so key order
-    and whitespace in the producer's JSON do not matter.
+    Bytes are hashed as they are ("sha256:..."); anything else as canonical JSON
+    ("jcs:sha256:..."), so key order, whitespace, string escapes and how a producer wrote
+    its numbers (1, 1.0, 1e0) do not matter, while any difference in value does. With
+    `fields`, only those fields count, a missing one as null (serialisers differ in whether
+    they write nulls). Compare a stored hash with `same_request`, not `==`.
     """
     if fields is not None:
         if not isinstance(payload, dict):
             raise ValueError("fields= needs a JSON object payload")
         mapping = cast(dict[str, Any], payload)
         payload = {name: mapping.get(name) for name in fields}
-    data = (bytes(cast(bytes, payload)) if isinstance(payload, (bytes, bytearray, memoryview))
-            else canonical_json(payload))
-    return "sha256:" + hashlib.sha256(data).hexdigest()
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        data = bytes(cast(bytes, payload))
+        return RequestHash(BYTES_PREFIX + hashlib.sha256(data).hexdigest(), data)
+    return RequestHash(HASH_PREFIX + hashlib.sha256(canonical_json(payload)).hexdigest(), payload)

@@ -7,6 +7,12 @@ stays in progress until a redelivery takes it over. Once the broker can no
 longer redeliver, nobody will: the sweep parks such a claim for a person and
 closes it, so no record is left in progress forever.
 
+A run is bounded: it shares a time budget (default 5 minutes, half the host's
+function timeout) among the stores, and each store sweeps what it can within
+its share (`RecordStore.sweep`: Table Storage scans page by page and resumes
+next run where it stopped; Cosmos expires markers by native TTL and queries
+only for stale claims). Stores on one table are swept once.
+
 The outbox sweep: a commit's messages are dispatched right after it, and again
 by any copy of the incoming message; when none comes (the message expired or
 was purged after the commit, the instance died on its last delivery) they stay
@@ -18,13 +24,16 @@ not all markers) and dispatches and records them as a copy would.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from shared.exceptions import DispatchRejectedError, DispatchUnavailableError, RecordChangedError
 from shared.parking import ParkingLot
+from shared.records import IdempotencyRecord
 from shared.stores.base import RecordStore
+from shared.stores.sweep import DEFAULT_BUDGET_SECONDS, SweepReport, Timer
 from shared.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
@@ -34,6 +43,8 @@ logger = logging.getLogger(__name__)
 class MaintenanceReport:
     purged: dict[str, int] = field(default_factory=dict[str, int])
     parked: int = 0
+    # per store: rows read, finished
+    sweeps: dict[str, SweepReport] = field(default_factory=dict[str, SweepReport])
     outbox_pending: int = 0  # markers found pending past the age
     outbox_dispatched: int = 0  # of them, dispatched and recorded now
     outbox_failed: int = 0  # of them, whose dispatch failed (still pending: next sweep)
@@ -45,27 +56,48 @@ class Maintenance:
 
     `grace_seconds` is the redelivery window: a record still in progress that
     long after its lease ran out can no longer be picked up by a redelivery.
+    `budget_seconds` bounds one run (`timer` measures it); a store's unfinished
+    scan resumes on the next run.
     """
 
     def __init__(self, stores: Mapping[str, RecordStore], parking: ParkingLot, *,
                  grace_seconds: float, clock: Callable[[], float],
-                 outbox: Mapping[str, Any] | None = None, outbox_age_seconds: float = 600.0,
-                 telemetry: Telemetry | None = None) -> None:
+                 budget_seconds: float = DEFAULT_BUDGET_SECONDS,
+                 timer: Timer = time.monotonic, outbox: Mapping[str, Any] | None = None,
+                 outbox_age_seconds: float = 600.0, telemetry: Telemetry | None = None) -> None:
         self.stores = stores
         self.parking = parking
         self.grace_seconds = grace_seconds
         self.clock = clock
+        self.budget_seconds = budget_seconds
+        self.timer = timer
         # The consumers that send (name -> a sync `Idempotency` with its dispatcher).
         self.outbox: Mapping[str, Any] = outbox or {}
         self.outbox_age_seconds = outbox_age_seconds
         self.telemetry = telemetry or Telemetry()
 
+    def _distinct_stores(self) -> list[tuple[str, RecordStore]]:
+        """One store per collection: two roles on one table would scan it twice."""
+        seen: set[object] = set()
+        distinct: list[tuple[str, RecordStore]] = []
+        for name, store in self.stores.items():
+            scope = getattr(store, "sweep_scope", None) or id(store)
+            if scope not in seen:
+                seen.add(scope)
+                distinct.append((name, store))
+        return distinct
+
     def run(self) -> MaintenanceReport:
         report = MaintenanceReport()
         now = self.clock()
-        for name, store in self.stores.items():
-            report.purged[name] = store.purge_expired(now)
-            for record in store.iter_records(in_progress_before=now - self.grace_seconds):
+        started = self.timer()
+        stores = self._distinct_stores()
+        for index, (name, store) in enumerate(stores):
+            # An equal share of what is left, so one large store cannot starve the others.
+            left = self.budget_seconds - (self.timer() - started)
+            share = max(0.0, left) / (len(stores) - index)
+
+            def park(record: IdempotencyRecord, name: str = name, store: RecordStore = store) -> None:
                 try:
                     self.parking.park_record(
                         store, record, reason="StaleInProgress", payload=record.key.key,
@@ -74,10 +106,17 @@ class Maintenance:
                     report.parked += 1
                 except RecordChangedError as error:  # taken over meanwhile: fine
                     logger.info("stale record changed meanwhile: %s", error)
+
+            sweep = store.sweep(now, stale_before=now - self.grace_seconds, on_stale=park,
+                                budget_seconds=share, timer=self.timer)
+            report.sweeps[name] = sweep
+            report.purged[name] = sweep.purged
         self.sweep_outbox(report, now)
-        logger.info("maintenance done", extra={"event": "MaintenanceRun", "purged": report.purged,
-                                               "parked_stale": report.parked,
-                                               "outbox_dispatched": report.outbox_dispatched})
+        logger.info("maintenance done", extra={
+            "event": "MaintenanceRun", "purged": report.purged, "parked_stale": report.parked,
+            "rows_read": {name: s.rows_read for name, s in report.sweeps.items()},
+            "unfinished": sorted(name for name, s in report.sweeps.items() if not s.complete),
+            "outbox_dispatched": report.outbox_dispatched})
         return report
 
     def sweep_outbox(self, report: MaintenanceReport, now: float) -> None:

@@ -9,6 +9,18 @@ The distro (`azure-monitor-opentelemetry`) is imported lazily, so the library
 works where it is not installed; a missing package with a connection string
 set is logged as a warning, never raised.
 
+The trace sampler is always set explicitly: `sampling_ratio` (else the
+`TRACE_SAMPLING_RATIO` setting, else `DEFAULT_SAMPLING_RATIO`, 1 %) goes to the
+distro's fixed-percentage sampler (`ApplicationInsightsSampler`: the decision
+follows the trace id, so every span of a sampled trace is kept, and each
+exported item carries its sample rate, so Application Insights scales counts
+back up). Without it the distro (1.8.x) would rate-limit to 5 traces per
+second, which keeps a share of messages that depends on the load. Logs are
+not sampled, and metrics never are: per-message counts and latencies live in
+the metrics (`shared.telemetry`). The standard `OTEL_TRACES_SAMPLER` /
+`OTEL_TRACES_SAMPLER_ARG` variables, when set, still take precedence (the
+distro reads them first).
+
 `message_span()` continues the producer's trace from the message's
 `traceparent` / `Diagnostic-Id` application property, and
 `downstream_headers()` builds the headers of a call the consumer makes:
@@ -33,6 +45,10 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from shared.keys import DedupKey, store_safe_id
 
 CONNECTION_STRING_SETTING = "APPLICATIONINSIGHTS_CONNECTION_STRING"
+SAMPLING_RATIO_SETTING = "TRACE_SAMPLING_RATIO"
+# Share of traces (message spans and their store dependencies) exported: 1 in 100 (10 traces/s
+# at 1,000 messages/s; a sampled message costs ~5 KB of spans, so 1 % adds ~50 bytes per message).
+DEFAULT_SAMPLING_RATIO = 0.01
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 CORRELATION_ID_HEADER = "X-Correlation-Id"
 # Application properties that carry the producer's W3C trace context on a message.
@@ -48,13 +64,38 @@ _lock = threading.Lock()
 _configured = False
 
 
+def is_configured() -> bool:
+    """True once the Azure Monitor distro was configured in this process."""
+    return _configured
+
+
+def sampling_ratio_from(environ: Mapping[str, str] | None = None) -> float:
+    """The trace sampling ratio of `TRACE_SAMPLING_RATIO` (0 to 1), or the default when unset.
+
+    A value that is not a number in [0, 1] raises ValueError naming the setting."""
+    env = os.environ if environ is None else environ
+    raw = (env.get(SAMPLING_RATIO_SETTING) or "").strip()
+    if not raw:
+        return DEFAULT_SAMPLING_RATIO
+    try:
+        ratio = float(raw)
+    except ValueError as error:
+        raise ValueError(f"{SAMPLING_RATIO_SETTING}={raw!r} is not a number") from error
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"{SAMPLING_RATIO_SETTING}={raw!r} must be between 0 and 1")
+    return ratio
+
+
 def configure_observability(*, connection_string: str | None = None,
                             environ: Mapping[str, str] | None = None,
                             configure: Callable[..., Any] | None = None,
+                            sampling_ratio: float | None = None,
                             **options: Any) -> bool:
     """Configure Azure Monitor export once per process; a no-op without a connection string.
 
     `connection_string` defaults to `APPLICATIONINSIGHTS_CONNECTION_STRING`;
+    `sampling_ratio` to `TRACE_SAMPLING_RATIO` (see `sampling_ratio_from`),
+    always passed on so the sampler is never the distro's implicit one;
     `options` go to `configure_azure_monitor` (e.g. `logger_name`).
     `configure` replaces the distro's entry point (tests). Returns True when
     export is on (now or from an earlier call).
@@ -64,6 +105,8 @@ def configure_observability(*, connection_string: str | None = None,
     connection_string = connection_string or env.get(CONNECTION_STRING_SETTING) or None
     if not connection_string:
         return False
+    if sampling_ratio is None:
+        sampling_ratio = sampling_ratio_from(env)
     with _lock:
         if _configured:
             return True
@@ -77,7 +120,7 @@ def configure_observability(*, connection_string: str | None = None,
                                "telemetry is not exported", CONNECTION_STRING_SETTING)
                 return False
             configure = configure_azure_monitor  # pyright: ignore[reportUnknownVariableType]
-        configure(connection_string=connection_string, **options)
+        configure(connection_string=connection_string, sampling_ratio=sampling_ratio, **options)
         _configured = True
         return True
 

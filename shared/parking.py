@@ -6,7 +6,12 @@ message came from, so a person can resolve and resubmit it.
 
 Resolving is recorded on the entry itself: `mark` appends who did what, when
 and with which outcome to the entry's history and, for a final decision
-(replayed, discarded), closes it. Listing needs a way to enumerate documents,
+(replayed, discarded), closes it. A closed entry's outcome is never
+overwritten (`EntryResolvedError`). Whoever acts on an entry first `claim`s it
+under its etag: an in-progress mark with who and when that expires like a
+lease, so two people (or two runs of a tool) never act on the same entry at
+once (`EntryClaimedError` names the holder), and a holder that died frees it
+when the claim expires. Listing needs a way to enumerate documents,
 which the store interfaces leave to each backend: pass `lister` (a function
 returning the documents of one partition, or of all when given None).
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,6 +70,14 @@ class ParkedEntry:
     note: str | None = None
     history: tuple[dict[str, Any], ...] = field(default_factory=tuple)
     etag: str | None = None
+    claimed_by: str | None = None  # who is acting on it right now (see ParkingLot.claim)
+    claimed_at: float | None = None
+    claim_expires_at: float | None = None
+    claim_token: str | None = None  # one per claim: two runs by the same person stay apart
+
+    def claimed(self, now: float) -> bool:
+        """Someone holds a claim on the entry that has not expired."""
+        return self.claim_token is not None and (self.claim_expires_at or 0.0) > now
 
     @property
     def payload_intact(self) -> bool:
@@ -92,7 +106,28 @@ class ParkedEntry:
             resolved=bool(body.get("resolved", False)), resolution=body.get("resolution"),
             resolved_by=body.get("resolvedBy"), resolved_at=body.get("resolvedAt"),
             outcome=body.get("outcome"), note=body.get("note"),
-            history=tuple(loads("history", [])), etag=document.etag)
+            history=tuple(loads("history", [])), etag=document.etag,
+            claimed_by=body.get("claimedBy"), claimed_at=body.get("claimedAt"),
+            claim_expires_at=body.get("claimExpiresAt"), claim_token=body.get("claimToken"))
+
+
+_CLAIM_FIELDS = ("claimedBy", "claimedAt", "claimExpiresAt", "claimToken")
+
+
+class ParkedEntryError(Exception):
+    """An action on a parked entry cannot go ahead; `entry` is the entry as found."""
+
+    def __init__(self, message: str, entry: ParkedEntry) -> None:
+        super().__init__(message)
+        self.entry = entry
+
+
+class EntryResolvedError(ParkedEntryError):
+    """The entry is already resolved: its outcome stands and is not overwritten."""
+
+
+class EntryClaimedError(ParkedEntryError):
+    """Someone else holds an unexpired claim on the entry."""
 
 
 class BaseParkingLot:
@@ -177,13 +212,74 @@ class BaseParkingLot:
                       key=lambda e: (e.parked_at, e.consumer, e.entry_id))
 
     @flowmethod
+    def park_if_absent(self, *, consumer: str, entry_id: str, reason: str,
+                       payload: bytes | str, error: str = "",
+                       context: Mapping[str, Any] | None = None) -> Flow[ParkedEntry]:
+        """Create the entry unless it exists (no alert); returns the stored entry either way.
+
+        Unlike `park`, an existing entry is left as it is: its marks, resolution and
+        claim stay (two writers racing to record the same message keep one entry).
+        """
+        _, write = self._entry(consumer, entry_id, reason, payload, error, context)
+        while True:
+            written, current = yield from update_document(
+                store_safe_id(consumer), write.id,
+                lambda current: write.body if current is None else None)
+            found = written or current
+            if found is not None:  # None: deleted between the two reads, nothing to keep
+                return ParkedEntry.from_document(found)
+
+    @flowmethod
+    def claim(self, consumer: str, entry_id: str, *, by: str, lease_seconds: float,
+              token: str | None = None) -> Flow[ParkedEntry]:
+        """Take the entry for acting on it (who, when, until when) under its etag.
+
+        Raises EntryResolvedError when it is resolved, EntryClaimedError while someone
+        else's claim runs, KeyError when there is no such entry. The returned entry's
+        `claim_token` identifies this claim for `mark` and `release`; claiming again with
+        it extends the claim.
+        """
+        now = float(self._clock())
+        token = token or uuid.uuid4().hex
+
+        def change(current: Document | None) -> dict[str, Any]:
+            if current is None:
+                raise KeyError(f"no parked entry {entry_id!r} for {consumer!r}")
+            entry = ParkedEntry.from_document(current)
+            if entry.resolved:
+                raise EntryResolvedError(f"{entry_id} is already {entry.resolution}", entry)
+            if entry.claimed(now) and entry.claim_token != token:
+                raise EntryClaimedError(f"{entry_id} is claimed by {entry.claimed_by}", entry)
+            return {**current.body, "claimedBy": by, "claimedAt": now,
+                    "claimExpiresAt": now + lease_seconds, "claimToken": token}
+
+        written, _ = yield from update_document(store_safe_id(consumer), store_safe_id(entry_id),
+                                                change)
+        assert written is not None  # change() always writes
+        return ParkedEntry.from_document(written)
+
+    @flowmethod
+    def release(self, consumer: str, entry_id: str, token: str) -> Flow[None]:
+        """Drop this claim without recording anything (nothing was done); a claim that is
+        no longer this one (expired and taken, or already dropped) is left alone."""
+
+        def change(current: Document | None) -> dict[str, Any] | None:
+            if current is None or current.body.get("claimToken") != token:
+                return None
+            return {k: v for k, v in current.body.items() if k not in _CLAIM_FIELDS}
+
+        yield from update_document(store_safe_id(consumer), store_safe_id(entry_id), change)
+
+    @flowmethod
     def mark(self, consumer: str, entry_id: str, *, action: str, by: str, outcome: str,
-             note: str = "", resolved: bool) -> Flow[ParkedEntry]:
+             note: str = "", resolved: bool, claim: str | None = None) -> Flow[ParkedEntry]:
         """Record an action on the entry (who, when, outcome, note) under its etag.
 
         `resolved=True` closes the entry with `action` as its resolution; False
-        keeps it open (a failed attempt). Raises KeyError when there is no such
-        entry; retried when someone else changed it meanwhile.
+        keeps it open (a failed attempt). `claim`, the token of the caller's claim,
+        is dropped with the mark (a resolution drops any claim). Raises KeyError when
+        there is no such entry, EntryResolvedError when it is resolved already (the
+        first resolution stands); retried when someone else changed it meanwhile.
         """
         now = float(self._clock())
         step = {"action": action, "by": by, "at": now, "outcome": outcome[:2000], "note": note[:2000]}
@@ -191,9 +287,13 @@ class BaseParkingLot:
         def change(current: Document | None) -> dict[str, Any]:
             if current is None:
                 raise KeyError(f"no parked entry {entry_id!r} for {consumer!r}")
+            entry = ParkedEntry.from_document(current)
+            if entry.resolved:
+                raise EntryResolvedError(f"{entry_id} is already {entry.resolution}", entry)
             body = dict(current.body)
-            history = ParkedEntry.from_document(current).history
-            body["history"] = json.dumps([*history, step][-MAX_HISTORY:], default=str)
+            if resolved or (claim is not None and body.get("claimToken") == claim):
+                body = {k: v for k, v in body.items() if k not in _CLAIM_FIELDS}
+            body["history"] = json.dumps([*entry.history, step][-MAX_HISTORY:], default=str)
             body["outcome"] = step["outcome"]
             if note:
                 body["note"] = step["note"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from shared.exceptions import ResultTooLargeError
@@ -50,6 +50,13 @@ class IdempotencyRecord:
     # marker, so whoever reads it (a duplicate, the sweeper) knows what is still to send.
     outbox: tuple[OutgoingMessage, ...] = ()
 
+    def __post_init__(self) -> None:
+        # request_hash() answers a str subclass that can also judge a previous-form hash; a
+        # record keeps the plain text, which every store SDK serialises (azure-data-tables
+        # converts by exact type) and which holds no reference to the payload.
+        if type(self.request_hash) is not str:
+            object.__setattr__(self, "request_hash", str(self.request_hash))
+
     @property
     def id(self) -> str:
         return self.record_id or self.key.encoded
@@ -70,7 +77,20 @@ class IdempotencyRecord:
                 and self.lease_expires_at <= now)
 
     def evolve(self, **changes: Any) -> IdempotencyRecord:
-        return replace(self, **changes)
+        """A copy with `changes`: `dataclasses.replace`'s result, without its per-call field
+        introspection (it runs several times per message on the hot path)."""
+        unknown = changes.keys() - _RECORD_FIELDS
+        if unknown:
+            return replace(self, **changes)  # raises the usual TypeError
+        if "request_hash" in changes:
+            return replace(self, **changes)  # through __post_init__: kept as plain text
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        return new
+
+
+_RECORD_FIELDS = frozenset(f.name for f in fields(IdempotencyRecord))
 
 
 def encode_result(result: Any, max_bytes: int) -> str:

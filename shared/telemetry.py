@@ -1,15 +1,17 @@
-"""Structured logs and OpenTelemetry metrics for dedup outcomes: every outcome observable.
+"""OpenTelemetry metrics for every dedup outcome; log records only for what a person acts on.
 
-Every outcome is one log record whose `extra` fields are stable (they become
-customDimensions in Application Insights) and one point on each metric:
+Every outcome is one point on each per-message metric, aggregated in process and exported once
+per interval (Application Insights `customMetrics`: one row per attribute set per interval,
+`valueSum` the count, `customDimensions` the attributes), so telemetry does not grow with the
+message rate:
 
 * `dedup.messages` (counter): messages by consumer, outcome (processed,
-  duplicate, conflict, in_progress, taken_over, stale, parked), backend,
-  source (`store` or `cache`) and, for duplicates, the cause where known
-  (`redelivery`: the broker delivered the same message again;
+  duplicate, conflict, in_progress, taken_over, stale, lease_lost, parked),
+  backend, source (`store` or `cache`) and, for duplicates, the cause where
+  known (`redelivery`: the broker delivered the same message again;
   `producer_retry`: a second copy arrived on its first delivery, a producer
   retry or a resubmission; `replay`: an Event Hubs replay; or what the caller
-  passed as `cause=`).
+  passed as `cause=`). The duplicate-rate alert reads this metric.
 * `dedup.store.latency` (histogram, ms): time the dedup flow spent on the
   store for one message (the handler's own time is excluded).
 * `dedup.replay_skipped` (counter): Event Hubs events skipped under the
@@ -20,11 +22,21 @@ customDimensions in Application Insights) and one point on each metric:
 * `outbox.oldest_pending_age` (gauge, s): the oldest outgoing message the
   sweeper found still pending (0 when none); the Bicep alert watches it.
 
+Log records, with the dedup key, the correlation id and the trace ids as
+fields (`extra`, customDimensions in Application Insights), are written only
+where someone acts: a conflict (ERROR), a stale claim or a lost lease
+(WARNING), a parked or dead-lettered message (ERROR), a recovered claim
+(`taken_over`, INFO), and one summary per Event Hubs batch (`batch`, INFO).
+A processed message is logged at DEBUG, duplicates and in-progress claims at
+DEBUG too, or at INFO with `log_duplicates=True` (the app's
+`DEDUP_LOG_DUPLICATES` setting, for an investigation). Fields are built only
+when the record's level is enabled, so the hot path pays for the metric
+points alone. The message of every record starts with a stable event name;
+the Bicep alerts and the replay tool rely on these names, do not rename them.
+
 Metrics go through the OpenTelemetry API: a no-op until the app configures a
 meter provider (`shared.observability.configure_observability`, Application
 Insights via azure-monitor-opentelemetry when its connection string is set).
-Conflicts and parked messages are ERROR records whose message starts with a
-stable event name; the Bicep alerts query these names, do not rename them.
 """
 
 from __future__ import annotations
@@ -44,6 +56,8 @@ EVENT_IN_PROGRESS = "DedupInProgress"
 EVENT_PARKED = "EventParked"
 EVENT_DEAD_LETTERED = "MessageDeadLettered"
 EVENT_REPLAY_SKIPPED = "ReplaySkipped"
+EVENT_SEQUENCE_RESET = "SequenceReset"
+EVENT_BATCH = "EventBatchProcessed"
 
 OUTCOME_PARKED = "parked"  # the `outcome` attribute of a parked message on dedup.messages
 
@@ -60,12 +74,25 @@ METRIC_DISPATCH_FAILURES = "outbox.dispatch_failures"
 METRIC_OLDEST_PENDING = "outbox.oldest_pending_age"
 EVENT_DISPATCH_FAILED = "OutboxDispatchFailed"
 EVENT_OUTBOX_SWEEP = "OutboxSweep"
+METRIC_SEQUENCE_RESET = "dedup.eventhubs.sequence_reset"
+METRIC_MARK_LAG = "dedup.eventhubs.mark_lag"
 
 logger = logging.getLogger(__name__)
 
 # LogRecord attributes that `extra` may not overwrite (logging raises KeyError).
 _RESERVED_LOG_KEYS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
     "message", "asctime"}
+
+# Event name and level per outcome; None: DEBUG, or INFO when duplicates are logged.
+_LOG_AS: dict[OutcomeStatus, tuple[str, int | None]] = {
+    OutcomeStatus.PROCESSED: (EVENT_OUTCOME, logging.DEBUG),
+    OutcomeStatus.DUPLICATE: (EVENT_DUPLICATE, None),
+    OutcomeStatus.IN_PROGRESS: (EVENT_IN_PROGRESS, None),
+    OutcomeStatus.CONFLICT: (EVENT_CONFLICT, logging.ERROR),
+    OutcomeStatus.STALE: (EVENT_IN_PROGRESS, logging.WARNING),
+    OutcomeStatus.LEASE_LOST: (EVENT_IN_PROGRESS, logging.WARNING),
+    OutcomeStatus.TAKEN_OVER: (EVENT_OUTCOME, logging.INFO),
+}
 
 
 def _safe_extra(fields: dict[str, Any]) -> dict[str, Any]:
@@ -96,16 +123,20 @@ def duplicate_cause(*, delivery_count: Any = None, cause: str | None = None) -> 
 
 
 class Telemetry:
-    """One place that turns outcomes into log events and metric points.
+    """One place that turns outcomes into metric points and, where someone acts, log events.
 
     `meter_provider` defaults to the global one; tests pass an SDK provider
-    with an in-memory reader.
+    with an in-memory reader. `log_duplicates` raises duplicate and
+    in-progress records from DEBUG to INFO (an investigation; they are
+    always counted by cause in `dedup.messages`).
     """
 
     def __init__(self, meter_name: str = "idempotent-consumer", *,
-                 meter_provider: metrics.MeterProvider | None = None) -> None:
+                 meter_provider: metrics.MeterProvider | None = None,
+                 log_duplicates: bool = False) -> None:
         meter = (meter_provider.get_meter(meter_name) if meter_provider is not None
                  else metrics.get_meter(meter_name))
+        self.log_duplicates = log_duplicates
         self.messages = meter.create_counter(
             METRIC_MESSAGES, unit="{message}",
             description="Messages by consumer and dedup outcome (duplicates by cause where known)")
@@ -126,42 +157,46 @@ class Telemetry:
         self.oldest_pending_age = meter.create_gauge(
             METRIC_OLDEST_PENDING, unit="s",
             description="Age of the oldest outgoing message the sweeper found pending")
+        self.sequence_resets = meter.create_counter(
+            METRIC_SEQUENCE_RESET, unit="{reset}",
+            description="Event Hubs partitions whose sequence numbers restarted below the mark")
+        self.mark_lag = meter.create_histogram(
+            METRIC_MARK_LAG, unit="s",
+            description="Age of the newest event of a batch when the Event Hubs mark advanced")
 
     def outcome(self, outcome: Outcome, *, latency: float, backend: str, source: str = "store",
                 handler_latency: float | None = None,
                 context: Mapping[str, Any] | None = None) -> None:
         """Record one dedup outcome. `latency` is the store time in seconds; `context` is the
-        caller's (message_id, correlation_id, delivery_count, cause, ...), logged as fields."""
-        context = dict(context or {})
-        message_id = context.pop("message_id", None)
-        correlation_id = context.pop("correlation_id", None)
+        caller's (message_id, correlation_id, delivery_count, cause, ...), logged as fields
+        when the outcome is logged at all."""
         status = outcome.status
+        consumer = outcome.key.consumer
         cause = None
-        explicit_cause = context.pop("cause", None)
-        if status is OutcomeStatus.DUPLICATE:
-            cause = duplicate_cause(delivery_count=context.get("delivery_count"), cause=explicit_cause)
-        attributes = {"consumer": outcome.key.consumer, "outcome": status.value,
-                      "backend": backend, "source": source}
-        if cause:
-            attributes["cause"] = cause
-        self.messages.add(1, attributes)
+        if status is OutcomeStatus.DUPLICATE and context:
+            cause = duplicate_cause(delivery_count=context.get("delivery_count"),
+                                    cause=context.get("cause"))
+        attributes = {"consumer": consumer, "outcome": status.value, "backend": backend,
+                      "source": source}
         latency_ms = max(0.0, latency * 1000.0)
-        self.latency.record(latency_ms, {"consumer": outcome.key.consumer, "backend": backend,
-                                         "outcome": status.value, "source": source})
+        # The SDK may keep the dict it was given for a new series: one dict per instrument.
+        self.messages.add(1, {**attributes, "cause": cause} if cause else attributes)
+        self.latency.record(latency_ms, dict(attributes) if cause else attributes)
 
-        event, level = EVENT_OUTCOME, logging.INFO
-        if status is OutcomeStatus.DUPLICATE:
-            event = EVENT_DUPLICATE
-        elif status is OutcomeStatus.CONFLICT:
-            event, level = EVENT_CONFLICT, logging.ERROR
-        elif status in (OutcomeStatus.IN_PROGRESS, OutcomeStatus.STALE, OutcomeStatus.LEASE_LOST):
-            event, level = EVENT_IN_PROGRESS, logging.WARNING
-        fields = {
-            **context,
+        event, level = _LOG_AS.get(status, (EVENT_OUTCOME, logging.INFO))
+        if level is None:
+            level = logging.INFO if self.log_duplicates else logging.DEBUG
+        if not logger.isEnabledFor(level):
+            return
+        fields = dict(context or {})
+        message_id = fields.pop("message_id", None)
+        correlation_id = fields.pop("correlation_id", None)
+        fields.pop("cause", None)
+        fields.update({
             "event": event,
             "dedup_key": outcome.key.key,
             "dedup_key_encoded": outcome.key.encoded,
-            "consumer": outcome.key.consumer,
+            "consumer": consumer,
             "message_id": message_id,
             "correlation_id": correlation_id,
             "outcome": status.value,
@@ -175,8 +210,8 @@ class Telemetry:
             "backend": backend,
             "source": source,
             **trace_fields(),
-        }
-        logger.log(level, "%s consumer=%s outcome=%s key=%s", event, outcome.key.consumer,
+        })
+        logger.log(level, "%s consumer=%s outcome=%s key=%s", event, consumer,
                    status.value, outcome.key.key, extra=_safe_extra(fields))
 
     def parked(self, *, consumer: str, reason: str, level: int = logging.ERROR,
@@ -194,14 +229,52 @@ class Telemetry:
                    extra=_safe_extra(fields))
 
     def replay_skipped(self, count: int, *, consumer: str, partition_id: str) -> None:
-        """Events at or below the high-water mark, skipped without a store request each."""
+        """Events at or below the high-water mark, skipped without a store request each.
+
+        Counted; logged at DEBUG only (the batch summary carries the count)."""
         if count:
             self.replay_skipped_events.add(count, {"consumer": consumer, "partition_id": partition_id})
-            logger.info("%s consumer=%s partition=%s count=%d", EVENT_REPLAY_SKIPPED, consumer,
-                        partition_id, count,
-                        extra=_safe_extra({"event": EVENT_REPLAY_SKIPPED, "consumer": consumer,
-                                           "partition_id": partition_id, "count": count,
-                                           "outcome": "replay_skipped", **trace_fields()}))
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("%s consumer=%s partition=%s count=%d", EVENT_REPLAY_SKIPPED, consumer,
+                             partition_id, count,
+                             extra=_safe_extra({"event": EVENT_REPLAY_SKIPPED, "consumer": consumer,
+                                                "partition_id": partition_id, "count": count,
+                                                "outcome": "replay_skipped", **trace_fields()}))
+
+    def sequence_reset(self, *, consumer: str, partition_id: str, mark: int, first: int,
+                       context: Mapping[str, Any] | None = None) -> None:
+        """A partition's sequence numbers restarted (hub recreated, disaster-recovery failover):
+        events below the mark were processed through their keys and the mark moved down. Alert."""
+        self.sequence_resets.add(1, {"consumer": consumer, "partition_id": partition_id})
+        fields = {**(context or {}), "event": EVENT_SEQUENCE_RESET, "consumer": consumer,
+                  "partition_id": partition_id, "mark": mark, "first_sequence_number": first,
+                  **trace_fields()}
+        logger.warning("%s consumer=%s partition=%s mark=%d first=%d", EVENT_SEQUENCE_RESET,
+                       consumer, partition_id, mark, first, extra=_safe_extra(fields))
+
+    def mark_lagging(self, seconds: float, *, consumer: str, partition_id: str) -> None:
+        """How old the newest event of a batch was when the mark advanced past it."""
+        self.mark_lag.record(max(0.0, seconds), {"consumer": consumer, "partition": partition_id})
+
+    def batch(self, *, consumer: str, partition_id: str, counts: Mapping[str, int],
+              first_sequence: int | None, last_sequence: int | None, duration: float,
+              level: int = logging.INFO, event: str = EVENT_BATCH,
+              context: Mapping[str, Any] | None = None) -> None:
+        """One summary record per Event Hubs batch instead of one per event.
+
+        `counts` are the batch's events by outcome (processed, duplicate,
+        replay_skipped, parked, ...), each logged as its own field;
+        `duration` is in seconds. The per-event points are on the metrics.
+        """
+        if not logger.isEnabledFor(level):
+            return
+        fields = {**(context or {}), **{name: int(value) for name, value in counts.items()},
+                  "event": event, "consumer": consumer, "partition_id": partition_id,
+                  "events": int(sum(counts.values())), "first_sequence": first_sequence,
+                  "last_sequence": last_sequence, "duration_ms": round(duration * 1000.0, 1),
+                  **trace_fields()}
+        logger.log(level, "%s consumer=%s partition=%s events=%d", event, consumer, partition_id,
+                   fields["events"], extra=_safe_extra(fields))
 
     def dispatched(self, count: int, *, consumer: str) -> None:
         """Outgoing messages the broker took after their commit."""

@@ -57,7 +57,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared import IdempotencyStore, request_hash
+from shared import IdempotencyStore, request_hash, same_request
 from shared.stores import CosmosIdempotencyStore, TableIdempotencyStore
 from simulator.faults import ApiCall, innermost
 from simulator.workload import Item, load_ledger
@@ -545,7 +545,8 @@ class Checker:
             applied = None
             for variant in valid:
                 content = _payment_content(variant)
-                if content is not None and request_hash(content) == found[0].get("idemRequestHash"):
+                if content is not None and same_request(found[0].get("idemRequestHash"),
+                                                         request_hash(content)):
                     applied = variant
             if applied is None:
                 self.result.partial["payment content matches no event sent"] += 1

@@ -15,6 +15,12 @@
   same events.
 * Producers that retry after a lost acknowledgement append the same event
   again, at a new sequence number (Event Hubs has no duplicate detection).
+* **Failover** (`fail_over`): the hub is recreated, or its alias fails over to a
+  disaster-recovery namespace. Every partition starts again at sequence number
+  and offset 0, with no checkpoints (consumers read the new hub from its
+  start), and stamps its events after the failover; the app's high-water marks
+  are not reset. Events of earlier incarnations stay in `all_events` for the
+  checks.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ class HubEvent:
     partition_id: str
     sent: SentEvent
     origin: Origin
+    incarnation: int = 0  # which hub (failovers so far) stored it
 
     @property
     def sequence_number(self) -> int:
@@ -66,6 +73,21 @@ class EventHub:
         self._next_round_robin = 0
         self.lock = threading.RLock()
         self.sent = 0
+        self.incarnation = 0
+        self._retired: list[HubEvent] = []
+        self._not_before = 0.0  # a recreated hub stamps its events after it was recreated
+
+    def fail_over(self) -> None:
+        """Recreate the hub (or fail over to the secondary namespace): sequence numbers, offsets
+        and checkpoints start again from 0 in every partition."""
+        with self.lock:
+            for partition_id in self.partition_ids:
+                self._retired.extend(self._events[partition_id])
+                self._events[partition_id] = []
+                self._offsets[partition_id] = 0
+                self.checkpoints[partition_id] = None
+            self.incarnation += 1
+            self._not_before = self.clock() + 0.001
 
     def send(self, body: bytes, *, properties: dict[str, Any] | None = None,
              partition_key: str | None = None, content_type: str | None = None,
@@ -80,10 +102,11 @@ class EventHub:
             events = self._events[partition_id]
             sent = SentEvent(body=body, sequence_number=len(events), properties=properties,
                              partition_key=partition_key, offset=self._offsets[partition_id],
-                             enqueued_time=datetime.fromtimestamp(self.clock(), UTC),
+                             enqueued_time=datetime.fromtimestamp(
+                                 max(self.clock(), self._not_before), UTC),
                              content_type=content_type)
             self._offsets[partition_id] += len(body) + 64
-            event = HubEvent(partition_id, sent, origin)
+            event = HubEvent(partition_id, sent, origin, self.incarnation)
             events.append(event)
             self.sent += 1
             return event
@@ -95,6 +118,10 @@ class EventHub:
     def read(self, partition_id: str, from_sequence: int, max_count: int) -> list[HubEvent]:
         with self.lock:
             return self._events[partition_id][from_sequence:from_sequence + max_count]
+
+    def all_events(self) -> list[HubEvent]:
+        with self.lock:
+            return [*self._retired, *(e for p in self.partition_ids for e in self._events[p])]
 
     def checkpoint(self, partition_id: str, sequence_number: int) -> None:
         """Record the last processed sequence number (last write wins, as in the blob store)."""
@@ -190,6 +217,18 @@ class PartitionOwnership:
             state.epoch += 1
             state.position = self.hub.resume_position(partition_id)
             self.rebalances += 1
+
+    def restart(self) -> None:
+        """After a failover: every owner reads its partition of the new hub from the start."""
+        with self.lock:
+            for state in self.partitions.values():
+                state.epoch += 1
+                state.position = self.hub.resume_position(state.partition_id)
+
+    def idle(self) -> bool:
+        """No batch in flight in any partition."""
+        with self.lock:
+            return not any(state.busy for state in self.partitions.values())
 
     def crash(self, instance: int, choose: Callable[[list[int]], int]) -> list[str]:
         """`instance` died: its partitions go to other owners (or to it, restarted)."""

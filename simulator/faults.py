@@ -100,13 +100,17 @@ class Fault:
 class FaultLog:
     """Counts faults that actually fired (a planned fault fires only if its call is reached)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
         self._counts: Counter[FaultKind] = Counter()
         self._lock = threading.Lock()
+        self._clock = clock
+        self.times: list[tuple[float, str]] = []  # (virtual time, kind) when a clock is given
 
     def fired(self, kind: FaultKind) -> None:
         with self._lock:
             self._counts[kind] += 1
+            if self._clock is not None:
+                self.times.append((self._clock(), kind.value))
 
     def counts(self) -> dict[str, int]:
         with self._lock:

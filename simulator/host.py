@@ -166,6 +166,7 @@ class HostConfig:
     duplicate_detection_window: float = 600.0
     chunk: int = 256  # sends released per clock jump
     outages: int = 2
+    hub_failovers: int = 0  # times the event hub is recreated / fails over (sequence numbers restart)
     retry_limit: int = 60  # host retries of one batch before it gives up (the app asks for -1)
     lock_expiry_wait: float = 1.0  # real seconds a slow consumer waits for its copy to be taken
 
@@ -187,12 +188,15 @@ class DeliveryStats:
     errors: list[str] = field(default_factory=list)
     # (function, logical, variant, copy, outcome, detail) per delivery, in order of completion
     trace: list[tuple[str, str, int, int, str, str]] = field(default_factory=list)
+    # (virtual time, duplicate cause or "" for a first delivery) per delivery, for the HTML report
+    timeline: list[tuple[float, str]] = field(default_factory=list)
 
 
 class DeliveryLog:
     """Classifies each delivery: first, or a duplicate by cause."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        self._clock = clock
         self._lock = threading.Lock()
         self._seen: set[tuple[str, str, int]] = set()
         self._inflight: Counter[tuple[str, str, int]] = Counter()
@@ -221,6 +225,8 @@ class DeliveryLog:
                 else:
                     cause = "redelivery"
                 self.stats.duplicates[cause] += 1
+            if self._clock is not None:
+                self.stats.timeline.append((self._clock(), cause or ""))
             self._seen.add(key)
             self._inflight[key] += 1
             return cause
@@ -305,7 +311,7 @@ class SimulatedHost:
         self.outage_servers = outage_servers
         self.config = config or HostConfig()
         self.progress = progress
-        self.log = DeliveryLog()
+        self.log = DeliveryLog(clock)
         self.rng = random.Random(stable_seed("host", plan.seed))
         self.worker = worker_host()
         _bridge_fault_lookup()
@@ -328,6 +334,8 @@ class SimulatedHost:
         self.sent_copies: Counter[str] = Counter()  # accepted / dropped by duplicate detection
         self.accepted: set[tuple[str, int]] = set()  # Service Bus (logical, variant) with a copy in
         self._outage_points = self._plan_outages()
+        n = self.config.hub_failovers
+        self._failover_points = [int(len(self.sends) * (k + 1) / (n + 1)) for k in range(n)]
         self.wall_seconds = 0.0
 
     # -- wiring from the app's own trigger bindings -----------------------------------
@@ -383,6 +391,9 @@ class SimulatedHost:
         now = self.clock()
         released = 0
         while self._next_send < len(self.sends) and self.t0 + self.sends[self._next_send][0] <= now:
+            if (self._failover_points and self._next_send >= self._failover_points[0]
+                    and not self._fail_over()):
+                break  # the old hub is not drained yet
             _, copy, item = self.sends[self._next_send]
             self._next_send += 1
             released += 1
@@ -396,6 +407,17 @@ class SimulatedHost:
             self.progress(released)
         if released:
             self.namespace.changed.notify_all()
+
+    def _fail_over(self) -> bool:
+        """Recreate the hub once every event of the current one is processed and checkpointed
+        (events still unread when a hub is deleted are the platform's loss, not the app's)."""
+        assert self.hub is not None
+        if not (self.hub.fully_checkpointed() and self.ownership.idle()):
+            return False
+        self._failover_points.pop(0)
+        self.hub.fail_over()
+        self.ownership.restart()
+        return True
 
     def _advance(self) -> bool:
         """Move virtual time when nothing can progress otherwise (namespace lock held)."""
@@ -590,7 +612,8 @@ class SimulatedHost:
             attempt += 1
             for event in batch.events:
                 self.log.start(fn.name, event.origin, host_retry=attempt > 1,
-                               position=(event.partition_id, event.sequence_number))
+                               position=(f"{event.partition_id}@{event.incarnation}",
+                                         event.sequence_number))
             inv = Invocation(fn.name, fault if attempt == 1 else None, self.faults)
             invocation_id = str(uuid.uuid4())
             policy = fn.retry

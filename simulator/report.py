@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any
 
@@ -27,6 +28,63 @@ def _counter_lines(counter: dict[str, int] | Counter[str], indent: str = "    ")
         return [f"{indent}(none)"]
     width = max(len(k) for k in counter)
     return [f"{indent}{k:<{width}}  {_n(v)}" for k, v in sorted(counter.items(), key=lambda kv: -kv[1])]
+
+
+TIMELINE_BINS = 40
+LATENCY_BINS = 24
+
+
+def _binned(times: list[float], *, origin: float, width: float, bins: int) -> list[int]:
+    counts = [0] * bins
+    for t in times:
+        counts[min(bins - 1, max(0, int((t - origin) / width)))] += 1
+    return counts
+
+
+def timeline(result: ScenarioResult, *, bins: int = TIMELINE_BINS) -> dict[str, Any]:
+    """Deliveries, duplicates by cause and faults per slice of virtual time (for the HTML report).
+
+    The axis spans the first to the last delivery or fault: a small run's sends are released at
+    once, late in the producer's schedule, so the host's start would leave the chart empty."""
+    moments = [t for t, _ in result.stats.timeline] + [t for t, _ in result.fault_times]
+    origin = min(moments, default=result.started_at)
+    width = max(max(moments, default=origin) - origin, 1e-9) * (1 + 1e-9) / bins
+    times = [t for t, _ in result.stats.timeline]
+    by_cause = {cause: _binned([t for t, c in result.stats.timeline if c == cause], origin=origin,
+                               width=width, bins=bins) for cause in CAUSES}
+    kinds = sorted({kind for _, kind in result.fault_times})
+    faults = {kind: _binned([t for t, k in result.fault_times if k == kind], origin=origin,
+                            width=width, bins=bins) for kind in kinds}
+    return {"binSeconds": width, "startSeconds": origin - result.started_at,
+            "deliveries": _binned(times, origin=origin, width=width, bins=bins),
+            "duplicates": by_cause, "faults": faults}
+
+
+def latency_histograms(latencies: dict[str, list[float]], *,
+                       bins: int = LATENCY_BINS) -> dict[str, dict[str, list[float]]]:
+    """Log-spaced latency histograms in ms: spans of 0.1 ms to seconds stay readable."""
+    histograms = {}
+    for kind, values in latencies.items():
+        ms = [max(v * 1000.0, 1e-3) for v in values]
+        if not ms:
+            continue
+        low, high = math.log10(min(ms)), math.log10(max(ms))
+        step = max(high - low, 1e-6) / bins
+        edges = [10 ** (low + i * step) for i in range(bins + 1)]
+        counts = [0] * bins
+        for value in ms:
+            counts[min(bins - 1, int((math.log10(value) - low) / step))] += 1
+        histograms[kind] = {"edges": edges, "counts": counts}
+    return histograms
+
+
+def outcomes_by_function(outcomes: Counter[str]) -> dict[str, dict[str, int]]:
+    """`"function: outcome"` counts as {function: {outcome: n}}."""
+    table: dict[str, dict[str, int]] = {}
+    for label, n in outcomes.items():
+        function, _, outcome = label.partition(": ")
+        table.setdefault(function, {})[outcome or "?"] = n
+    return table
 
 
 def summary(result: ScenarioResult) -> dict[str, Any]:
@@ -73,6 +131,9 @@ def summary(result: ScenarioResult) -> dict[str, Any]:
         "virtualSeconds": result.virtual_seconds,
         "ok": result.ok,
         "invariants": [{"name": i.name, "ok": i.ok, "detail": i.detail} for i in check.invariants],
+        "timeline": timeline(result),
+        "outcomesByFunction": outcomes_by_function(stats.outcomes),
+        "latencyHistogramMs": latency_histograms(latency),
     }
 
 

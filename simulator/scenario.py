@@ -62,6 +62,7 @@ class ScenarioConfig:
     # answers 503 for outage_seconds of virtual time (see simulator.faults.OutageController).
     outage_mode: str = "auto"
     outage_servers: tuple[str, ...] | None = None  # default: the backend's store, then Azurite
+    hub_failovers: int = 0  # the event hub recreated / failed over (sequence numbers restart)
     hostile: bool = True  # the hostile-input cases in the workload (see simulator.workload)
     oversize_bytes: int = 10 * 1024 * 1024  # one order and one payment event this large (0: none)
     dedup_off: bool = False
@@ -111,6 +112,9 @@ class ScenarioResult:
     outage_failures: dict[str, int] = field(default_factory=dict)  # "server: function" -> calls
     outage_held: dict[str, int] = field(default_factory=dict)  # answered after a pause ended
     evidence: Evidence | None = None  # what the checker was given besides the stores
+    started_at: float = 0.0  # virtual time the host started (origin of the report's time axes)
+    fault_times: list[tuple[float, str]] = field(default_factory=list)  # (virtual time, fault kind)
+    hub_incarnations: int = 1  # 1 + the failovers that happened (sequence numbers restarted)
 
     @property
     def ok(self) -> bool:
@@ -171,7 +175,7 @@ def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
         oversize_bytes=config.oversize_bytes)
     clock = SimClock()
     api = FakeNotificationApi(honours_key=config.api_honours_key)
-    faults = FaultLog()
+    faults = FaultLog(clock)
     plan = plan or FaultPlan(config.seed, fault_rate=config.fault_rate,
                              duplicate_rate=config.duplicate_rate,
                              non_atomic=config.non_atomic is not None)
@@ -202,7 +206,7 @@ def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
                              max_batch=config.max_batch, lock_duration=config.lock_duration,
                              max_delivery_count=config.max_delivery_count,
                              duplicate_detection_window=config.duplicate_detection_window,
-                             outages=outage_count)
+                             outages=outage_count, hub_failovers=config.hub_failovers)
     total_sends = len(workload.sends())
     callback = progress(total_sends, config) if progress is not None else None
     configure(services)
@@ -264,6 +268,7 @@ def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
             virtual_seconds=clock() - host.t0, checkpoint_lag=lag, outages=outages.history,
             maintenance_parked=maintenance_parked, outage_failures=dict(outages.failed_calls),
             outage_held=dict(outages.held_calls),
-            evidence=evidence)
+            evidence=evidence, started_at=host.t0, fault_times=list(faults.times),
+            hub_incarnations=host.hub.incarnation + 1)
     finally:
         configure(None)

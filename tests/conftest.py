@@ -30,6 +30,7 @@ from shared.stores import (
     InMemoryIdempotencyStore,
     TableIdempotencyStore,
 )
+from shared.stores.cosmos_indexing import record_indexing_policy
 
 # `function_app` validates its settings on import, as under the host: tests run with the
 # committed sample settings (each test that needs other values builds its own Settings).
@@ -114,7 +115,8 @@ def make_store(stack: StackInfo, cosmos_database, table_service) -> Iterator[Sto
             return TableIdempotencyStore.from_connection_string(
                 stack.table_connection_string, table_name=name)
         container = cosmos_database.create_container(
-            name, PartitionKey(partition_key_path), default_ttl=-1)
+            name, PartitionKey(partition_key_path), default_ttl=-1,
+            indexing_policy=record_indexing_policy(partition_key_path))
         return CosmosIdempotencyStore.from_container(container, partition_key_path)
 
     yield factory

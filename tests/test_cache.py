@@ -23,6 +23,7 @@ from shared.cache import CompletedKeyCache
 from shared.keys import DedupKey, request_hash
 from shared.records import IdempotencyRecord, RecordState
 from shared.stores import CosmosIdempotencyStore
+from shared.stores.cosmos_indexing import record_indexing_policy
 from tests.conftest import FakeClock
 
 
@@ -97,7 +98,8 @@ def counted(stack, backend, cosmos_database, table_service):
         store.close()
         table_service.delete_table(name)
     else:
-        cosmos_database.create_container(name, PartitionKey("/pk"), default_ttl=-1)
+        cosmos_database.create_container(name, PartitionKey("/pk"), default_ttl=-1,
+                                         indexing_policy=record_indexing_policy("/pk"))
         client = counted_cosmos_client(stack.cosmos_endpoint, stack.cosmos_key, counter,
                                        verify=stack.cosmos_verify)
         container = client.get_database_client(cosmos_database.id).get_container_client(name)

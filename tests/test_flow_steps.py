@@ -250,3 +250,22 @@ def test_the_sync_driver_refuses_an_async_build() -> None:
 
     with pytest.raises(TypeError, match="async face"):
         run_sync(ledger().run_atomic.flow(KEY, HASH, build), InMemoryIdempotencyStore())
+
+
+# -- one flow, two faces ------------------------------------------------------------------------
+def test_the_async_parking_lot_parks_and_resolves_through_the_awaited_store() -> None:
+    """The async face runs every method of the flow awaited; none falls through to a sync call
+    of the async store (which would hand back an unawaited coroutine)."""
+    from shared import aio
+    from shared.aio import AsyncInMemoryIdempotencyStore
+
+    async def scenario() -> tuple[bool, str | None]:
+        lot = aio.ParkingLot(AsyncInMemoryIdempotencyStore(), clock=lambda: NOW)
+        await lot.park(consumer="c", entry_id="e", reason="Bad", payload=b"{}", alert=False)
+        marked = await lot.mark("c", "e", action="discarded", by="op", outcome="gone",
+                                resolved=True)
+        entry = await lot.entry("c", "e")
+        assert entry is not None
+        return marked.resolved, entry.resolution
+
+    assert asyncio.run(scenario()) == (True, "discarded")

@@ -1,13 +1,22 @@
-"""Pure key logic: sources of keys, refusal of transport values, encoding properties."""
+"""Pure key logic: sources of keys, refusal of transport values, encoding properties, and the
+request hash (RFC 8785 canonical JSON, held to the rfc8785 package; previous-form hashes)."""
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
+import pickle
+import struct
+
 import pytest
-from hypothesis import given
+import rfc8785
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared import DedupKey, InvalidKeyError, request_hash
-from shared.keys import MAX_ENCODED_LENGTH, encode_component, store_safe_id
+from shared import DedupKey, InvalidKeyError, request_hash, same_request
+from shared.keys import MAX_ENCODED_LENGTH, canonical_json, encode_component, store_safe_id
+from shared.payload import parse_json
 
 TABLE_FORBIDDEN = set("/\\#?") | {chr(c) for c in range(0x20)} | {chr(c) for c in range(0x7F, 0xA0)}
 
@@ -79,4 +88,165 @@ def test_request_hash_ignores_key_order_and_whitespace_but_not_values():
     assert request_hash(b'{"a":1}') != request_hash(b'{"a": 1}')  # bytes hashed as they are
     assert request_hash({"id": 1, "ts": 5}, fields=("id",)) == request_hash({"id": 1, "ts": 9},
                                                                              fields=("id",))
-    assert request_hash("x").startswith("sha256:")
+    assert request_hash("x").startswith("jcs:sha256:") and request_hash(b"x").startswith("sha256:")
+
+
+# -- request hash: RFC 8785 canonical form -------------------------------------------------------
+SAFE = 2**53 - 1  # the integer domain of an IEEE double, where RFC 8785 is defined for ints
+
+
+def _legacy_hash(value) -> str:
+    """The hash the previous algorithm stored (json.dumps with sorted keys)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+_text = st.text(st.characters(exclude_categories=("Cs",)), max_size=8)
+_jcs_scalars = (st.none() | st.booleans() | st.integers(-SAFE, SAFE) | _text
+                | st.floats(-(2.0**53), 2.0**53, allow_nan=False, allow_infinity=False))
+_jcs_values = st.recursive(_jcs_scalars, lambda inner: st.lists(inner, max_size=4)
+                           | st.dictionaries(_text, inner, max_size=4), max_leaves=20)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(_jcs_values)
+def test_canonical_json_is_rfc8785_within_the_double_integer_domain(value):
+    assert canonical_json(value) == rfc8785.dumps(value)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.floats(allow_nan=False, allow_infinity=False))
+def test_every_float_is_written_by_its_value(number):
+    text = canonical_json(number).decode()
+    if abs(number) < 2**53:
+        assert text == rfc8785.dumps(number).decode()
+    if number.is_integer():
+        assert text == str(int(number))  # exact, also where a double no longer holds every integer
+    assert float(text) == number
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.integers(-(2**70), 2**70), st.integers(-(2**70), 2**70))
+def test_integers_beyond_2_53_are_hashed_exactly(a, b):
+    assert (request_hash({"n": a}) == request_hash({"n": b})) == (a == b)
+    assert canonical_json(a) == str(a).encode()
+
+
+def test_big_integers_do_not_collide_with_their_nearest_double():
+    assert request_hash(2**53 + 1) != request_hash(2**53)  # one double: RFC 8785 would merge them
+    assert request_hash(2**53 + 1) != request_hash(float(2**53 + 1))
+    assert request_hash(2**60) == request_hash(2.0**60)  # the same value in either type
+    assert request_hash(1152921504606847000) != request_hash(2.0**60)  # JCS writes 2.0**60 so
+
+
+@pytest.mark.parametrize("forms", [
+    ("1", "1.0", "1e0", "1E0", "10e-1", "1.00000", "0.1e1"),
+    ("-0", "0", "0.0", "-0.0", "0e5"),
+    ("0.000001", "1e-6", "1.0E-6"),
+    ("1e21", "1000000000000000000000.0"),
+    ('"caf\\u00e9 \\ud83d\\ude00"', '"café 😀"'),
+    ('"a/b"', '"a\\/b"'),
+    ('"\\u0009\\u0022"', '"\\t\\""'),
+])
+def test_equivalent_serialisations_hash_alike(forms):
+    hashes = {request_hash({"v": parse_json(form, max_bytes=1000)}) for form in forms}
+    assert len(hashes) == 1
+
+
+@pytest.mark.parametrize("body", [
+    '{"accountId": "acct-1", "amountCents": 1200, "type": "payment.credit"}',
+    '{"type":"payment.credit","amountCents":1.2e3,"accountId":"acct-1"}',
+    '{\n  "amountCents" : 1200.0,\n  "accountId" : "\\u0061cct-1",\n  "type" : "payment\\u002ecredit"\n}',
+])
+def test_one_payment_serialised_by_three_runtimes_hashes_alike(body):
+    expected = request_hash({"accountId": "acct-1", "amountCents": 1200, "type": "payment.credit"})
+    assert request_hash(parse_json(body, max_bytes=1000)) == expected
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ({"a": 1}, {"a": 2}), ({"a": 1}, {"a": "1"}), ({"a": 1}, {"a": True}), ({"a": 0}, {"a": False}),
+    ({"a": None}, {}), ({"a": 0.1}, {"a": 0.10000000000000002}), ({"a": [1, 2]}, {"a": [2, 1]}),
+    ({"a": "é"}, {"a": "e\u0301"}), ({"a": 1}, {"A": 1}), ([{}], [[]]), ("1", 1),
+])
+def test_different_values_hash_differently(a, b):
+    assert request_hash(a) != request_hash(b)
+
+
+def test_keys_sort_by_utf16_code_units():
+    # U+1F600 is a surrogate pair (D83D DE00): below U+E000 in UTF-16, above it by code point.
+    assert canonical_json({"\ue000": 1, "\U0001f600": 2, "a": 3}) == (
+        '{"a":3,"\U0001f600":2,"\ue000":1}'.encode())
+    # RFC 8785 section 3.2.3's own example of the sort order.
+    example = {"\u20ac": "Euro Sign", "\r": "Carriage Return", "\ufb33": "Hebrew Letter Dalet",
+               "1": "One", "\U0001f600": "Emoji: Grinning Face", "\u0080": "Control",
+               "\u00f6": "Latin Small Letter O With Diaeresis"}
+    assert list(json.loads(canonical_json(example))) == [
+        "\r", "1", "\u0080", "\u00f6", "\u20ac", "\U0001f600", "\ufb33"]
+
+
+def test_rfc8785_number_examples():
+    # RFC 8785 appendix B: IEEE 754 values and their canonical text.
+    for bits, text in [("0000000000000000", "0"), ("8000000000000000", "0"),
+                       ("0000000000000001", "5e-324"), ("8000000000000001", "-5e-324"),
+                       ("4340000000000000", "9007199254740992"), ("c340000000000000", "-9007199254740992"),
+                       ("3eb0c6f7a0b5ed8d", "0.000001"), ("3eb0c6f7a0b5ed8c", "9.999999999999997e-7"),
+                       ("41b3de4355555553", "333333333.3333332"), ("41b3de4355555554", "333333333.33333325"),
+                       ("41b3de4355555556", "333333333.3333334"), ("41b3de4355555557", "333333333.33333343"),
+                       ("3fd5555555555555", "0.3333333333333333"), ("4037000000000000", "23")]:
+        number = struct.unpack(">d", bytes.fromhex(bits))[0]
+        assert canonical_json(number) == text.encode(), bits
+
+
+def test_refused_values_say_so():
+    for bad in (float("nan"), float("inf"), {"a": {1, 2}}, "\ud800", {"\U0001f600": 1, "\ud800": 2}):
+        with pytest.raises(ValueError, match="not canonical JSON"):
+            request_hash(bad)
+
+
+def test_selected_fields_are_canonical_and_a_missing_field_counts_as_null():
+    assert request_hash({"id": 1, "amount": 5.0, "ts": 1}, fields=("id", "amount")) == request_hash(
+        {"amount": 5, "id": 1.0, "ts": 2}, fields=("id", "amount"))
+    assert request_hash({"id": 1}, fields=("id", "note")) == request_hash({"id": 1, "note": None},
+                                                                          fields=("id", "note"))
+    assert request_hash({"id": 1}, fields=("id",)) != request_hash({"id": 2}, fields=("id",))
+    with pytest.raises(ValueError, match="fields"):
+        request_hash([1], fields=("id",))
+
+
+def test_a_hash_stored_in_the_previous_form_is_still_this_messages():
+    order = {"orderId": "o-1", "lines": [{"sku": "s", "unitPrice": 9.5, "quantity": 2}], "total": 19.0}
+    stored = _legacy_hash(order)
+    assert stored.startswith("sha256:") and request_hash(order) != stored  # the form changed
+    assert same_request(stored, request_hash(order))  # ... but the stored one still matches
+    assert same_request(stored, request_hash(dict(reversed(order.items()))))
+    assert not same_request(stored, request_hash({**order, "total": 20.0}))
+    assert not same_request(_legacy_hash({"a": 1}), request_hash({"a": 2}))
+    fields = ("orderId", "total")
+    assert same_request(_legacy_hash({"orderId": "o-1", "total": 19.0}), request_hash(order, fields=fields))
+    # Bytes were and are hashed as they are: a stored bytes hash is still equal.
+    assert request_hash(b"raw") == "sha256:" + hashlib.sha256(b"raw").hexdigest()
+    # A plain string digest (not made by request_hash) is compared as it is.
+    assert not same_request(stored, "jcs:sha256:" + "0" * 64) and same_request("x", "x")
+    assert not same_request(None, request_hash(order))
+
+
+def test_the_current_form_is_not_accepted_as_the_previous_one():
+    """A new-form stored hash is compared by equality alone: 1 and 1.0 are one value now."""
+    assert same_request(request_hash({"a": 1}), request_hash({"a": 1.0}))
+    assert not same_request(request_hash({"a": 1}), request_hash({"a": 1.5}))
+
+
+def test_a_request_hash_survives_copy_and_pickle_with_what_it_judges():
+    digest = request_hash({"a": 1.0})
+    for copied in (copy.copy(digest), copy.deepcopy(digest), pickle.loads(pickle.dumps(digest))):
+        assert copied == digest and same_request(_legacy_hash({"a": 1.0}), copied)
+
+
+def test_a_record_keeps_the_request_hash_as_plain_text():
+    """Store SDKs serialise by exact type (azure-data-tables refuses a str subclass)."""
+    from shared.records import IdempotencyRecord, RecordState
+
+    digest = request_hash({"a": 1})
+    record = IdempotencyRecord(DedupKey("c", "k"), RecordState.COMPLETED, digest, 1.0, 1.0)
+    assert type(record.request_hash) is str and record.request_hash == digest
+    assert type(record.evolve(request_hash=request_hash({"a": 2})).request_hash) is str

@@ -8,9 +8,12 @@ import sys
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
+from shared import observability
 from shared.keys import DedupKey
 from shared.observability import (
     CONNECTION_STRING_SETTING,
+    DEFAULT_SAMPLING_RATIO,
+    SAMPLING_RATIO_SETTING,
     configure_observability,
     context_from_message,
     downstream_headers,
@@ -35,7 +38,7 @@ def test_no_connection_string_is_a_no_op():
     calls = []
     assert configure_observability(environ={}, configure=lambda **kw: calls.append(kw)) is False
     assert calls == []
-    assert not support_observability.is_configured()
+    assert not observability.is_configured()
 
 
 def test_connection_string_configures_once():
@@ -44,8 +47,27 @@ def test_connection_string_configures_once():
     assert configure_observability(environ=env, configure=lambda **kw: calls.append(kw),
                                    logger_name="shared") is True
     assert configure_observability(environ=env, configure=lambda **kw: calls.append(kw)) is True
-    assert calls == [{"connection_string": CONN, "logger_name": "shared"}]
-    assert support_observability.is_configured()
+    assert calls == [{"connection_string": CONN, "sampling_ratio": DEFAULT_SAMPLING_RATIO,
+                      "logger_name": "shared"}]
+    assert observability.is_configured()
+
+
+def test_the_sampler_is_always_explicit():
+    """The distro's implicit sampler rate-limits (5 traces/s): a share of messages that depends
+    on the load. The ratio is always passed: the setting, an explicit value, or the default."""
+    def ratio(env, **kwargs):
+        support_observability.reset()
+        calls = []
+        configure_observability(environ={CONNECTION_STRING_SETTING: CONN, **env},
+                                configure=lambda **kw: calls.append(kw), **kwargs)
+        return calls[0]["sampling_ratio"]
+
+    assert ratio({}) == DEFAULT_SAMPLING_RATIO
+    assert ratio({SAMPLING_RATIO_SETTING: "0.25"}) == 0.25
+    assert ratio({SAMPLING_RATIO_SETTING: "0.25"}, sampling_ratio=1.0) == 1.0
+    for bad in ("1.5", "-0.1", "all"):
+        with pytest.raises(ValueError, match=SAMPLING_RATIO_SETTING):
+            ratio({SAMPLING_RATIO_SETTING: bad})
 
 
 def test_missing_distro_warns_and_does_not_raise(monkeypatch, caplog):
@@ -119,9 +141,10 @@ def test_the_real_distro_configures_export_in_a_fresh_process():
         "from shared.observability import configure_observability\n"
         "ok = configure_observability(connection_string='InstrumentationKey="
         "00000000-0000-0000-0000-000000000000;IngestionEndpoint=http://127.0.0.1:9/',"
-        " disable_offline_storage=True)\n"
+        " disable_offline_storage=True, sampling_ratio=0.05)\n"
         "print(ok, type(trace.get_tracer_provider()).__module__,"
-        " type(metrics.get_meter_provider()).__module__)\n"
+        " type(metrics.get_meter_provider()).__module__,"
+        " trace.get_tracer_provider().sampler.get_description())\n"
     )
     # Not the environment an in-process worker left behind (an empty connection string there
     # makes the exporter refuse the explicit one).
@@ -130,3 +153,5 @@ def test_the_real_distro_configures_export_in_a_fresh_process():
                             timeout=120, check=True, env=env)
     assert result.stdout.split()[:3] == ["True", "opentelemetry.sdk.trace",
                                          "opentelemetry.sdk.metrics._internal"]
+    # The distro's fixed-percentage sampler with the app's ratio, not its rate-limited default.
+    assert result.stdout.split()[3] == "ApplicationInsightsSampler0.05", result.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -32,6 +33,10 @@ def test_defaults_are_valid_and_hold_the_retention_rule():
     ({"NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY": "maybe"}, "true or false"),
     ({"NOTIFICATION_API_URL": ""}, "NOTIFICATION_API_URL"),
     ({"NOTIFICATION_API_URL": "notifications/send"}, "absolute http"),
+    ({"DEDUP_LOG_DUPLICATES": "sometimes"}, "DEDUP_LOG_DUPLICATES"),
+    ({"TRACE_SAMPLING_RATIO": "5%"}, "TRACE_SAMPLING_RATIO"),
+    ({"TRACE_SAMPLING_RATIO": "2"}, "between 0 and 1"),
+    ({"TABLE_BATCH_CODEC": "fast"}, "TABLE_BATCH_CODEC"),
 ])
 def test_invalid_settings_fail_with_the_setting_named(overrides, message):
     with pytest.raises(SettingsError, match=message):
@@ -55,3 +60,34 @@ def test_sample_settings_define_every_setting_and_parse():
     values = sample["Values"]
     assert set(SETTING_NAMES) <= set(values)
     Settings.from_env(values)
+
+
+def test_telemetry_settings_reach_the_telemetry_and_the_sampler():
+    from functions.services import build_services
+    from shared import InMemoryIdempotencyStore
+    from shared.observability import DEFAULT_SAMPLING_RATIO
+
+    defaults = Settings.from_env(BASE)
+    assert (defaults.log_duplicates, defaults.trace_sampling_ratio) == (False, DEFAULT_SAMPLING_RATIO)
+    chosen = Settings.from_env({**BASE, "DEDUP_LOG_DUPLICATES": "true", "TRACE_SAMPLING_RATIO": "0.2"})
+    assert (chosen.log_duplicates, chosen.trace_sampling_ratio) == (True, 0.2)
+    for settings in (defaults, chosen):
+        services = build_services(settings, stores=lambda role: InMemoryIdempotencyStore())
+        assert services.telemetry.log_duplicates is settings.log_duplicates
+
+
+def test_table_batch_codec_defaults_to_lean_and_reaches_every_table_store(stack):
+    from functions.services import RealAsyncStores, real_stores
+
+    assert Settings.from_env(BASE).table_batch_codec == "lean"
+    settings = Settings.from_env({**BASE, "DEDUP_BACKEND": "table", "TABLE_BATCH_CODEC": "SDK",
+                                  "TABLE_CONNECTION_STRING": stack.table_connection_string})
+    assert settings.table_batch_codec == "sdk"
+    stores = real_stores(settings)
+    async_stores = RealAsyncStores(settings)
+    try:
+        for role in ("ledger", "dedup", "parked"):
+            assert stores(role)._batch_codec == "sdk"  # pyright: ignore[reportAttributeAccessIssue] - the Table store's
+            assert async_stores(role)._batch_codec == "sdk"
+    finally:
+        asyncio.run(async_stores.aclose())

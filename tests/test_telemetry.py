@@ -1,8 +1,12 @@
-"""Log fields and metric points for every dedup outcome, from real flows on the local servers.
+"""Metric points for every dedup outcome and log records for what a person acts on, from real
+flows on the local servers.
 
 Metrics are read with the OpenTelemetry SDK's InMemoryMetricReader on a meter
 provider of the test's own (the global provider is left alone); logs with
-caplog. Event names are the ones the Bicep alerts query.
+caplog. Per-message outcomes (processed, duplicate) are DEBUG records: the
+tests that check their fields capture DEBUG, the tests of the app's default
+(INFO) check that they are not written at all. Event names are the ones the
+Bicep alerts query.
 """
 
 # Log records carry their `extra` fields as attributes the LogRecord type does not declare.
@@ -17,11 +21,13 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 
-from shared import Idempotency, IdempotencyConfig, OutcomeStatus
+from shared import Idempotency, IdempotencyConfig, InMemoryIdempotencyStore, OutcomeStatus
+from shared import telemetry as telemetry_module
 from shared.cache import CompletedKeyCache
 from shared.keys import DedupKey, request_hash
 from shared.parking import ParkingLot
 from shared.telemetry import (
+    EVENT_BATCH,
     EVENT_CONFLICT,
     EVENT_DUPLICATE,
     EVENT_IN_PROGRESS,
@@ -64,8 +70,20 @@ def telemetry(reader) -> Telemetry:
 
 @pytest.fixture
 def logs(caplog):
+    """Every record, DEBUG included (the per-message ones, for their fields)."""
+    caplog.set_level(logging.DEBUG, logger="shared")
+    return caplog
+
+
+@pytest.fixture
+def app_logs(caplog):
+    """What the app lets through: its loggers at INFO (function_app.py)."""
     caplog.set_level(logging.INFO, logger="shared")
     return caplog
+
+
+def library_records(caplog, level: int = logging.INFO) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name.startswith("shared") and r.levelno >= level]
 
 
 def metric_points(reader: InMemoryMetricReader, name: str) -> list:
@@ -130,7 +148,7 @@ def test_processed_duplicates_and_conflict(store, telemetry, reader, logs):
     assert idem.run_atomic(key, digest, build,
                            context={**ctx, "delivery_count": 1}).status is OutcomeStatus.PROCESSED
     record = last(logs, EVENT_OUTCOME)
-    check_outcome_record(record, event=EVENT_OUTCOME, level=logging.INFO, key=key,
+    check_outcome_record(record, event=EVENT_OUTCOME, level=logging.DEBUG, key=key,
                          outcome="processed", backend=store.name, **ctx)
     assert record.attempt == 1 and record.delivery_count == 1
     assert record.duplicate_cause is None
@@ -139,7 +157,7 @@ def test_processed_duplicates_and_conflict(store, telemetry, reader, logs):
     assert idem.run_atomic(key, digest, build,
                            context={**ctx, "delivery_count": 2}).status is OutcomeStatus.DUPLICATE
     record = last(logs, EVENT_DUPLICATE)
-    check_outcome_record(record, event=EVENT_DUPLICATE, level=logging.INFO, key=key,
+    check_outcome_record(record, event=EVENT_DUPLICATE, level=logging.DEBUG, key=key,
                          outcome="duplicate", backend=store.name, **ctx)
     assert record.duplicate_cause == "redelivery"
     assert record.stored_hash == record.request_hash == digest
@@ -181,7 +199,7 @@ def test_in_progress_taken_over_and_stale(store, telemetry, reader, logs, clock)
 
     assert idem.run(key, digest, lambda: "x", context=ctx).status is OutcomeStatus.IN_PROGRESS
     check_outcome_record(last(logs, EVENT_IN_PROGRESS), event=EVENT_IN_PROGRESS,
-                         level=logging.WARNING, key=key, outcome="in_progress",
+                         level=logging.DEBUG, key=key, outcome="in_progress",
                          backend=store.name, **ctx)
 
     clock.advance(31)  # its lease ran out
@@ -211,7 +229,7 @@ def test_duplicate_answered_by_the_cache(store, telemetry, reader, logs):
     idem.run_atomic(key, digest, build, context={"message_id": "order-2", "correlation_id": "c2",
                                                    "delivery_count": 3})
     record = last(logs, EVENT_DUPLICATE)
-    check_outcome_record(record, event=EVENT_DUPLICATE, level=logging.INFO, key=key,
+    check_outcome_record(record, event=EVENT_DUPLICATE, level=logging.DEBUG, key=key,
                          outcome="duplicate", backend=store.name, message_id="order-2",
                          correlation_id="c2", source="cache")
     assert counts(reader)[attrs(consumer="orders", backend=store.name, source="cache",
@@ -242,6 +260,7 @@ def test_replay_skipped_events_are_counted(store, telemetry, reader, logs):
     skipped = [s for s in replayed if s <= current.sequence_number]
     telemetry.replay_skipped(len(skipped), consumer="payments", partition_id="3")
     record = last(logs, EVENT_REPLAY_SKIPPED)
+    assert record.levelno == logging.DEBUG  # the batch summary carries the count at INFO
     assert (record.count, record.partition_id, record.consumer) == (5, "3", "payments")
     assert counts(reader, METRIC_REPLAY_SKIPPED) == {attrs(consumer="payments", partition_id="3"): 5}
 
@@ -265,3 +284,76 @@ def test_context_names_that_clash_with_log_record_attributes_are_kept(telemetry,
     telemetry.outcome(outcome, latency=0.001, backend="table", context={"name": "clash", "module": "m"})
     record = last(logs, EVENT_OUTCOME)
     assert record.ctx_name == "clash" and record.ctx_module == "m"
+
+
+# --- Telemetry that scales: metrics per message, log records per action -----------------------
+def test_at_the_apps_level_per_message_outcomes_are_metrics_only(store, telemetry, reader, app_logs):
+    idem = Idempotency(store, telemetry=telemetry)
+    key, digest, _ = order(4)
+    ctx = {"message_id": "order-4", "correlation_id": "c4"}
+    idem.run_atomic(key, digest, build, context={**ctx, "delivery_count": 1})
+    idem.run_atomic(key, digest, build, context={**ctx, "delivery_count": 2})
+    assert library_records(app_logs) == []
+    base = {"consumer": "orders", "backend": store.name, "source": "store"}
+    assert counts(reader) == {attrs(**base, outcome="processed"): 1,
+                              attrs(**base, outcome="duplicate", cause="redelivery"): 1}
+    # What a person acts on is still a record: a conflict.
+    _, other_digest, _ = order(4, amount=99)
+    idem.run_atomic(key, other_digest, build, context=ctx)
+    (record,) = library_records(app_logs)
+    assert (record.event, record.levelno, record.dedup_key) == (EVENT_CONFLICT, logging.ERROR, key.key)
+
+
+def test_log_duplicates_raises_duplicates_to_info(store, reader, app_logs):
+    telemetry = Telemetry(meter_provider=reader.provider, log_duplicates=True)
+    idem = Idempotency(store, telemetry=telemetry)
+    key, digest, _ = order(5)
+    idem.run_atomic(key, digest, build, context={"message_id": "order-5", "delivery_count": 1})
+    idem.run_atomic(key, digest, build, context={"message_id": "order-5", "delivery_count": 3})
+    (record,) = library_records(app_logs)  # the duplicate; the processed message stays DEBUG
+    assert (record.event, record.levelno, record.duplicate_cause) == (
+        EVENT_DUPLICATE, logging.INFO, "redelivery")
+    assert record.dedup_key == key.key and record.message_id == "order-5"
+
+
+def test_log_records_are_o_of_actions_not_o_of_messages(telemetry, reader, app_logs, monkeypatch):
+    """1,000 processed messages, 30 duplicates and 3 conflicts: 3 records at the app's level,
+    and the 1,033 outcomes aggregated into 3 metric series."""
+    built = []
+    real_safe_extra = telemetry_module._safe_extra
+    monkeypatch.setattr(telemetry_module, "_safe_extra",
+                        lambda fields: built.append(fields) or real_safe_extra(fields))
+    idem = Idempotency(InMemoryIdempotencyStore(), telemetry=telemetry)
+    for n in range(1000):
+        key = DedupKey.from_message_id("orders", f"m-{n}")
+        idem.run(key, f"sha256:{n}", lambda: "ok", context={"message_id": f"m-{n}", "delivery_count": 1})
+    assert library_records(app_logs, logging.DEBUG) == []
+    assert built == [], "log fields were built for records nobody writes"
+    for n in range(30):
+        key = DedupKey.from_message_id("orders", f"m-{n}")
+        idem.run(key, f"sha256:{n}", lambda: "ok", context={"delivery_count": 2})
+    for n in range(3):
+        key = DedupKey.from_message_id("orders", f"m-{n}")
+        idem.run(key, "sha256:other", lambda: "ok")
+    records = library_records(app_logs, logging.DEBUG)
+    assert [r.event for r in records] == [EVENT_CONFLICT] * 3
+    base = {"consumer": "orders", "backend": "memory", "source": "store"}
+    assert counts(reader) == {attrs(**base, outcome="processed"): 1000,
+                              attrs(**base, outcome="duplicate", cause="redelivery"): 30,
+                              attrs(**base, outcome="conflict"): 3}
+    latency = metric_points(reader, METRIC_STORE_LATENCY)
+    assert len(latency) == 3 and sum(p.count for p in latency) == 1033
+
+
+def test_one_summary_record_per_batch(telemetry, app_logs):
+    telemetry.batch(consumer="payments", partition_id="2",
+                    counts={"processed": 95, "duplicate": 3, "replay_skipped": 1, "parked": 1},
+                    first_sequence=100, last_sequence=199, duration=0.0421,
+                    context={"accounts": 20})
+    (record,) = library_records(app_logs)
+    assert record.levelno == logging.INFO and record.getMessage().startswith(EVENT_BATCH)
+    assert (record.event, record.consumer, record.partition_id) == (EVENT_BATCH, "payments", "2")
+    assert (record.processed, record.duplicate, record.replay_skipped, record.parked) == (95, 3, 1, 1)
+    assert record.events == 100
+    assert (record.first_sequence, record.last_sequence) == (100, 199)
+    assert record.duration_ms == 42.1 and record.accounts == 20

@@ -1,4 +1,5 @@
-"""One export path, counted: each of the app's records reaches the exporter once per invocation.
+"""One export path, counted: each of the app's records reaches the exporter once, and a processed
+message reaches it as a metric point, not as a record.
 
 Through the real worker and the real azure-monitor-opentelemetry distro, in a
 fresh process (tests/support/telemetry_probe.py). The host's forwarding of
@@ -13,12 +14,15 @@ from __future__ import annotations
 from tests.support.telemetry_probe import probe
 
 
-def test_one_invocation_exports_each_app_record_exactly_once():
+def test_each_app_record_is_exported_exactly_once_and_processed_messages_only_as_metrics():
     report = probe()
-    assert report["ok"] and report["settled"] == ["complete"]
-    outcomes = [name for name in report["exported"] if name.startswith("DedupOutcome:")]
-    assert len(outcomes) == 1, report["exported"]
+    assert report["ok"] and report["settled"] == ["complete", "deadletter"]
+    conflicts = [name for name in report["exported"] if name.startswith("IdempotencyKeyConflict:")]
+    assert len(conflicts) == 1, report["exported"]
     assert set(report["exported"].values()) == {1}, report["exported"]
+    # The processed order is no log record at the app's level: it is one point on the metric.
+    assert not [name for name in report["exported"] if name.startswith("DedupOutcome:")], report
+    assert report["messages"] == {"processed": 1, "conflict": 1}, report["messages"]
     assert report["capabilities"].get("WorkerOpenTelemetryEnabled") == "true"
 
 

@@ -1,23 +1,31 @@
 // Alert rules of the idempotent consumers.
 //
-// Log alerts read ONE table: `traces` of the Application Insights component (AppTraces in the
-// workspace). That is where the app's structured logs land: the Python worker exports them itself
-// through OpenTelemetry (azure-monitor-opentelemetry; host.json telemetryMode OpenTelemetry, so the
-// host forwards none of them a second time). Each log record becomes one trace whose
-// customDimensions carry the record's `extra` fields; the field `event` names what happened.
-// Nothing writes customEvents, so no rule looks there.
+// Each log alert reads ONE table of the Application Insights component. The app exports its
+// telemetry itself through OpenTelemetry (azure-monitor-opentelemetry; host.json telemetryMode
+// OpenTelemetry, so the host forwards none of it a second time):
+//
+//  * Log records become `traces` (AppTraces in the workspace) whose customDimensions carry the
+//    record's `extra` fields; the field `event` names what happened. The app logs only what a
+//    person acts on, so the event rules read `traces`. Nothing writes customEvents.
+//  * Per-message counts are OpenTelemetry metrics, aggregated in the process and exported once a
+//    minute: `customMetrics` (AppMetrics), one row per metric, attribute set and interval, with
+//    `name`, `valueSum` (the count of the interval for a counter) and the attributes in
+//    customDimensions. The duplicate spike rule reads them.
 //
 //  * IdempotencyKeyConflict: new conflicts (an idempotency key reused with different content).
 //  * EventParked: new parked messages, from payments (event hub) and from the notification
 //    consumers (notify, audit), plus claims the maintenance timer had to close.
 //  * MessageDeadLettered: new messages the app dead-lettered itself (orders rejected by the store).
-//  * DuplicateDetected spike: the duplicate rate of the last 15 minutes is well above its 24 h
-//    baseline (misconfigured producer, too short locks, unhealthy consumer).
+//  * SequenceReset: an event hub partition's sequence numbers restarted below the app's high-water
+//    mark (hub recreated, disaster-recovery failover); the events were applied through their keys.
+//  * Duplicate rate spike (dedup.messages, outcome duplicate): the duplicates of the last 15
+//    minutes are well above their 24 h baseline (misconfigured producer, too short locks,
+//    unhealthy consumer).
 //  * Dead-letter queues not empty (platform metric, stateless): catches the dead-letters the app
 //    never sees (max delivery count reached, TTL expired) and keeps reminding until an operator
 //    drains the queue with the replay tool.
 //
-// The three event alerts count the events of their evaluation window (window = frequency, so each
+// The four event alerts count the events of their evaluation window (window = frequency, so each
 // event is counted once) and are stateless: every window with new events fires again, an alert
 // that already fired never hides the next conflict, parking or dead-letter.
 
@@ -55,23 +63,34 @@ param duplicateSpikeMinCount int = 20
 param duplicateSpikeFactor int = 3
 
 // The single place where infra names the app's log events. Keep in step with the app's logging.
+// DuplicateDetected is logged only with DEDUP_LOG_DUPLICATES=true (an investigation); the
+// duplicate spike rule counts the metric instead.
 var logEvents = {
   keyConflict: 'IdempotencyKeyConflict'
   parked: 'EventParked'
   deadLettered: 'MessageDeadLettered'
   duplicate: 'DuplicateDetected'
+  sequenceReset: 'SequenceReset'
+}
+
+// The app's metrics the rules read (shared/telemetry.py), and the outcome attribute they filter on.
+var appMetrics = {
+  messages: 'dedup.messages'
+  duplicateOutcome: 'duplicate'
 }
 
 // One table, one event each; the projected columns are the alert dimensions.
 var conflictQuery = 'traces | where tostring(customDimensions.event) == "${logEvents.keyConflict}" | extend consumer = tostring(customDimensions.consumer) | project timestamp, consumer, message'
 var parkedQuery = 'traces | where tostring(customDimensions.event) == "${logEvents.parked}" | extend consumer = tostring(customDimensions.consumer), reason = tostring(customDimensions.reason) | project timestamp, consumer, reason, message'
+var sequenceResetQuery = 'traces | where tostring(customDimensions.event) == "${logEvents.sequenceReset}" | extend consumer = tostring(customDimensions.consumer) | project timestamp, consumer, message'
 var deadLetteredQuery = 'traces | where tostring(customDimensions.event) == "${logEvents.deadLettered}" | extend consumer = tostring(customDimensions.consumer), reason = tostring(customDimensions.reason) | project timestamp, consumer, reason, message'
 
 // The app's gauge outbox.oldest_pending_age (shared/telemetry.py), set by every maintenance run.
 var outboxPendingQuery = 'customMetrics | where name == "outbox.oldest_pending_age" | where value > ${outboxPendingAlertSeconds} | project timestamp, value'
 
 // 15-minute window compared with the average 15-minute count of the preceding day (95 windows).
-var duplicateSpikeQuery = 'let dups = traces | where tostring(customDimensions.event) == "${logEvents.duplicate}"; let recent = toscalar(dups | where timestamp > ago(15m) | count); let baseline = todouble(toscalar(dups | where timestamp between (ago(1d) .. ago(15m)) | count)) / 95.0; print recentCount = recent, baselineCount = baseline | where recentCount >= ${duplicateSpikeMinCount} and recentCount > ${duplicateSpikeFactor} * baselineCount'
+// Duplicates of every cause and consumer: the sum of the counter's per-interval values.
+var duplicateSpikeQuery = 'let dups = customMetrics | where name == "${appMetrics.messages}" and tostring(customDimensions.outcome) == "${appMetrics.duplicateOutcome}"; let recent = todouble(coalesce(toscalar(dups | where timestamp > ago(15m) | summarize sum(valueSum)), 0.0)); let baseline = todouble(coalesce(toscalar(dups | where timestamp between (ago(1d) .. ago(15m)) | summarize sum(valueSum)), 0.0)) / 95.0; print recentCount = recent, baselineCount = baseline | where recentCount >= ${duplicateSpikeMinCount} and recentCount > ${duplicateSpikeFactor} * baselineCount'
 
 var byConsumer = [
   {
@@ -268,14 +287,51 @@ resource deadLetteredAlert 'Microsoft.Insights/scheduledQueryRules@2023-12-01' =
   }
 }
 
+resource sequenceResetAlert 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {
+  name: '${namePrefix}-event-hub-sequence-resets'
+  location: location
+  tags: tags
+  kind: 'LogAlert'
+  properties: {
+    displayName: 'Event hub sequence numbers restarted (${logEvents.sequenceReset})'
+    description: 'An event hub partition delivered events numbered below the high-water mark but enqueued after it in the last 5 minutes (the hub was recreated, or failed over to the disaster-recovery namespace). Nothing was skipped: the events were applied through their keys and the mark moved to the new numbers. Confirm the recreation or failover was intended. One alert per consumer.'
+    severity: 2
+    enabled: true
+    scopes: [
+      applicationInsightsId
+    ]
+    evaluationFrequency: 'PT5M'
+    windowSize: 'PT5M'
+    criteria: {
+      allOf: [
+        {
+          query: sequenceResetQuery
+          timeAggregation: 'Count'
+          dimensions: byConsumer
+          operator: 'GreaterThan'
+          threshold: 0
+          failingPeriods: {
+            numberOfEvaluationPeriods: 1
+            minFailingPeriodsToAlert: 1
+          }
+        }
+      ]
+    }
+    autoMitigate: false
+    actions: {
+      actionGroups: actionGroupIds
+    }
+  }
+}
+
 resource duplicateSpikeAlert 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {
   name: '${namePrefix}-duplicate-rate-spike'
   location: location
   tags: tags
   kind: 'LogAlert'
   properties: {
-    displayName: 'Duplicate rate spike (${logEvents.duplicate})'
-    description: 'Detected duplicates in the last 15 minutes are far above the day\'s baseline: check producer retries, lock duration and consumer health.'
+    displayName: 'Duplicate rate spike (${appMetrics.messages} outcome=${appMetrics.duplicateOutcome})'
+    description: 'Detected duplicates in the last 15 minutes (metric ${appMetrics.messages}, customMetrics) are far above the day\'s baseline: check producer retries, lock duration and consumer health. Break them down by customDimensions.cause and consumer; set DEDUP_LOG_DUPLICATES=true to log each one.'
     severity: 2
     enabled: true
     scopes: [
@@ -351,3 +407,4 @@ resource deadLetterAlert 'Microsoft.Insights/metricAlerts@2018-03-01' = {
 }
 
 output logEventNames object = logEvents
+output metricNames object = appMetrics

@@ -44,6 +44,67 @@ var serverlessCapabilities = [
   }
 ]
 
+// Indexing: every item is read and written by id and partition key, which needs no index;
+// only the maintenance sweep (idemState, idemLeaseExpiresAt, idemExpiresAt; outboxPendingSince
+// for the outbox sweep, present only on markers with pending messages) and the replay
+// tool's per-partition listing (the partition key property) filter on properties. The default
+// policy would index every property of every marker, balance and order, and each write pays
+// index RUs for them. Same policies as COSMOS_INDEXING in functions/settings.py (tests/infra
+// holds the two together and every query the code issues against the included paths).
+var orderIdIndexingPolicy = {
+  indexingMode: 'consistent'
+  automatic: true
+  includedPaths: [
+    {
+      path: '/idemState/?'
+    }
+    {
+      path: '/idemLeaseExpiresAt/?'
+    }
+    {
+      path: '/idemExpiresAt/?'
+    }
+    {
+      path: '/outboxPendingSince/?'
+    }
+    {
+      path: '/orderId/?'
+    }
+  ]
+  excludedPaths: [
+    {
+      path: '/*'
+    }
+  ]
+}
+
+var pkIndexingPolicy = {
+  indexingMode: 'consistent'
+  automatic: true
+  includedPaths: [
+    {
+      path: '/idemState/?'
+    }
+    {
+      path: '/idemLeaseExpiresAt/?'
+    }
+    {
+      path: '/idemExpiresAt/?'
+    }
+    {
+      path: '/outboxPendingSince/?'
+    }
+    {
+      path: '/pk/?'
+    }
+  ]
+  excludedPaths: [
+    {
+      path: '/*'
+    }
+  ]
+}
+
 var provisionedDatabaseOptions = {
   autoscaleSettings: {
     maxThroughput: autoscaleMaxThroughput
@@ -95,6 +156,7 @@ resource ordersContainer 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/con
   properties: {
     resource: {
       id: 'orders'
+      indexingPolicy: orderIdIndexingPolicy
       partitionKey: {
         paths: [
           '/orderId'
@@ -112,6 +174,7 @@ resource orderStatusContainer 'Microsoft.DocumentDB/databaseAccounts/sqlDatabase
   properties: {
     resource: {
       id: 'order-status'
+      indexingPolicy: orderIdIndexingPolicy
       partitionKey: {
         paths: [
           '/orderId'
@@ -129,6 +192,7 @@ resource ledgerContainer 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/con
   properties: {
     resource: {
       id: 'ledger'
+      indexingPolicy: pkIndexingPolicy
       partitionKey: {
         paths: [
           '/pk'
@@ -147,6 +211,7 @@ resource dedupContainer 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/cont
   properties: {
     resource: {
       id: 'dedup'
+      indexingPolicy: pkIndexingPolicy
       partitionKey: {
         paths: [
           '/pk'

@@ -15,7 +15,8 @@ mapped to a Cosmos document (`id` + partition key field) or a Table entity
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
@@ -31,6 +32,13 @@ from shared.exceptions import (
     StoreUnavailableError,
 )
 from shared.records import IdempotencyRecord
+from shared.stores.sweep import (
+    DEFAULT_BUDGET_SECONDS,
+    Deadline,
+    StaleHandler,
+    SweepReport,
+    Timer,
+)
 
 OperationKind = Literal["create", "replace", "upsert", "patch", "delete"]
 #: Statuses of a conditional write that lost to a concurrent writer: re-read and try again.
@@ -95,10 +103,35 @@ class RecordStore(abc.ABC):
         """Records whose lease ran out before a time, or which expired before a time."""
 
     def purge_expired(self, now: float) -> int:
-        """Delete records that expired before `now`; return how many were deleted."""
-        return self._delete_each(list(self.iter_records(expired_before=now)))
+        """Delete records that expired before `now`; return how many were deleted. Streams the
+        query (a deleted record does not disturb it), so memory stays flat."""
+        return self._delete_each(self.iter_records(expired_before=now))
 
-    def _delete_each(self, records: Sequence[IdempotencyRecord]) -> int:
+    def sweep(self, now: float, *, stale_before: float | None = None,
+              on_stale: StaleHandler | None = None,
+              budget_seconds: float = DEFAULT_BUDGET_SECONDS,
+              timer: Timer = time.monotonic) -> SweepReport:
+        """Purge what expired before `now`, then hand each record in progress past
+        `stale_before` to `on_stale`, stopping when `budget_seconds` run out.
+
+        This default runs the two filtered queries, which cost what they return on an
+        indexed store; handled claims leave the filter, so a stopped run simply resumes.
+        Table Storage overrides it with one bounded, resumable scan.
+        """
+        deadline = Deadline(budget_seconds, timer=timer)
+        report = SweepReport(purged=self.purge_expired(now))
+        if stale_before is None or on_stale is None:
+            return report
+        for record in self.iter_records(in_progress_before=stale_before):
+            if deadline.passed():
+                report.complete = False
+                break
+            report.rows_read += 1
+            on_stale(record)
+            report.stale += 1
+        return report
+
+    def _delete_each(self, records: Iterable[IdempotencyRecord]) -> int:
         deleted = 0
         for record in records:
             try:

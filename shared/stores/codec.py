@@ -26,7 +26,7 @@ def record_fields(record: IdempotencyRecord, *, chunk_chars: int = TABLE_CHUNK_C
         "idemConsumer": record.key.consumer,
         "idemKey": record.key.key,
         "idemState": record.state.value,
-        "idemRequestHash": record.request_hash,
+        "idemRequestHash": str(record.request_hash),  # plain text, never a RequestHash (Table SDK)
         "idemResult": json.dumps(record.result, separators=(",", ":"), ensure_ascii=False),
         "idemCreatedAt": float(record.created_at),
         "idemUpdatedAt": float(record.updated_at),

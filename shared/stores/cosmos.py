@@ -50,11 +50,12 @@ class CosmosMapping:
     _container: Any  # a container proxy of the sync or the async SDK
 
     @classmethod
-    def from_container(cls, container: Any, partition_key_path: str = "/pk") -> Self:
+    def from_container(cls, container: Any, partition_key_path: str = "/pk",
+                       **options: Any) -> Self:
         """Around a container of the caller's (who keeps its client and closes it)."""
         # cls is a store class: the mapping mixin itself has no __init__ taking these
         return cls("", database="", container=container.id,  # type: ignore[call-arg]
-                   partition_key_path=partition_key_path, container_client=container)
+                   partition_key_path=partition_key_path, container_client=container, **options)
 
     @property
     def container(self) -> Any:
@@ -205,13 +206,17 @@ class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
 
     Build it from the account endpoint and a credential (identity in Azure),
     from a connection string (local runs), or around an existing container.
+    `native_ttl`: whether the container expires markers itself (a default TTL is
+    set, so the markers' `ttl` applies) and `purge_expired` need not query; None
+    (default) asks the container once.
     """
 
     name = "cosmos"
 
     def __init__(self, endpoint: str, credential: Any = None, *, database: str, container: str,
                  partition_key_path: str = "/pk", container_client: ContainerProxy | None = None,
-                 **client_options: Any) -> None:
+                 native_ttl: bool | None = None, **client_options: Any) -> None:
+        self._native_ttl = native_ttl
         if not partition_key_path.startswith("/") or "/" in partition_key_path[1:]:
             raise ValueError("partition_key_path must be a top-level path such as '/pk'")
         self._pk_field = partition_key_path[1:]
@@ -290,6 +295,16 @@ class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
             except StopIteration:
                 return
             yield self._to_record(document)
+
+    def purge_expired(self, now: float) -> int:
+        """Nothing to do where the container expires markers by TTL (the service deletes
+        them in the background with spare RUs: a purge query would read them all again);
+        otherwise the query purge. Reads check `idemExpiresAt` either way, so a marker
+        the service has not yet deleted is never taken for live."""
+        if self._native_ttl is None:
+            properties: dict[str, Any] = store_call(BACKEND, self._container.read) or {}
+            self._native_ttl = properties.get("defaultTtl") is not None
+        return 0 if self._native_ttl else super().purge_expired(now)
 
     # -- documents --------------------------------------------------------------
     def read_document(self, partition: str, document_id: str) -> Document | None:

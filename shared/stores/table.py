@@ -2,7 +2,8 @@
 
 Claim = `create_entity` (409 = exists). Takeover, completion and release are
 etag-conditional. Table Storage has no TTL: every read checks `idemExpiresAt`
-and `purge_expired` deletes expired rows in entity-group transactions.
+and `sweep` / `purge_expired` delete expired rows in entity-group transactions,
+one page at a time within a time budget, resuming next run where they stopped.
 Atomic path = one entity-group transaction (same PartitionKey, <= 100 entities), sent
 through `table_batch` (the SDK's requests and pipeline, a lean multipart codec).
 """
@@ -10,6 +11,8 @@ through `table_batch` (the SDK's requests and pipeline, a lean multipart codec).
 from __future__ import annotations
 
 import contextlib
+import logging
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Self
@@ -25,7 +28,7 @@ from azure.data.tables import (
     UpdateMode,
 )
 
-from shared.exceptions import OperationFailedError, RecordExistsError
+from shared.exceptions import OperationFailedError, RecordExistsError, StoreRequestError
 from shared.outbox import PENDING_COUNT, PENDING_SINCE
 from shared.records import IdempotencyRecord, RecordState
 from shared.stores.base import (
@@ -42,12 +45,27 @@ from shared.stores.base import (
     written_documents,
 )
 from shared.stores.codec import check_flat, is_record, pending_names, record_fields, record_from_fields
-from shared.stores.table_batch import submit_transaction
+from shared.stores.sweep import (
+    DEFAULT_BUDGET_SECONDS,
+    DEFAULT_PAGE_SIZE,
+    Deadline,
+    StaleHandler,
+    SweepReport,
+    Timer,
+    is_expired,
+    is_stale,
+)
+from shared.stores.table_batch import Codec, submit_transaction
 
 BACKEND = "Table Storage"
 _SYSTEM = ("PartitionKey", "RowKey", "Timestamp", "etag")
 _INT32 = range(-(2**31), 2**31)
 IF_UNCHANGED = MatchConditions.IfNotModified
+#: Where a sweep keeps its continuation (PartitionKey, RowKey): the library's key encoding
+#: starts a key with "~" only for a 64-digit hash, and the entity is no record (no idemState).
+SWEEP_CURSOR = ("~maintenance", "sweep")
+_CURSOR_VERSION = 1
+logger = logging.getLogger(__name__)
 
 
 def etag_of(metadata: dict[str, Any] | None) -> str | None:
@@ -74,15 +92,20 @@ class TableMapping:
     _client: Any  # a table client of the sync or the async SDK
 
     @classmethod
-    def from_table_client(cls, client: Any) -> Self:
-        """Around a table client of the caller's."""
+    def from_table_client(cls, client: Any, **options: Any) -> Self:
+        """Around a table client of the caller's (`options`: the store's, e.g. batch_codec)."""
         # cls is a store class: the mapping mixin itself has no __init__ taking these
         return cls(client.url, table_name=client.table_name,  # type: ignore[call-arg]
-                   table_client=client)
+                   table_client=client, **options)
 
     @property
     def client(self) -> Any:
         return self._client
+
+    @property
+    def sweep_scope(self) -> str:
+        """The table's URL: stores of one table share one sweep (and its cursor)."""
+        return f"{self._client.url}/{self._client.table_name}"
 
     @staticmethod
     def _committed(marker: IdempotencyRecord, operations: Sequence[WriteOp],
@@ -154,14 +177,15 @@ class TableMapping:
         return Document(document_id, partition, body, etag_of(entity.metadata))
 
     # -- the requests, built once for the sync and the async store (`Request`) -------------
-    _submit: Callable[[Any, list[tuple[Any, ...]]], Any]  # the face's $batch sender
+    _submit: Callable[..., Any]  # the face's $batch sender: (client, batch, *, codec)
+    _batch_codec: Codec
 
     def _transaction_request[T](self, batch: list[tuple[Any, ...]], marker_id: str | None,
                                 answer: Callable[[list[Any]], T]) -> Request[T]:
         """One entity-group transaction; a failed operation maps to the store contract."""
         check_transaction_size(len(batch))
-        return Request(lambda client: self._submit(client, batch), answer,
-                       refine=lambda error: transaction_error(error, marker_id)
+        return Request(lambda client: self._submit(client, batch, codec=self._batch_codec),
+                       answer, refine=lambda error: transaction_error(error, marker_id)
                        if isinstance(error, TableTransactionError) else None)
 
     def _get_record(self, partition: str, record_id: str) -> Request[IdempotencyRecord | None]:
@@ -226,6 +250,9 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
     a connection string (local runs), or around an existing `TableClient`. A
     client the store creates is its own and `close` closes it; a client passed
     in (`table_client=`, `from_table_client`) stays its caller's.
+    `batch_codec`: "lean" (default) sends entity-group transactions through
+    `table_batch`'s codec, falling back to the SDK's own path by itself when the
+    installed SDK does not fit it; "sdk" always takes the SDK's path.
     """
 
     name = "table"
@@ -233,7 +260,8 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
     def __init__(self, endpoint: str, credential: TokenCredential | AzureNamedKeyCredential |
                  AzureSasCredential | None = None, *, table_name: str,
                  table_client: TableClient | None = None, create_table: bool = False,
-                 **client_options: Any) -> None:
+                 batch_codec: Codec = "lean", **client_options: Any) -> None:
+        self._batch_codec = batch_codec
         self._owned: TableClient | None = None  # the client this store created, if any
         if table_client is None:
             table_client = self._owned = TableClient(endpoint, table_name, credential=credential,
@@ -244,10 +272,11 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
 
     @classmethod
     def from_connection_string(cls, conn_str: str, *, table_name: str,
-                               create_table: bool = False, **client_options: Any
-                               ) -> TableIdempotencyStore:
+                               create_table: bool = False, batch_codec: Codec = "lean",
+                               **client_options: Any) -> TableIdempotencyStore:
         client = TableClient.from_connection_string(conn_str, table_name, **client_options)
-        store = cls(client.url, table_name=table_name, table_client=client, create_table=create_table)
+        store = cls(client.url, table_name=table_name, table_client=client, create_table=create_table,
+                    batch_codec=batch_codec)
         store._owned = client  # closed with the store
         return store
 
@@ -257,7 +286,9 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
             store_call(BACKEND, self._client.create_table,
                        on_status={409: lambda: RecordExistsError(self._client.table_name)})
 
-    _submit = staticmethod(submit_transaction)
+    @staticmethod
+    def _submit(client: TableClient, batch: list[tuple[Any, ...]], *, codec: Codec) -> list[Any]:
+        return submit_transaction(client, batch, codec=codec)  # looked up when sent
 
     def _send[T](self, request: Request[T]) -> T:
         return send_request(BACKEND, self._client, request)
@@ -321,23 +352,142 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
             if is_record(entity):
                 yield self._to_record(entity)
 
-    def purge_expired(self, now: float) -> int:
-        """Expired rows go in entity-group transactions; a row changed meanwhile is kept."""
-        by_partition: dict[str, list[IdempotencyRecord]] = defaultdict(list)
-        for record in self.iter_records(expired_before=now):
-            by_partition[record.partition_key].append(record)
+    # -- maintenance: one bounded, resumable scan -----------------------------------
+    #: Rows per page of a sweep; one page is what a sweep holds in memory.
+    sweep_page_size: int = DEFAULT_PAGE_SIZE
+
+    def purge_expired(self, now: float, *, budget_seconds: float = DEFAULT_BUDGET_SECONDS,
+                      page_size: int | None = None) -> int:
+        """Delete expired rows page by page (see `sweep`); a row changed meanwhile is kept."""
+        return self.sweep(now, budget_seconds=budget_seconds, page_size=page_size).purged
+
+    def sweep(self, now: float, *, stale_before: float | None = None,
+              on_stale: StaleHandler | None = None,
+              budget_seconds: float = DEFAULT_BUDGET_SECONDS, timer: Timer = time.monotonic,
+              page_size: int | None = None) -> SweepReport:
+        """Expired rows deleted and stale claims handed to `on_stale`, in one scan, one page
+        at a time, until `budget_seconds` run out.
+
+        Table Storage has no secondary index: a filter on a property makes the service
+        read every row, so a run covers what its budget allows and saves the continuation
+        (a small entity in this table, `SWEEP_CURSOR`) after each page; the next run
+        resumes there, and a finished scan starts over. Expired rows of a page go in
+        entity-group transactions per partition (<= 100 each) before the next page is
+        read, so memory holds one page. The budget is checked before each page: a run
+        ends within one page's work (<= `page_size` deletes) after it. A continuation
+        the service refuses, or a cursor this code cannot read, restarts the scan from
+        the beginning.
+        """
+        deadline = Deadline(budget_seconds, timer=timer)
+        page_size = page_size or self.sweep_page_size
+        report = SweepReport(complete=False)
+        stale_before = stale_before if on_stale is not None else None
+        token, report.restarted = self._read_sweep_cursor()
+        refused = False
+        query, params = self._sweep_filter(now, stale_before)
+        while not deadline.passed():
+            try:
+                entities, next_token = self._sweep_page(query, params, page_size, token)
+            except (StoreRequestError, ValueError) as error:
+                if token is None or refused:  # not the stored continuation's fault
+                    raise
+                refused = True
+                logger.warning("sweep continuation refused (%s): the scan of %s restarts",
+                               error, self._client.table_name)
+                token, report.restarted = None, True
+                continue
+            report.pages += 1
+            report.rows_read += len(entities)
+            self._sweep_rows(entities, now, stale_before, on_stale, report)
+            token = next_token
+            if token is None:
+                self._clear_sweep_cursor()
+                report.complete = True
+                return report
+            self._save_sweep_cursor(token, now)
+        return report
+
+    @staticmethod
+    def _sweep_filter(now: float, stale_before: float | None) -> tuple[str, dict[str, Any]]:
+        """The service-side filter: expired, or (when asked) in progress past the cut-off.
+        (The SDK substitutes `@name` between spaces only, hence the spaced parentheses.)"""
+        params: dict[str, Any] = {"expiry": float(now)}
+        query = "idemState ne '' and ( idemExpiresAt lt @expiry"
+        if stale_before is not None:
+            query += " or ( idemState eq @state and idemLeaseExpiresAt lt @lease )"
+            params.update(state=RecordState.IN_PROGRESS.value, lease=float(stale_before))
+        return query + " )", params
+
+    def _sweep_page(self, query: str, params: dict[str, Any], page_size: int,
+                    token: dict[str, str] | None) -> tuple[list[Any], dict[str, str] | None]:
+        """One page of the scan from `token`: its entities and the next continuation."""
+        def fetch() -> tuple[list[Any], dict[str, str] | None]:
+            pages = self._client.query_entities(query, parameters=params,
+                                                results_per_page=page_size
+                                                ).by_page(continuation_token=token)
+            first: Any = next(pages, None)  # the SDK's pager is untyped
+            entities: list[Any] = [] if first is None else list(first)
+            return entities, pages.continuation_token or None
+
+        return store_call(BACKEND, fetch)
+
+    def _sweep_rows(self, entities: list[Any], now: float, stale_before: float | None,
+                    on_stale: StaleHandler | None, report: SweepReport) -> None:
+        """Hand on a page's stale claims, then delete its expired rows per partition."""
+        expired: dict[str, list[IdempotencyRecord]] = defaultdict(list)
+        for entity in entities:
+            if not is_record(entity):
+                continue
+            record = self._to_record(entity)
+            if is_expired(record, now):
+                expired[record.partition_key].append(record)
+            elif on_stale is not None and stale_before is not None and is_stale(record, stale_before):
+                on_stale(record)
+                report.stale += 1
+        for partition, records in expired.items():
+            report.purged += self._delete_expired(partition, records)
+
+    def _delete_expired(self, partition: str, records: list[IdempotencyRecord]) -> int:
+        """Etag-conditional deletes in entity-group transactions of <= 100 (one alone is a
+        plain delete); a transaction with a row changed meanwhile goes one by one."""
         deleted = 0
-        for partition, records in by_partition.items():
-            for start in range(0, len(records), MAX_TRANSACTION_OPERATIONS):
-                chunk = records[start:start + MAX_TRANSACTION_OPERATIONS]
-                ops = [("delete", {"PartitionKey": partition, "RowKey": r.id},
-                        {"etag": r.etag, "match_condition": IF_UNCHANGED}) for r in chunk]
-                try:
-                    self._transaction(ops, marker_id=None)
-                    deleted += len(chunk)
-                except OperationFailedError:  # one row changed meanwhile: go one by one
-                    deleted += self._delete_each(chunk)
+        for start in range(0, len(records), MAX_TRANSACTION_OPERATIONS):
+            chunk = records[start:start + MAX_TRANSACTION_OPERATIONS]
+            if len(chunk) == 1:
+                deleted += self._delete_each(chunk)
+                continue
+            ops = [("delete", {"PartitionKey": partition, "RowKey": r.id},
+                    {"etag": r.etag, "match_condition": IF_UNCHANGED}) for r in chunk]
+            try:
+                self._transaction(ops, marker_id=None)
+                deleted += len(chunk)
+            except OperationFailedError:  # one row changed meanwhile: go one by one
+                deleted += self._delete_each(chunk)
         return deleted
+
+    def _read_sweep_cursor(self) -> tuple[dict[str, str] | None, bool]:
+        """(continuation, restarted): None when no scan is under way, or when the stored
+        cursor is not one this code wrote (then restarted is True)."""
+        entity = store_call(BACKEND, lambda: self._client.get_entity(*SWEEP_CURSOR),
+                            none_if_missing=True)
+        if entity is None:
+            return None, False
+        token = {"PartitionKey": entity.get("nextPartitionKey"), "RowKey": entity.get("nextRowKey")}
+        if entity.get("version") != _CURSOR_VERSION or not all(
+                isinstance(value, str) for value in token.values()):
+            logger.warning("unreadable sweep cursor in %s: the scan restarts",
+                           self._client.table_name)
+            return None, True
+        return token, False
+
+    def _save_sweep_cursor(self, token: dict[str, str], now: float) -> None:
+        entity = {"PartitionKey": SWEEP_CURSOR[0], "RowKey": SWEEP_CURSOR[1],
+                  "version": _CURSOR_VERSION, "nextPartitionKey": token.get("PartitionKey") or "",
+                  "nextRowKey": token.get("RowKey") or "", "savedAt": float(now)}
+        store_call(BACKEND, lambda: self._client.upsert_entity(entity, mode=UpdateMode.REPLACE))
+
+    def _clear_sweep_cursor(self) -> None:
+        store_call(BACKEND, lambda: self._client.delete_entity(*SWEEP_CURSOR), none_if_missing=True)
 
     # -- documents --------------------------------------------------------------
     def read_document(self, partition: str, document_id: str) -> Document | None:

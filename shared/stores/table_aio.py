@@ -27,7 +27,7 @@ from shared.stores.base import (
     send_request_async,
 )
 from shared.stores.table import BACKEND, TableMapping
-from shared.stores.table_batch import submit_transaction_async
+from shared.stores.table_batch import Codec, submit_transaction_async
 
 
 class AsyncTableIdempotencyStore(TableMapping, AsyncDocumentStore):
@@ -45,7 +45,9 @@ class AsyncTableIdempotencyStore(TableMapping, AsyncDocumentStore):
 
     def __init__(self, endpoint: str, credential: AsyncTokenCredential | AzureNamedKeyCredential |
                  AzureSasCredential | None = None, *, table_name: str,
-                 table_client: TableClient | None = None, **client_options: Any) -> None:
+                 table_client: TableClient | None = None, batch_codec: Codec = "lean",
+                 **client_options: Any) -> None:
+        self._batch_codec = batch_codec  # as the sync store's
         self._owned: TableClient | None = None  # the client this store created, if any
         if table_client is None:
             table_client = self._owned = TableClient(endpoint, table_name, credential=credential,
@@ -53,10 +55,10 @@ class AsyncTableIdempotencyStore(TableMapping, AsyncDocumentStore):
         self._client = table_client
 
     @classmethod
-    def from_connection_string(cls, conn_str: str, *, table_name: str,
+    def from_connection_string(cls, conn_str: str, *, table_name: str, batch_codec: Codec = "lean",
                                **client_options: Any) -> AsyncTableIdempotencyStore:
         client = TableClient.from_connection_string(conn_str, table_name, **client_options)
-        store = cls.from_table_client(client)
+        store = cls.from_table_client(client, batch_codec=batch_codec)
         store._owned = client  # closed with the store
         return store
 
@@ -66,7 +68,10 @@ class AsyncTableIdempotencyStore(TableMapping, AsyncDocumentStore):
             await async_store_call(BACKEND, self._client.create_table,
                                    on_status={409: lambda: RecordExistsError(self._client.table_name)})
 
-    _submit = staticmethod(submit_transaction_async)
+    @staticmethod
+    async def _submit(client: TableClient, batch: list[tuple[Any, ...]], *,
+                      codec: Codec) -> list[Any]:
+        return await submit_transaction_async(client, batch, codec=codec)  # looked up when sent
 
     async def _send[T](self, request: Request[T]) -> T:
         return await send_request_async(BACKEND, self._client, request)

@@ -14,30 +14,49 @@ requests (entity serialization, EDM types, conditions) come from the SDK's
 (authentication, retries, tracing); a failed operation raises the SDK's
 `TableTransactionError` with the index and message the SDK would give, and a
 failed request the SDK's own error. The body is the documented `$batch`
-format: one changeset of `application/http` parts. It reaches into the SDK's
-private attributes (`_client`, `_table_batch`, `_error`), so the SDK version is
-pinned (requirements.txt) and `tests/store/test_table_batch.py` holds it to the
-SDK's results and errors on Azurite.
+format: one changeset of `application/http` parts, each with the headers the
+SDK's parts carry (the operation's own, plus `x-ms-date` / `Date`).
+
+Guard rails, because it reaches into the SDK's private parts (`_table_batch`,
+`_error`, `client._client`, `_primary_hostname`, ...): at first use per client
+type it checks the installed azure-data-tables against `SUPPORTED_SDK` (the
+versions `tests/store/test_table_batch.py` verified), imports the internals,
+checks their signatures and builds a probe transaction. Any failure (outside
+the range, an import or attribute error, a changed signature) and every
+transaction goes through the SDK's public `submit_transaction` instead, with
+one warning saying why. `codec="sdk"` (the stores' `batch_codec` option, the
+app's `TABLE_BATCH_CODEC` setting) chooses the SDK's path outright.
 """
 
+# The codec reuses the SDK's own private helpers on purpose (checked once, with a fallback to
+# the SDK's path when they moved; see `problem`), and they are untyped.
+# pyright: reportPrivateUsage=false, reportUnknownMemberType=false, reportUnknownVariableType=false
 from __future__ import annotations
 
+import importlib.metadata
+import inspect
 import json
+import logging
 import re
+import threading
+import time
 import uuid
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Literal, NamedTuple
+from wsgiref.handlers import format_date_time
 
-from azure.core.exceptions import DecodeError
+from azure.core import MatchConditions
+from azure.core.exceptions import DecodeError, HttpResponseError
 from azure.core.rest import HttpRequest
-from azure.data.tables import TableTransactionError
+from azure.data.tables import TableTransactionError, UpdateMode
 
-# The SDK's own error decoding, so a failed $batch raises exactly what the SDK raises (untyped).
-from azure.data.tables._error import (
-    RequestTooLargeError,
-    _decode_error,  # pyright: ignore[reportPrivateUsage, reportUnknownVariableType]
-)
-from azure.data.tables._table_batch import TableBatchOperations
+logger = logging.getLogger(__name__)
+
+#: azure-data-tables versions the codec supports: [lowest, first unsupported). Verified on
+#: Azurite against the SDK by tests/store/test_table_batch.py; widen it only after that.
+SUPPORTED_SDK = ((12, 7, 0), (12, 8, 0))
+Codec = Literal["lean", "sdk"]
+CODECS: tuple[Codec, ...] = ("lean", "sdk")
 
 _BOUNDARY = re.compile(r'boundary="?([^";,\s]+)"?', re.IGNORECASE)
 _BLANK_LINE = re.compile(rb"\r?\n\r?\n")
@@ -45,10 +64,115 @@ _STATUS_LINE = re.compile(rb"^HTTP/\d(?:\.\d)? (\d{3})[^\n]*\n?", re.MULTILINE)
 _CRLF = b"\r\n"
 
 
+class _Internals(NamedTuple):
+    """The private parts of azure-data-tables the codec uses."""
+
+    batch_operations: type  # _table_batch.TableBatchOperations: the per-operation requests
+    decode_error: Callable[..., HttpResponseError]  # _error._decode_error
+    too_large: type[HttpResponseError]  # _error.RequestTooLargeError
+    validate_table_name: Callable[[HttpResponseError, str], None]  # _error._validate_tablename_error
+
+
+def _sdk_version() -> str:
+    return importlib.metadata.version("azure-data-tables")
+
+
+def _version_problem() -> str | None:
+    try:
+        version = _sdk_version()
+    except importlib.metadata.PackageNotFoundError:
+        return "the installed azure-data-tables version is unknown"
+    match = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)", version)  # a pre-release is not verified
+    low, high = SUPPORTED_SDK
+    if match is None or not low <= tuple(map(int, match.groups())) < high:
+        return (f"azure-data-tables {version} is outside the range the codec supports "
+                f"(>={'.'.join(map(str, low))},<{'.'.join(map(str, high))})")
+    return None
+
+
+def _import_internals() -> _Internals:
+    """The SDK's private parts, or ImportError / AttributeError / TypeError when they moved or
+    their signatures changed."""
+    from azure.data.tables import _error, _table_batch
+
+    internals = _Internals(_table_batch.TableBatchOperations, _error._decode_error,
+                           _error.RequestTooLargeError, _error._validate_tablename_error)
+    inspect.signature(internals.batch_operations).bind(
+        config=None, endpoint="", table_name="", is_cosmos_endpoint=False)
+    inspect.signature(internals.decode_error).bind(None, error_message="", error_type=TableTransactionError)
+    inspect.signature(internals.validate_table_name).bind(None, "")
+    if not issubclass(internals.too_large, HttpResponseError):  # pyright: ignore[reportUnnecessaryIsInstance] - a runtime check of the SDK
+        raise TypeError("RequestTooLargeError is no HttpResponseError")
+    return internals
+
+
+#: A transaction of every kind the stores send, built (never sent) to check the internals.
+_PROBE = [("create", {"PartitionKey": "p", "RowKey": "a", "n": 1}),
+          ("upsert", {"PartitionKey": "p", "RowKey": "b"}, {"mode": UpdateMode.REPLACE}),
+          ("update", {"PartitionKey": "p", "RowKey": "c"},
+           {"mode": UpdateMode.REPLACE, "etag": 'W/"1"', "match_condition": MatchConditions.IfNotModified}),
+          ("delete", {"PartitionKey": "p", "RowKey": "d"},
+           {"etag": 'W/"1"', "match_condition": MatchConditions.IfNotModified})]
+
+
+class CodecGuard:
+    """Decides once per client type, at first use, whether the lean codec can run; the
+    reason it cannot is logged once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._internals: _Internals | None = None
+        self._problems: dict[type, str | None] = {}
+        self._logged: set[str] = set()
+
+    def internals(self) -> _Internals:
+        if self._internals is None:
+            self._internals = _import_internals()
+        return self._internals
+
+    def problem(self, client: Any) -> str | None:
+        """Why the lean codec cannot serve `client` (None: it can)."""
+        kind: type = type(client)
+        if kind not in self._problems:
+            with self._lock:
+                if kind not in self._problems:
+                    self._problems[kind] = problem = self._check(client)
+                    if problem is not None and problem not in self._logged:
+                        self._logged.add(problem)
+                        logger.warning("Table transactions go through the SDK's submit_transaction,"
+                                       " not the lean $batch codec: %s", problem)
+        return self._problems[kind]
+
+    def _check(self, client: Any) -> str | None:
+        problem = _version_problem()
+        if problem is not None:
+            return problem
+        try:
+            self.internals()
+        except (ImportError, AttributeError, TypeError) as error:
+            return f"an SDK internal it needs is missing or changed ({type(error).__name__}: {error})"
+        try:
+            request = transaction_request(client, _PROBE)
+            if not isinstance(request.content, bytes) or not callable(client._client.send_request):
+                raise TypeError("the $batch request or the pipeline's send_request changed")
+        except (AttributeError, TypeError, ValueError, KeyError) as error:
+            return f"the SDK's client internals changed ({type(error).__name__}: {error})"
+        return None
+
+
+_GUARD = CodecGuard()
+
+
+def codec_problem(client: Any) -> str | None:
+    """Why transactions of `client` would fall back to the SDK's path (None: the lean codec
+    serves them)."""
+    return _GUARD.problem(client)
+
+
 def transaction_request(client: Any, operations: Iterable[tuple[Any, ...]]) -> HttpRequest:
     """The `$batch` request of `operations` (as `submit_transaction` takes them) for a
     sync or async `TableClient`."""
-    batch = TableBatchOperations(
+    batch = _GUARD.internals().batch_operations(
         config=client._client._config, endpoint=f"{client.scheme}://{client._primary_hostname}",
         table_name=client.table_name, is_cosmos_endpoint=client._cosmos_endpoint)
     for operation in operations:
@@ -59,15 +183,21 @@ def transaction_request(client: Any, operations: Iterable[tuple[Any, ...]]) -> H
         headers={"x-ms-version": client.api_version, "DataServiceVersion": "3.0",
                  "MaxDataServiceVersion": "3.0;NetFx", "Accept": "application/json",
                  "Content-Type": f"multipart/mixed; boundary={boundary}"},
-        content=encode_changeset(batch.requests, boundary=boundary, changeset=changeset))
+        content=encode_changeset(batch.requests, boundary=boundary, changeset=changeset,
+                                 date=format_date_time(time.time())))
 
 
-def encode_changeset(requests: Iterable[HttpRequest], *, boundary: str, changeset: str) -> bytes:
-    """A batch body holding one changeset with `requests` as `application/http` parts."""
+def encode_changeset(requests: Iterable[HttpRequest], *, boundary: str, changeset: str,
+                     date: str | None = None) -> bytes:
+    """A batch body holding one changeset with `requests` as `application/http` parts.
+
+    `date` goes in each part's `x-ms-date` and `Date`, as the SDK's part policy
+    (StorageHeadersPolicy) sets them."""
+    dated = f"x-ms-date: {date}\r\nDate: {date}\r\n" if date else ""
     out = [f"--{boundary}\r\nContent-Type: multipart/mixed; boundary={changeset}\r\n\r\n".encode()]
     for index, request in enumerate(requests):
         body = request.content or b""
-        head = "".join(f"{name}: {value}\r\n" for name, value in request.headers.items())
+        head = "".join(f"{name}: {value}\r\n" for name, value in request.headers.items()) + dated
         out += [f"--{changeset}\r\nContent-Type: application/http\r\n"
                 f"Content-Transfer-Encoding: binary\r\nContent-ID: {index}\r\n\r\n"
                 f"{request.method} {request.url} HTTP/1.1\r\n{head}\r\n".encode(),
@@ -76,22 +206,34 @@ def encode_changeset(requests: Iterable[HttpRequest], *, boundary: str, changese
     return b"".join(out)
 
 
-def transaction_result(response: Any) -> list[dict[str, str]]:
+def transaction_result(response: Any, *, table_name: str | None = None) -> list[dict[str, str]]:
     """Each operation's metadata (`{"etag": ...}`) from a read `$batch` response; raises
-    the SDK's error for a failed request or a failed operation."""
+    the SDK's error for a failed request or a failed operation, and, as the SDK does, a
+    ValueError naming the rule when the service refused `table_name`."""
+    internals = _GUARD.internals()
+    too_large = {"error_message": "The transaction request was too large",
+                 "error_type": internals.too_large}
     if response.status_code == 413:
-        raise _decode_error(response, error_message="The transaction request was too large",
-                            error_type=RequestTooLargeError)
+        raise internals.decode_error(response, **too_large)
     if response.status_code != 202:
-        raise _decode_error(response)
+        _raise_checked(internals.decode_error(response), table_name)
     try:
         parts = decode_changeset(response.content, response.headers.get("Content-Type", ""))
     except ValueError as error:
         raise DecodeError(f"unreadable $batch response: {error}", response=response) from error
     for status, _, body in parts:
+        if status == 413:
+            raise internals.decode_error(response, **too_large)
         if not 200 <= status < 300:
-            raise operation_error(status, body)
+            _raise_checked(operation_error(status, body), table_name)
     return [{"etag": headers["etag"]} if "etag" in headers else {} for _, headers, _ in parts]
+
+
+def _raise_checked(error: HttpResponseError, table_name: str | None) -> None:
+    """Raise `error`, or the SDK's ValueError when it says the table name breaks a rule."""
+    if table_name is not None:
+        _GUARD.internals().validate_table_name(error, table_name)
+    raise error
 
 
 def operation_error(status: int, body: bytes) -> TableTransactionError:
@@ -105,7 +247,7 @@ def operation_error(status: int, body: bytes) -> TableTransactionError:
         pass
     failure = TableTransactionError(message=f"{message}\nErrorCode:{code}" if code else message)
     failure.status_code = status
-    failure.error_code = code  # pyright: ignore[reportAttributeAccessIssue] - set by the SDK's decoder too
+    failure.error_code = code  # pyright: ignore[reportAttributeAccessIssue] - the SDK's decoder sets it too
     return failure
 
 
@@ -160,17 +302,30 @@ def _response(payload: bytes) -> tuple[int, dict[str, str], bytes]:
     return int(status_line.group(1)), *_head(rest)
 
 
-def submit_transaction(client: Any, operations: Iterable[tuple[Any, ...]]) -> list[dict[str, str]]:
-    """`TableClient.submit_transaction` with the lean codec."""
+def _lean(client: Any, codec: Codec) -> bool:
+    if codec not in CODECS:
+        raise ValueError(f"codec={codec!r} must be one of {CODECS}")
+    return codec == "lean" and _GUARD.problem(client) is None
+
+
+def submit_transaction(client: Any, operations: Iterable[tuple[Any, ...]], *,
+                       codec: Codec = "lean") -> list[Any]:
+    """`TableClient.submit_transaction` with the lean codec (the SDK's own when `codec` is
+    "sdk" or the codec cannot run on this SDK)."""
+    if not _lean(client, codec):
+        return list(client.submit_transaction(operations))
     response = client._client.send_request(transaction_request(client, operations), stream=True)
     response.read()
-    return transaction_result(response)
+    return transaction_result(response, table_name=client.table_name)
 
 
-async def submit_transaction_async(client: Any, operations: Iterable[tuple[Any, ...]]
-                                   ) -> list[dict[str, str]]:
-    """`azure.data.tables.aio.TableClient.submit_transaction` with the lean codec."""
+async def submit_transaction_async(client: Any, operations: Iterable[tuple[Any, ...]], *,
+                                   codec: Codec = "lean") -> list[Any]:
+    """`azure.data.tables.aio.TableClient.submit_transaction` with the lean codec (or the
+    SDK's own, as for `submit_transaction`)."""
+    if not _lean(client, codec):
+        return list(await client.submit_transaction(operations))
     response = await client._client.send_request(transaction_request(client, operations),
                                                  stream=True)
     await response.read()
-    return transaction_result(response)
+    return transaction_result(response, table_name=client.table_name)

@@ -14,6 +14,7 @@ from azure.cosmos import PartitionKey
 
 from benchmarks.counting import RequestCounter, counted_cosmos_client, counted_table_store
 from benchmarks.harness import Endpoints, run_benchmark
+from benchmarks.hash_cost import measure, payment_contents
 from benchmarks.latency import LatencySizes, Probe, RttNotVerifiedError, check_probes, run_latency
 from benchmarks.latency_report import app_shape
 from benchmarks.latency_report import markdown as latency_markdown
@@ -175,6 +176,12 @@ def test_latency_mode_request_counts_are_exact(latency, backend):
     limit, first = result("no-dedup-grouped")  # one read + one write per account per batch
     assert first == [2 * a for a in accounts]
     assert limit.replay_requests == 2 * last_accounts
+    # Remembered etags, no dedup: one balance write per account + the mark write, no reads
+    # (accounts are new, so created); after a restart nothing is remembered, so each write of
+    # the replay is a create that finds the item (409), a read and the replace: 3 per item.
+    remembered, first = result("no-dedup-etags")
+    assert first == [a + 1 for a in accounts]
+    assert remembered.replay_requests - remembered.replay_retried == 3 * (last_accounts + 1)
     # The app (async, and the sync service): one transaction per account + the mark write, plus
     # a read of the mark on the partition's first batch and of each balance it did not write
     # yet (the instance remembers both); after a restart, a replayed batch reads the mark only.
@@ -195,17 +202,47 @@ def test_latency_mode_request_counts_are_exact(latency, backend):
 
 
 def test_latency_mode_report_and_outputs(latency, tmp_path):
-    assert [r.events for r in rows_latency(latency)] == [LATENCY_SIZES.events] * 12
+    assert [r.events for r in rows_latency(latency)] == [LATENCY_SIZES.events] * 14
     written = write_latency_outputs(latency, tmp_path)
     text = written["markdown"].read_text()
     assert text == latency_markdown(latency)
     assert "| Backend | Accounts | RTT ms (measured) |" in text
     assert json.loads(written["json"].read_text())["probes"]
+    assert "Request hash CPU per event" in text
+    assert json.loads(written["json"].read_text())["hash_cost"]["events"] == LATENCY_SIZES.events
     replay = {(t.text, t.backend): t.met for t in latency_targets(latency) if "replayed" in t.text}
     assert replay and all(replay.values())
+    # Issue 20's targets are reported for each backend against the remembered-etags variant.
+    etags = [t for t in latency_targets(latency) if "remembered-etags" in t.text]
+    assert sorted({t.backend for t in etags}) == ["cosmos", "table"] and len(etags) == 4
+    assert "| No dedup, remembered etags, ev/s |" in text
 
 
 def test_an_rtt_that_did_not_show_up_in_point_reads_stops_the_run():
     check_probes([Probe("cosmos", 5.0, direct_ms=1.2, relayed_ms=4.0, reads=5)])  # 2.8 ms: fine
     with pytest.raises(RttNotVerifiedError, match="endpoint discovery"):
         check_probes([Probe("cosmos", 5.0, direct_ms=1.2, relayed_ms=1.3, reads=5)])
+
+
+def test_hash_cost_times_both_forms_over_the_workloads_payment_contents():
+    contents = payment_contents(events=40, seed=3)
+    assert len(contents) == 40 and set(contents[0]) == {"type", "accountId", "amountCents"}
+    cost = measure(contents, rounds=3)
+    assert (cost.events, cost.rounds) == (40, 3)
+    assert 0 < cost.new_us <= cost.new_median_us and 0 < cost.old_us <= cost.old_median_us
+    assert f"{cost.new_us:.2f} µs canonical" in cost.note()
+    with pytest.raises(ValueError, match="no payloads"):
+        measure([])
+
+
+# -- cost table (issue 20): the formulas the README's figures come from ------------------------
+def test_cost_formulas_follow_the_published_figures():
+    from benchmarks.cost import RU_WRITE_1KB_DEFAULT, table_entity_bytes, write_ru
+
+    # default policy: the published 1 KB write charge; a point policy can only be cheaper
+    assert write_ru(600, properties=15, indexed=None) == (RU_WRITE_1KB_DEFAULT, RU_WRITE_1KB_DEFAULT)
+    low, high = write_ru(600, properties=15, indexed=4)
+    assert low < high < RU_WRITE_1KB_DEFAULT
+    assert write_ru(1536, properties=15, indexed=None)[0] > RU_WRITE_1KB_DEFAULT
+    # 4 + 2*1 + 2*1 + (8 + 2*1 + 2*2+4) + (8 + 2*1 + 8)
+    assert table_entity_bytes({"PartitionKey": "p", "RowKey": "r", "s": "ab", "f": 1.5}) == 8 + 18 + 18

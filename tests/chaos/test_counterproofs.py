@@ -15,7 +15,7 @@ def test_dedup_off_reports_double_effects_and_the_demo_exits_non_zero(seed, tmp_
     report = tmp_path / "report.json"
     code = demo_main(["--backend", "table", "--messages", "300", "--events", "300", "--seed",
                       str(seed), "--dedup-off", "--api-ignores-idempotency-key", "--serial",
-                      "--no-progress", "--json", str(report)])
+                      "--no-progress", "--json", str(report), "--report-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 1, out
     summary = json.loads(report.read_text())["backends"]["table"]
@@ -53,7 +53,7 @@ def test_transient_failures_read_as_permanent_leave_valid_messages_not_effected(
     report = tmp_path / "report.json"
     code = demo_main(["--backend", "table", "--messages", "300", "--events", "300", "--seed",
                       str(seed), "--fault-rate", "0.1", "--transient-as-permanent", "--serial",
-                      "--no-progress", "--json", str(report)])
+                      "--no-progress", "--json", str(report), "--report-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 1, out
     summary = json.loads(report.read_text())["backends"]["table"]

@@ -9,6 +9,7 @@ answers 400 with a problem+json title.
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 
@@ -34,6 +35,13 @@ SOURCE = "/payments/hostile"
 def _event(event_id: str, data: bytes) -> bytes:
     return (b'{"specversion":"1.0","id":"' + event_id.encode() + b'","source":"' + SOURCE.encode()
             + b'","type":"payment.credit","data":' + data + b"}")
+
+
+def _event_base64(event_id: str, data: bytes) -> bytes:
+    """The same event with its data as `data_base64`: decoded, then the same bounded decoder."""
+    return json.dumps({"specversion": "1.0", "id": event_id, "source": SOURCE, "type": "payment.credit",
+                       "datacontenttype": "application/json",
+                       "data_base64": base64.b64encode(data).decode()}).encode()
 
 
 HOSTILE_OBJECTS = [  # (JSON text of a field value, expected reason)
@@ -70,6 +78,8 @@ def _balance(services, account: str) -> int | None:
 
 @pytest.mark.parametrize(("body", "properties", "reason"), [
     *[(_event("e", b'{"accountId":"a","amountCents":' + value + b"}"), None, reason)
+      for value, reason in HOSTILE_OBJECTS],
+    *[(_event_base64("e", b'{"accountId":"a","amountCents":' + value + b"}"), None, reason)
       for value, reason in HOSTILE_OBJECTS],
     (_event("e", b'{"accountId":"\\ud800","amountCents":5}'), None, "InvalidText"),
     (_event("e", b'{"accountId":"a","amountCents":9007199254740993}'), None, "NumberOutOfRange"),

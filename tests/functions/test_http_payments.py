@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 
 import azure.functions as func
+import pytest
 
 from domain.payments import ACCOUNT_DOCUMENT
 from shared import DedupKey, request_hash, store_safe_id
@@ -58,3 +60,109 @@ def test_missing_or_oversized_key_and_bad_bodies_are_400(services):
     assert post(payment("a"), "k" * 300).status_code == 400
     assert post(b"{nope", str(uuid.uuid4())).status_code == 400
     assert post({"type": "payment.credit", "accountId": "a"}, str(uuid.uuid4())).status_code == 400
+
+
+# -- Keys are scoped per caller ---------------------------------------------------------------
+def post_as(body: dict, key: str, caller: dict[str, str]) -> func.HttpResponse:
+    headers = {"Content-Type": "application/json", "Idempotency-Key": key, **caller}
+    request = func.HttpRequest("POST", "/api/payments", headers=headers,
+                               body=json.dumps(body).encode())
+    return function("http_payments")(req=request)
+
+
+def easy_auth(object_id: str) -> dict[str, str]:
+    """The headers App Service authentication sets for an Entra ID caller."""
+    return {"X-MS-CLIENT-PRINCIPAL-IDP": "aad", "X-MS-CLIENT-PRINCIPAL-ID": object_id}
+
+
+def principal(object_id: str) -> dict[str, str]:
+    """Only the base64 JSON principal (as the platform encodes it)."""
+    claims = [{"typ": "http://schemas.microsoft.com/identity/claims/objectidentifier",
+               "val": object_id}, {"typ": "name", "val": "someone"}]
+    encoded = base64.b64encode(json.dumps({"auth_typ": "aad", "claims": claims,
+                                           "name_typ": "name", "role_typ": "roles"}).encode())
+    return {"X-MS-CLIENT-PRINCIPAL": encoded.decode()}
+
+
+def balance_of(services, account: str) -> int:
+    document = services.stores["ledger"].read_document(store_safe_id(account), ACCOUNT_DOCUMENT)
+    return 0 if document is None else int(document.body["balanceCents"])
+
+
+@pytest.mark.parametrize("identify", [easy_auth, principal], ids=["principal-id", "principal-json"])
+def test_another_callers_key_is_a_new_key_for_this_caller(services, identify):
+    """B sending A's key gets B's own outcome: with A's body, B's own payment (201, B's
+    balance); with another body, B's payment too (not 422: B learns nothing of A's key)."""
+    alice, bob = f"acct-a-{uuid.uuid4().hex[:6]}", f"acct-b-{uuid.uuid4().hex[:6]}"
+    key = str(uuid.uuid4())
+    a = post_as(payment(alice, 700), key, identify("oid-alice"))
+    assert a.status_code == 201 and json.loads(a.get_body())["balanceCents"] == 700
+
+    same_body = post_as(payment(alice, 700), key, identify("oid-bob"))
+    assert same_body.status_code == 201 and "Idempotent-Replayed" not in same_body.headers
+    assert json.loads(same_body.get_body())["balanceCents"] == 1400  # B's payment, applied
+    other_body = post_as(payment(bob, 50), key, identify("oid-carol"))
+    assert other_body.status_code == 201
+    assert json.loads(other_body.get_body()) == {"accountId": bob, "amountCents": 50,
+                                                 "balanceCents": 50, "idempotencyKey": key}
+    assert (balance_of(services, alice), balance_of(services, bob)) == (1400, 50)
+
+    # Each caller's retry still replays its own stored response, and only its own.
+    again = post_as(payment(alice, 700), key, identify("oid-alice"))
+    assert again.status_code == 201 and again.headers["Idempotent-Replayed"] == "true"
+    assert json.loads(again.get_body()) == json.loads(a.get_body())
+    carol = post_as(payment(bob, 50), key, identify("oid-carol"))
+    assert carol.headers["Idempotent-Replayed"] == "true"
+    assert json.loads(carol.get_body()) == json.loads(other_body.get_body())
+    assert post_as(payment(bob, 999), key, identify("oid-carol")).status_code == 422  # own key
+    # Unidentified callers (function keys only) share a scope of their own: A's key is new there.
+    anonymous = post(payment(alice, 1), key)
+    assert anonymous.status_code == 201 and "Idempotent-Replayed" not in anonymous.headers
+    assert balance_of(services, alice) == 1401
+
+
+def test_the_same_id_from_two_identity_providers_is_two_callers(services):
+    account, key = f"acct-{uuid.uuid4().hex[:6]}", str(uuid.uuid4())
+    post_as(payment(account), key, {"X-MS-CLIENT-PRINCIPAL-IDP": "aad", "X-MS-CLIENT-PRINCIPAL-ID": "42"})
+    other = post_as(payment(account), key, {"X-MS-CLIENT-PRINCIPAL-IDP": "github",
+                                            "X-MS-CLIENT-PRINCIPAL-ID": "42"})
+    assert other.status_code == 201 and "Idempotent-Replayed" not in other.headers
+    assert balance_of(services, account) == 500
+
+
+def test_a_configured_caller_header_scopes_keys_and_wins_over_the_front_ends_identity(
+        services_for, backend):
+    """API Management authenticates callers, calls the app with one identity of its own and
+    names the caller in a header it sets (HTTP_CALLER_HEADER)."""
+    services = services_for(backend, HTTP_CALLER_HEADER="X-Caller-Id")
+    account, key = f"acct-{uuid.uuid4().hex[:6]}", str(uuid.uuid4())
+    front_end = easy_auth("oid-of-api-management")
+    first = post_as(payment(account), key, {**front_end, "x-caller-id": "subscription-1"})
+    second = post_as(payment(account), key, {**front_end, "X-Caller-Id": "subscription-2"})
+    assert first.status_code == second.status_code == 201
+    assert "Idempotent-Replayed" not in second.headers and balance_of(services, account) == 500
+    replay = post_as(payment(account), key, {**front_end, "X-Caller-Id": "subscription-1"})
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    assert json.loads(replay.get_body()) == json.loads(first.get_body())
+
+
+def test_unreadable_identity_headers_and_control_characters_are_400(services):
+    key = str(uuid.uuid4())
+    for bad in ({"X-MS-CLIENT-PRINCIPAL": "not base64!"},
+                {"X-MS-CLIENT-PRINCIPAL": base64.b64encode(b'{"claims": []}').decode()},
+                {"X-MS-CLIENT-PRINCIPAL-ID": "x" * 2000}):
+        response = post_as(payment("acct-x"), key, bad)
+        assert response.status_code == 400, bad
+        assert json.loads(response.get_body())["title"] == "Unreadable caller identity"
+    assert post(payment("acct-x"), "a\x1fb").status_code == 400
+    assert balance_of(services, "acct-x") == 0
+
+
+def test_the_caller_header_setting_must_be_a_header_name(stack):
+    from functions.settings import SettingsError
+    from tests.functions.conftest import settings_for
+
+    for bad in ("X Caller", "Idempotency-Key", "a:b"):
+        with pytest.raises(SettingsError, match="HTTP_CALLER_HEADER"):
+            settings_for(stack, "table", HTTP_CALLER_HEADER=bad)
+    assert settings_for(stack, "table", HTTP_CALLER_HEADER=" X-Caller ").http_caller_header == "X-Caller"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 
 from azure.functions import meta
 from azure.functions.timer import TimerRequestConverter
@@ -33,3 +34,11 @@ def test_timer_purges_expired_records_and_parks_abandoned_claims(services, clock
     assert closed.state.value == "completed" and closed.result == {"parked": "StaleInProgress"}
     assert parked_body(services.parking, "audit", stuck_key.key)["reason"] == "StaleInProgress"
     assert not list(idem.store.iter_records(in_progress_before=clock()))
+
+
+def test_a_timer_run_is_bounded_well_inside_the_function_timeout(services):
+    """A run that outlived host.json's functionTimeout would be killed mid-page, every time:
+    the sweep's budget is at most half of it, and an unfinished scan resumes next run."""
+    host = json.loads((Path(__file__).parents[2] / "host.json").read_text())
+    hours, minutes, seconds = map(int, host["functionTimeout"].split(":"))
+    assert 0 < services.maintenance.budget_seconds <= (hours * 3600 + minutes * 60 + seconds) / 2

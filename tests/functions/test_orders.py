@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import uuid
@@ -13,6 +14,7 @@ from azure.cosmos import CosmosClient, PartitionKey
 from local_stack import COSMOS_LOCAL_KEY, free_port
 from local_stack.servers import cosmos_server
 from shared import CosmosIdempotencyStore, TableIdempotencyStore, store_safe_id
+from shared.stores.cosmos_indexing import record_indexing_policy
 from simulator.host_inputs import RecordingActions, SentMessage, service_bus_message
 from tests.functions.conftest import function
 
@@ -107,7 +109,7 @@ def dead_store(backend: str):
     client = CosmosClient(f"https://127.0.0.1:{server.port}/", COSMOS_LOCAL_KEY,
                           connection_verify=False, retry_total=0)
     container = client.create_database_if_not_exists("d").create_container_if_not_exists(
-        "orders", PartitionKey("/orderId"))
+        "orders", PartitionKey("/orderId"), indexing_policy=record_indexing_policy("/orderId"))
     server.stop()
     return CosmosIdempotencyStore.from_container(container, "/orderId")
 
@@ -170,3 +172,38 @@ def test_a_broker_outage_after_the_commit_retries_and_the_redelivery_sends_it_on
     assert [m.destination for m in services.dispatcher.sent] == [services.settings.notifications_topic]
     assert deliver(order(order_id), order_id, delivery_count=3) == ("complete", None, None)
     assert len(services.dispatcher.sent) == 1  # nothing pending: not sent again
+def _previous_request_hash(payload) -> str:
+    """What the previous release stored: SHA-256 of json.dumps with sorted keys (1 != 1.0)."""
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_a_retry_reserialised_by_another_runtime_is_a_duplicate_not_a_conflict(services):
+    """JavaScript writes 10, Python 10.0 and a gateway 1e1: one order, not a reused id."""
+    order_id = new_id()
+    first = {**order(order_id), "lines": [{"sku": "SKU-0", "quantity": 2, "unitPrice": 10}]}
+    assert deliver(first, order_id) == ("complete", None, None)
+    before = services.stores["orders"].read_document(order_id, order_id)
+    for price in (b"10.0", b"1e1", b"10.000"):
+        raw = json.dumps({**first, "lines": [{"unitPrice": 0, "quantity": 2, "sku": "SKU-0"}]},
+                         indent=2).encode().replace(b'"unitPrice": 0', b'"unitPrice": ' + price)
+        assert deliver(raw, order_id, delivery_count=2) == ("complete", None, None), price
+    assert services.stores["orders"].read_document(order_id, order_id).etag == before.etag
+
+
+def test_an_order_stored_with_the_previous_hash_form_is_still_a_duplicate(services, monkeypatch):
+    """Order documents are markers that never expire, so hashes the previous release stored
+    stay in the store; its redelivery is a duplicate, other content under its id a conflict."""
+    order_id = new_id()
+    monkeypatch.setattr("domain.orders.request_hash", lambda fields: _previous_request_hash(fields))
+    assert deliver(order(order_id), order_id) == ("complete", None, None)
+    monkeypatch.undo()
+    before = services.stores["orders"].read_document(order_id, order_id)
+    assert before.body["idemRequestHash"].startswith("sha256:")  # the previous form, as stored
+    assert deliver(order(order_id), order_id, delivery_count=2) == ("complete", None, None)
+    after = services.stores["orders"].read_document(order_id, order_id)
+    assert after.etag == before.etag and after.body["idemRequestHash"] == before.body["idemRequestHash"]
+    action, reason, description = deliver(order(order_id, qty=5), order_id)
+    assert (action, reason) == ("deadletter", "IdempotencyKeyConflict")
+    assert description is not None
+    assert before.body["idemRequestHash"] in description and "jcs:sha256:" in description

@@ -41,6 +41,7 @@ LOG_EVENTS = {
     "parked": "EventParked",
     "deadLettered": "MessageDeadLettered",
     "duplicate": "DuplicateDetected",
+    "sequenceReset": "SequenceReset",
 }
 # Settings every deployed app gets (the brief's contract), beyond the connections.
 CONTRACT_SETTINGS = {
@@ -73,8 +74,8 @@ IDENTITY_CONNECTIONS = {
 # Read only when running locally against emulators; never deployed (no keys in Azure).
 LOCAL_ONLY_SETTINGS = {"COSMOS_KEY", "TABLE_CONNECTION_STRING"}
 # Deployed only; a local run uses the local alternative or does without.
-AZURE_ONLY_SETTINGS = {"TABLE_ENDPOINT", "AZURE_CLIENT_ID", "APPLICATIONINSIGHTS_CONNECTION_STRING",
-                       "APPLICATIONINSIGHTS_AUTHENTICATION_STRING"}
+AZURE_ONLY_SETTINGS = {"TABLE_ENDPOINT", "AZURE_CLIENT_ID", "AZURE_TOKEN_CREDENTIALS",
+                       "APPLICATIONINSIGHTS_CONNECTION_STRING", "APPLICATIONINSIGHTS_AUTHENTICATION_STRING"}
 
 ROLE = {
     "storageBlobDataOwner": "b7e6dc6d-f1e8-4753-8033-0f276bb0955b",

@@ -2,9 +2,11 @@
 events of its window, and says what it watches; the dead-letter metric alert never goes quiet
 while a dead-letter queue holds messages.
 
-The table is checked against the real exporter: the app's own telemetry calls are run through
-azure-monitor-opentelemetry's log exporter conversion, which decides the Application Insights
-item type (MessageData = `traces`) and its customDimensions.
+The tables are checked against the real exporter: the app's own telemetry calls are run through
+azure-monitor-opentelemetry's log and metric exporter conversions, which decide the Application
+Insights item type (MessageData = `traces`, MetricData = `customMetrics`), its name and its
+customDimensions. The event rules read `traces`; the duplicate spike rule reads the
+`dedup.messages` metric, since duplicates are no longer one log record each.
 """
 
 from __future__ import annotations
@@ -42,8 +44,10 @@ EVENT_RULES = {
     "parked": ("parkedAlert", ("parked", "payments", "notifications")),
     "deadLettered": ("deadLetteredAlert", ("dead-lettered",)),
     "duplicate": ("duplicateSpikeAlert", ("duplicate", "spike")),
+    "sequenceReset": ("sequenceResetAlert", ("sequence", "event hub", "restarted")),
 }
-NEW_EVENT_RULES = ("keyConflict", "parked", "deadLettered")
+NEW_EVENT_RULES = ("keyConflict", "parked", "deadLettered", "sequenceReset")
+MESSAGES_METRIC = "dedup.messages"
 APP_CODE_DIRS = ("shared", "domain", "functions")
 
 
@@ -84,6 +88,7 @@ def test_event_names_match_the_app_telemetry():
     assert LOG_EVENTS["duplicate"] == telemetry.EVENT_DUPLICATE
     dead_lettered = getattr(telemetry, "EVENT_DEAD_LETTERED", LOG_EVENTS["deadLettered"])
     assert dead_lettered == LOG_EVENTS["deadLettered"]
+    assert LOG_EVENTS["sequenceReset"] == telemetry.EVENT_SEQUENCE_RESET
 
 
 def test_the_app_emits_every_watched_event():
@@ -123,13 +128,14 @@ def test_app_records_land_in_traces_with_the_event_dimension(exported):
     from shared.records import Outcome, OutcomeStatus
     from shared.telemetry import Telemetry
 
-    telemetry = Telemetry()
+    telemetry = Telemetry(log_duplicates=True)  # DuplicateDetected is a record only then
     key = DedupKey("orders", "order-1")
     telemetry.outcome(Outcome(OutcomeStatus.CONFLICT, key, "hash-b"), latency=0.001, backend="cosmos")
     telemetry.outcome(Outcome(OutcomeStatus.DUPLICATE, key, "hash-a"), latency=0.001, backend="cosmos")
     telemetry.parked(consumer="payments", reason="MaxAttempts")
     telemetry.parked(consumer="notify", reason="OutcomeUnknown")
     telemetry.parked(consumer="orders", reason="StoreRejected", event=LOG_EVENTS["deadLettered"])
+    telemetry.sequence_reset(consumer="payments", partition_id="0", mark=5099, first=0)
 
     envelopes = exported()
     by_event = {}
@@ -143,6 +149,48 @@ def test_app_records_land_in_traces_with_the_event_dimension(exported):
     for event in (LOG_EVENTS["parked"], LOG_EVENTS["deadLettered"]):
         assert all(p.get("reason") for p in by_event[event]), "the reason dimension would be empty"
     assert all(p.get("consumer") for props in by_event.values() for p in props)
+
+
+def test_duplicates_land_in_custom_metrics_with_the_outcome_dimension():
+    """One MetricData item (`customMetrics`) per attribute set and interval, whatever the number of
+    messages: `name` is the metric, the value the interval's count, the attributes customDimensions."""
+    from azure.monitor.opentelemetry.exporter.export.metrics._exporter import (
+        APPLICATION_INSIGHTS_METRIC_TEMPORALITIES,
+        _convert_point_to_envelope,
+    )
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from shared.keys import DedupKey
+    from shared.records import Outcome, OutcomeStatus
+    from shared.telemetry import METRIC_MESSAGES, Telemetry
+
+    reader = InMemoryMetricReader(preferred_temporality=APPLICATION_INSIGHTS_METRIC_TEMPORALITIES)
+    provider = MeterProvider(metric_readers=[reader])
+    telemetry = Telemetry(meter_provider=provider)
+    key = DedupKey("orders", "order-1")
+    for delivery_count in (2, 2, 2, 1):
+        telemetry.outcome(Outcome(OutcomeStatus.DUPLICATE, key, "hash-a"), latency=0.001,
+                          backend="cosmos", context={"delivery_count": delivery_count})
+    telemetry.outcome(Outcome(OutcomeStatus.PROCESSED, key, "hash-a"), latency=0.001, backend="cosmos")
+    envelopes = []
+    for resource in reader.get_metrics_data().resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                for point in metric.data.data_points:
+                    envelopes.append(_convert_point_to_envelope(point, metric.name, resource.resource,
+                                                                scope.scope))
+    provider.shutdown()
+    assert METRIC_MESSAGES == MESSAGES_METRIC
+    rows = []
+    for envelope in envelopes:
+        assert envelope.data.base_type == "MetricData"
+        (point,) = envelope.data.base_data.metrics
+        if point.name == MESSAGES_METRIC:
+            rows.append((envelope.data.base_data.properties, point.value))
+    duplicates = {props["cause"]: value for props, value in rows if props["outcome"] == "duplicate"}
+    assert duplicates == {"redelivery": 3, "producer_retry": 1}
+    assert all(props["consumer"] == "orders" for props, _ in rows)
 
 
 # --- The log alerts ------------------------------------------------------------------------------
@@ -163,7 +211,8 @@ def test_the_outbox_pending_rule_watches_the_oldest_pending_age_gauge():
 def test_each_event_has_one_rule_reading_only_traces():
     rules = {symbol: rule for symbol, rule in _query_rules().items() if symbol not in METRIC_RULES}
     assert set(rules) == {symbol for symbol, _ in EVENT_RULES.values()}
-    for name, (symbol, _) in EVENT_RULES.items():
+    for name in NEW_EVENT_RULES:
+        symbol, _ = EVENT_RULES[name]
         rule, query, criterion = rules[symbol]
         assert _tables(query) == {"traces"}, f"{symbol} reads {_tables(query)}"
         assert "union" not in query, symbol
@@ -217,7 +266,7 @@ def test_rule_names_say_what_they_watch(name):
     display = evaluate(rule["properties"]["displayName"], scope)
     name_text = evaluate(rule["name"], {**scope, "namePrefix": "x"})
     text = f"{display} {rule['properties']['description']} {name_text}"
-    assert LOG_EVENTS[name] in display
+    assert (MESSAGES_METRIC if name == "duplicate" else LOG_EVENTS[name]) in display
     for word in words:
         assert word.lower() in text.lower(), f"{symbol} does not say it watches {word}"
 
@@ -230,10 +279,26 @@ def test_parked_rule_is_not_about_payments_only():
         assert consumer in rule["properties"]["description"]
 
 
+def test_duplicate_spike_reads_the_messages_metric_not_per_message_logs():
+    rule, query, criterion = _query_rules()["duplicateSpikeAlert"]
+    assert _tables(query) == {"customMetrics"}, _tables(query)
+    assert f'name == "{MESSAGES_METRIC}"' in query
+    assert 'tostring(customDimensions.outcome) == "duplicate"' in query
+    # A counter row holds the interval's count: sum the values, never count the rows.
+    assert query.count("summarize sum(valueSum)") == 2 and "| count" not in query
+    assert LOG_EVENTS["duplicate"] not in query and "customDimensions.event" not in query
+    assert "${" not in query and query.count("(") == query.count(")") and query.count('"') % 2 == 0
+    assert rule["kind"] == "LogAlert" and rule["properties"]["enabled"] is True
+    assert rule["properties"]["scopes"] == ["applicationInsightsId"]
+    assert (criterion["operator"], criterion["threshold"], criterion["timeAggregation"]) == (
+        "GreaterThan", 0, "Count")
+
+
 def test_duplicate_spike_compares_the_window_with_a_baseline():
     rule, query, _ = _query_rules()["duplicateSpikeAlert"]
-    assert LOG_EVENTS["duplicate"] in query
     assert re.search(r"recentCount >= 20 and recentCount > 3 \* baselineCount", query)
+    assert "timestamp > ago(15m)" in query and "between (ago(1d) .. ago(15m))" in query
+    assert "/ 95.0" in query
     assert rule["properties"]["windowSize"] == "P1D"
     assert rule["properties"]["evaluationFrequency"] == "PT15M"
 

@@ -16,6 +16,7 @@ import domain.payments
 from functions.services import real_stores
 from functions.settings import Settings
 from replay.__main__ import duration, parse_args, run
+from replay.tool import Filters, Options
 from shared.parking import ParkingLot
 
 from .conftest import WINDOW
@@ -137,3 +138,57 @@ def test_the_command_runs_on_app_settings_alone(stack, tmp_path):
     assert discarded.returncode == 0, discarded.stderr
     shown = json.loads(cli("show", "--json", f"parked:payments/{hub}/0/7").stdout)
     assert (shown["state"], shown["resolvedBy"], shown["note"]) == ("discarded", "cli-test", "test event")
+
+
+def test_replay_all_reports_each_item_as_it_completes_with_a_running_tally(
+        make_world, backend, capsys, monkeypatch):
+    w = make_world(backend)
+    big = w.order(1, lines=2)
+    with monkeypatch.context() as patch:
+        patch.setattr(domain.orders, "MAX_LINES", 1)
+        w.send(big)
+        w.drain()
+    first, clash = w.payment(1, amount=250), w.payment(1, amount=999, variant=1, expect="conflict")
+    later = w.payment(2, amount=40)
+    assert w.process_payments([first]).applied == 1
+    assert w.process_payments([clash]).parked == {"IdempotencyKeyConflict": 1}
+    w.stores["ledger"].forbidden = True
+    w.process_payments([later])
+    w.stores["ledger"].forbidden = False
+    w.clock.advance(WINDOW + 5)
+
+    # As it goes: when an item is reported, it is done and the ones after it are not started.
+    tool = w.tool("simulator", operator="alice")
+    seen = []
+
+    def progress(result, done, total):
+        states = [i.state for i in tool.items(Filters(state="all"))]
+        seen.append((result.status, done, total, states.count("replayed")))
+
+    results = tool.replay(filters=Filters(), options=Options(dry_run=False), progress=progress)
+    assert [(s, d, t) for s, d, t, _ in seen] == [(r.status, n, 3) for n, r in enumerate(results, 1)]
+    replayed_so_far = [sum(r.status == "replayed" for r in results[:n]) for n in (1, 2, 3)]
+    assert [found for *_, found in seen] == replayed_so_far
+
+    # The command: one line per item with the tally so far, then the totals.
+    w2 = make_world(backend)
+    for n in (1, 2):
+        w2.stores["ledger"].forbidden = True
+        w2.process_payments([w2.payment(n, amount=10 * n)])
+        w2.stores["ledger"].forbidden = False
+    code, out = command(w2.tool("sdk", operator="bob"), capsys, "replay", "--all")
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 3, out
+    assert lines[0].startswith("[1/2] replayed ") and lines[0].endswith("(1 replayed)")
+    assert lines[1].startswith("[2/2] replayed ") and lines[1].endswith("(2 replayed)")
+    assert lines[2] == "2 replayed"
+
+    # --json: stdout stays one JSON document; the progress lines go to stderr.
+    w3 = make_world(backend)
+    w3.stores["ledger"].forbidden = True
+    w3.process_payments([w3.payment(1, amount=5)])
+    w3.stores["ledger"].forbidden = False
+    code = run(w3.tool("sdk"), parse_args(["replay", "--all", "--json"]))
+    captured = capsys.readouterr()
+    assert code == 0 and [r["status"] for r in json.loads(captured.out)] == ["replayed"]
+    assert captured.err.startswith("[1/1] replayed ") and captured.err.endswith("(1 replayed)\n")

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from replay.stores import document_lister
-from shared.parking import ParkingLot
+from shared.parking import EntryClaimedError, EntryResolvedError, ParkingLot
 
 
 @pytest.fixture
@@ -66,3 +66,73 @@ def test_concurrent_marks_both_land(lot):
 def test_a_lot_without_a_lister_says_so(store):
     with pytest.raises(TypeError, match="lister"):
         ParkingLot(store).entries()
+
+
+def test_a_claim_keeps_others_out_until_it_is_marked_released_or_expired(lot, clock):
+    lot.park(consumer="c", entry_id="e", reason="R", payload="p", alert=False)
+    alice = lot.claim("c", "e", by="alice", lease_seconds=60)
+    assert (alice.claimed_by, alice.claimed_at, alice.claim_expires_at) == ("alice", clock(), clock() + 60)
+    with pytest.raises(EntryClaimedError) as busy:
+        lot.claim("c", "e", by="alice", lease_seconds=60)  # the same person's second run: apart
+    assert busy.value.entry.claimed_by == "alice"
+    assert lot.claim("c", "e", by="alice", lease_seconds=90, token=alice.claim_token).claimed(clock())
+    lot.release("c", "e", "someone-elses-token")  # not this claim: left alone
+    assert lot.entry("c", "e").claimed_by == "alice"
+    lot.release("c", "e", alice.claim_token)
+    bob = lot.claim("c", "e", by="bob", lease_seconds=60)
+    clock.advance(61)  # bob's run died: his claim expires like a lease
+    carol = lot.claim("c", "e", by="carol", lease_seconds=60)
+    assert carol.claimed_by == "carol" and carol.claim_token != bob.claim_token
+    failed = lot.mark("c", "e", action="replay-failed", by="carol", outcome="x", resolved=False,
+                      claim=carol.claim_token)
+    assert not failed.resolved and failed.claimed_by is None  # a mark drops the claim with it
+    with pytest.raises(KeyError):
+        lot.claim("c", "missing", by="x", lease_seconds=1)
+
+
+def test_a_resolved_entry_is_neither_claimed_nor_marked_again(lot):
+    lot.park(consumer="c", entry_id="e", reason="R", payload="p", alert=False)
+    held = lot.claim("c", "e", by="alice", lease_seconds=60)
+    done = lot.mark("c", "e", action="replayed", by="alice", outcome="applied", resolved=True,
+                    claim=held.claim_token)
+    assert done.resolved and done.claim_token is None
+    with pytest.raises(EntryResolvedError) as resolved:
+        lot.claim("c", "e", by="bob", lease_seconds=60)
+    assert (resolved.value.entry.resolved_by, resolved.value.entry.outcome) == ("alice", "applied")
+    with pytest.raises(EntryResolvedError):
+        lot.mark("c", "e", action="replay-failed", by="bob", outcome="message gone", resolved=False)
+    stored = lot.entry("c", "e")
+    assert (stored.resolution, stored.outcome, [s["by"] for s in stored.history]) == (
+        "replayed", "applied", ["alice"])
+
+
+def test_concurrent_claims_one_wins(lot):
+    lot.park(consumer="c", entry_id="e", reason="R", payload="p", alert=False)
+    barrier = threading.Barrier(4)
+    won: list[str] = []
+    lost: list[str] = []
+
+    def claim(who: str) -> None:
+        barrier.wait()
+        try:
+            lot.claim("c", "e", by=who, lease_seconds=60)
+            won.append(who)
+        except EntryClaimedError as error:
+            assert error.entry.claimed_by is not None
+            lost.append(error.entry.claimed_by)
+
+    threads = [threading.Thread(target=claim, args=(who,)) for who in "abcd"]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(won) == 1 and lost == [won[0]] * 3
+    assert lot.entry("c", "e").claimed_by == won[0]
+
+
+def test_park_if_absent_keeps_an_existing_entry_and_its_marks(lot):
+    first = lot.park_if_absent(consumer="c", entry_id="j", reason="R", payload="one")
+    assert first.payload == "one" and not first.resolved
+    lot.mark("c", "j", action="replayed", by="alice", outcome="done", resolved=True)
+    again = lot.park_if_absent(consumer="c", entry_id="j", reason="R", payload="two")
+    assert (again.payload, again.resolved, again.resolved_by) == ("one", True, "alice")

@@ -76,3 +76,21 @@ def test_rebalance_lets_two_instances_process_the_same_events(hub):
     assert owners.take(old, max_batch=4) is None
     owners.finish(overlap, checkpoint=True)
     assert hub.fully_checkpointed()
+
+
+def test_a_failover_restarts_sequence_numbers_with_later_times_and_no_checkpoints(hub):
+    old = fill(hub, 5)
+    pid = old[0].partition_id
+    owners = PartitionOwnership(hub, instances=1)
+    first = owners.take(0, max_batch=10)
+    assert first is not None
+    owners.finish(first, checkpoint=True)
+    hub.fail_over()  # same clock instant: the new hub still stamps its events later
+    owners.restart()
+    new = fill(hub, 3)
+    assert [e.sequence_number for e in new] == [0, 1, 2] and new[0].sent.offset == 0
+    assert {e.incarnation for e in new} == {1} and {e.incarnation for e in old} == {0}
+    assert min(e.sent.enqueued_time for e in new) > max(e.sent.enqueued_time for e in old)
+    assert hub.checkpoints[pid] is None
+    assert [e.sequence_number for e in owners.take(0, max_batch=10).events] == [0, 1, 2]
+    assert len(hub.all_events()) == 8  # the checks still see the first hub's events

@@ -25,6 +25,7 @@ from shared import (
 )
 from shared.flow import AsyncTransaction
 from shared.records import OutcomeStatus, RecordState
+from shared.stores.cosmos_indexing import record_indexing_policy
 
 KEY, DIGEST = DedupKey("notify", "m-1"), request_hash({"text": "hi"})
 
@@ -67,7 +68,8 @@ def open_store(request: pytest.FixtureRequest, async_backend: str) -> Iterator[O
         service.delete_table(name)
         return
     database = request.getfixturevalue("cosmos_database")
-    database.create_container(name, PartitionKey("/pk"), default_ttl=-1)
+    database.create_container(name, PartitionKey("/pk"), default_ttl=-1,
+                              indexing_policy=record_indexing_policy("/pk"))
 
     @contextlib.asynccontextmanager
     async def opened_cosmos() -> AsyncIterator[Any]:

@@ -28,6 +28,7 @@ from shared.exceptions import (
 )
 from shared.records import IdempotencyRecord, RecordState
 from shared.stores.base import WriteOp
+from shared.stores.cosmos_indexing import record_indexing_policy
 
 PARTITION = "acct"
 CLOSED = "HTTP transport has already been closed"  # azure-core, on a request after close()
@@ -86,7 +87,8 @@ def target(request: pytest.FixtureRequest, stack: Any) -> Iterator[Target]:
         service.delete_table(name)
         return
     database = request.getfixturevalue("cosmos_database")
-    database.create_container(name, PartitionKey("/pk"), default_ttl=-1)
+    database.create_container(name, PartitionKey("/pk"), default_ttl=-1,
+                              indexing_policy=record_indexing_policy("/pk"))
     yield Target("cosmos", name, database.id, stack)
     database.delete_container(name)
 
@@ -290,7 +292,8 @@ def test_an_owned_cosmos_client_is_initialized_before_its_first_request(stack, c
     `__aenter__`; a store that owns its client does that once, before the first request, so
     every item request carries the account's consistency level (Session here)."""
     name = f"t{uuid.uuid4().hex[:16]}"
-    cosmos_database.create_container(name, PartitionKey("/pk"), default_ttl=-1)
+    cosmos_database.create_container(name, PartitionKey("/pk"), default_ttl=-1,
+                                     indexing_policy=record_indexing_policy("/pk"))
     sent: list[tuple[str, str | None]] = []
 
     def hook(request: Any) -> None:

@@ -22,6 +22,7 @@ from shared import (
     request_hash,
 )
 from shared.records import IdempotencyRecord
+from shared.stores import CosmosIdempotencyStore
 
 LEASE = timedelta(minutes=5)
 TTL = timedelta(days=7)
@@ -310,12 +311,21 @@ def test_atomic_result_too_large_is_refused_before_anything_is_written(store, cl
 
 
 # -- maintenance -------------------------------------------------------------------------
+def querying(store):
+    """The store with its purge query on: a Cosmos container with a default TTL expires
+    markers itself and skips the query (next test), but the local server ignores `ttl`,
+    and a container without a default TTL needs the query."""
+    if isinstance(store, CosmosIdempotencyStore):
+        return CosmosIdempotencyStore.from_container(store.container, native_ttl=False)
+    return store
+
+
 def test_purge_deletes_expired_records_and_keeps_live_ones(idem, store, clock):
     for n in range(5):
         idem.run(key(f"old-{n}"), request_hash("x"), Calls())
     clock.advance(TTL.total_seconds() + 1)
     idem.run(key("fresh"), request_hash("x"), Calls())
-    assert store.purge_expired(clock()) == 5
+    assert querying(store).purge_expired(clock()) == 5
     assert stored(store, key("old-0")) is None
     assert stored(store, key("fresh")) is not None
 
@@ -324,7 +334,22 @@ def test_purge_deletes_expired_markers_sharing_a_partition_in_batches(idem, stor
     for n in range(7):
         idem.run_atomic(key(f"e-{n}"), request_hash("x"), lambda tx: None, partition="acct-1")
     clock.advance(TTL.total_seconds() + 1)
-    assert store.purge_expired(clock()) == 7
+    assert querying(store).purge_expired(clock()) == 7
+
+
+@pytest.mark.parametrize("backend", ["cosmos"])
+def test_cosmos_leaves_expiry_to_native_ttl_and_runs_no_purge_query(idem, store, clock,
+                                                                    monkeypatch):
+    idem.run(key("old"), request_hash("x"), Calls())
+    record = stored(store, key("old"))
+    item = store.container.read_item(record.id, record.partition_key)
+    assert item["ttl"] == TTL.total_seconds()  # the service deletes it when that runs out
+    clock.advance(TTL.total_seconds() + 1)
+    queries = []
+    monkeypatch.setattr(store.container, "query_items",
+                        lambda *a, **k: queries.append(a) or iter(()))
+    assert store.purge_expired(clock()) == 0
+    assert queries == []
 
 
 def test_stale_in_progress_records_can_be_listed(idem, store, clock):

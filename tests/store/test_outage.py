@@ -14,6 +14,7 @@ from shared import (
     TableIdempotencyStore,
     request_hash,
 )
+from shared.stores.cosmos_indexing import record_indexing_policy
 
 
 def _closed_port_store(backend: str):
@@ -43,7 +44,8 @@ def test_servers_stopped_mid_run_raise_store_unavailable_then_recover():
 
         def cosmos_container():
             db = client.create_database_if_not_exists("d")
-            return db.create_container_if_not_exists("c", PartitionKey("/pk"), default_ttl=-1)
+            return db.create_container_if_not_exists(
+                "c", PartitionKey("/pk"), default_ttl=-1, indexing_policy=record_indexing_policy("/pk"))
 
         table = TableIdempotencyStore.from_connection_string(
             stack.table_connection_string, table_name="dedup", create_table=True, retry_total=0)

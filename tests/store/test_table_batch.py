@@ -6,6 +6,10 @@
   `submit_transaction` and through the lean codec, sync and async. Both must
   store the same entities and report the same metadata, and a failing
   transaction must raise the same error (type, failed index, status, code).
+  The same twin suite runs on the fallback path (an SDK internal hidden).
+* Each part carries the headers the SDK's own parts carry.
+* The guard: an internal missing or changed, or an SDK outside the supported
+  range, is caught at first use and falls back to the SDK, logged once.
 """
 
 from __future__ import annotations
@@ -13,18 +17,25 @@ from __future__ import annotations
 import asyncio
 import email
 import email.policy
+import json
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+import azure.data.tables._error as sdk_error
+import azure.data.tables._table_batch as sdk_batch
 import pytest
 from azure.core import MatchConditions
 from azure.core.exceptions import DecodeError, HttpResponseError
+from azure.core.pipeline.transport import HttpTransport
 from azure.data.tables import EdmType, EntityProperty, TableClient, UpdateMode
 from azure.data.tables.aio import TableClient as AsyncTableClient
 
+from shared.stores import TableIdempotencyStore, WriteOp, table_batch
 from shared.stores.table_batch import (
+    CodecGuard,
+    codec_problem,
     decode_changeset,
     encode_changeset,
     operation_error,
@@ -112,14 +123,30 @@ def test_a_response_without_a_boundary_is_refused():
 
 
 # -- the codec against the SDK, on Azurite ----------------------------------------------------
+@pytest.fixture(autouse=True)
+def fresh_guard(monkeypatch) -> None:
+    """Each test decides afresh whether the codec can run (the guard decides once per process)."""
+    monkeypatch.setattr(table_batch, "_GUARD", CodecGuard())
+
+
+@pytest.fixture(params=["codec", "fallback"])
+def path(request, monkeypatch) -> str:
+    """The lean codec, or the fallback to the SDK's submit_transaction with an internal the
+    codec needs hidden (the SDK's own path keeps its reference)."""
+    if request.param == "fallback":
+        monkeypatch.delattr(sdk_batch, "TableBatchOperations")
+    return request.param
+
+
 @pytest.fixture
-def twins(stack, table_service) -> Iterator[tuple[TableClient, TableClient]]:
+def twins(stack, table_service, path) -> Iterator[tuple[TableClient, TableClient]]:
     """Two fresh tables: one written through the SDK, one through the lean codec."""
     names = [f"t{uuid.uuid4().hex[:16]}" for _ in range(2)]
     clients = []
     for name in names:
         table_service.create_table(name)
         clients.append(TableClient.from_connection_string(stack.table_connection_string, name))
+    assert (codec_problem(clients[1]) is None) == (path == "codec")
     yield clients[0], clients[1]
     for client, name in zip(clients, names, strict=True):
         client.close()
@@ -223,9 +250,11 @@ def test_a_failing_transaction_raises_what_the_sdk_raises_and_writes_nothing(twi
     assert _entities(lean) == _entities(sdk) and len(_entities(lean)) == 1
 
 
+@pytest.mark.parametrize("path", ["codec"], indirect=True)
 def test_more_than_100_operations_raise_the_servers_reason(twins):
     """Azurite's answer here trips the SDK's own parser (http.client.BadStatusLine, a stray
-    boundary line before the status line); the lean codec reads the 400 and its reason."""
+    boundary line before the status line); the lean codec reads the 400 and its reason.
+    (Codec only: the stores refuse > 100 operations before sending, on either path.)"""
     _, lean = twins
     ops = [("create", {"PartitionKey": PK, "RowKey": f"r{i:03}"}) for i in range(101)]
     with pytest.raises(HttpResponseError) as failed:
@@ -246,10 +275,210 @@ def test_an_unreadable_response_raises_a_decode_error_not_an_index_error():
         transaction_result(Response())
 
 
-def test_a_transaction_on_a_missing_table_raises_what_the_sdk_raises(stack):
+def test_a_transaction_on_a_missing_table_raises_what_the_sdk_raises(stack, path):
     name = f"t{uuid.uuid4().hex[:16]}"
     with TableClient.from_connection_string(stack.table_connection_string, name) as client:
         ops = [("create", {"PartitionKey": PK, "RowKey": "a"})]
         sdk = _failure(lambda: client.submit_transaction(ops))
         lean = _failure(lambda: submit_transaction(client, ops))
     assert sdk is not None and lean == sdk
+
+
+@pytest.mark.parametrize("name", ["bad_name", "1starts", "ab"])
+def test_a_transaction_on_an_invalid_table_name_raises_what_the_sdk_raises(stack, path, name):
+    """(Azurite answers "table does not exist" here; the service's invalid-name answer is
+    the next test's.)"""
+    with TableClient.from_connection_string(stack.table_connection_string, name) as client:
+        ops = [("create", {"PartitionKey": PK, "RowKey": "a"})]
+        sdk = _failure(lambda: client.submit_transaction(ops))
+        lean = _failure(lambda: submit_transaction(client, ops))
+    assert sdk is not None and lean == sdk
+
+
+def _answer(status: int, code: str, message: str) -> Any:
+    body = json.dumps({"odata.error": {"code": code, "message": {"lang": "en-US", "value": message}}})
+
+    class Response:
+        status_code, reason = 202, "Accepted"
+        headers = {"Content-Type": "multipart/mixed; boundary=b"}
+        content = (f"--b\r\nContent-Type: multipart/mixed; boundary=c\r\n\r\n--c\r\n"
+                   f"Content-Type: application/http\r\n\r\nHTTP/1.1 {status} Bad\r\n"
+                   f"Content-Type: application/json\r\n\r\n{body}\r\n--c--\r\n--b--\r\n").encode()
+
+    return Response()
+
+
+def test_the_services_invalid_name_answer_becomes_the_sdks_value_error():
+    """As the SDK's `_batch_send` does (`_validate_tablename_error`): the service's refusal
+    of a table name becomes a ValueError that says the naming rule."""
+    refused = _answer(400, "InvalidResourceName", "0:The specified resource name contains invalid "
+                      "characters.\nRequestId:1")
+    with pytest.raises(ValueError, match="Storage table names must be alphanumeric"):
+        transaction_result(refused, table_name="bad_name")
+    with pytest.raises(HttpResponseError) as kept:  # a valid name: the service's error stands
+        transaction_result(refused, table_name="goodname")
+    assert not isinstance(kept.value, ValueError) and kept.value.status_code == 400
+
+
+# -- what each part carries --------------------------------------------------------------------
+class _Capture(HttpTransport):
+    """A transport that keeps the request and sends nothing."""
+
+    def __enter__(self) -> _Capture:
+        return self
+
+    def __exit__(self, *args: object) -> None:
+        pass
+
+    def open(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def send(self, request: Any, **kwargs: Any) -> Any:
+        self.request = request
+        raise _Sent
+
+
+class _Sent(Exception):
+    pass
+
+
+def _parts(content_type: str, body: bytes) -> list[tuple[str, dict[str, str], bytes]]:
+    """(request line, headers, body) of each part; dates and boundaries left out."""
+    head = f"Content-Type: {content_type}\r\n\r\n".encode()
+    message: Any = email.message_from_bytes(head + body, policy=email.policy.HTTP)
+    [changeset] = message.get_payload()
+    parts = []
+    for part in changeset.get_payload():
+        assert {k: v for k, v in part.items()} == {
+            "Content-Type": "application/http", "Content-Transfer-Encoding": "binary",
+            "Content-ID": part["Content-ID"]}
+        line, rest = part.get_payload(decode=True).split(b"\r\n", 1)
+        header_block, payload = rest.split(b"\r\n\r\n", 1)
+        headers = dict(h.split(": ", 1) for h in header_block.decode().split("\r\n"))
+        assert headers.get("x-ms-date") and headers["x-ms-date"] == headers.get("Date")
+        headers["x-ms-date"] = headers["Date"] = "<date>"
+        parts.append((line.decode(), headers, payload.rstrip(b"\r\n")))
+    return parts
+
+
+def test_every_part_carries_the_headers_the_sdks_parts_carry():
+    """The SDK's own $batch body, captured at its transport, against the codec's: per part
+    the same request line, the same headers (operation headers, DataServiceVersion, Accept,
+    Content-Type, If-Match, x-ms-date / Date) and the same body."""
+    capture = _Capture()
+    client = TableClient.from_connection_string("UseDevelopmentStorage=true", "codec",
+                                                transport=capture)
+    ops = [("create", {"PartitionKey": PK, "RowKey": "m1", **EVERY_TYPE}),
+           ("upsert", {"PartitionKey": PK, "RowKey": "u", "v": 1}, {"mode": UpdateMode.REPLACE}),
+           ("upsert", {"PartitionKey": PK, "RowKey": "m", "v": 1}, {"mode": UpdateMode.MERGE}),
+           ("update", {"PartitionKey": PK, "RowKey": "b", "v": 2},
+            {"mode": UpdateMode.REPLACE, "etag": 'W/"1"', "match_condition": MatchConditions.IfNotModified}),
+           ("update", {"PartitionKey": PK, "RowKey": "c", "v": 2}, {"mode": UpdateMode.MERGE}),
+           ("delete", {"PartitionKey": PK, "RowKey": "d"},
+            {"etag": 'W/"2"', "match_condition": MatchConditions.IfNotModified}),
+           ("delete", {"PartitionKey": PK, "RowKey": "e"})]
+    with pytest.raises(_Sent):
+        client.submit_transaction(ops)
+    sdk = capture.request
+    lean = transaction_request(client, ops)
+    assert _parts(lean.headers["Content-Type"], lean.content) == _parts(
+        sdk.headers["Content-Type"], sdk.body)
+    outer = ("x-ms-version", "DataServiceVersion", "MaxDataServiceVersion", "Accept")
+    assert {h: lean.headers[h] for h in outer} == {h: sdk.headers[h] for h in outer}
+
+
+# -- the guard: fall back to the SDK when its internals do not fit ------------------------------
+def _renamed_requests(original: type) -> type:
+    """TableBatchOperations as a later SDK might have it: `requests` renamed `items`."""
+    class Renamed(original):
+        @property
+        def requests(self) -> Any:
+            raise AttributeError("'TableBatchOperations' object has no attribute 'requests'")
+
+        @requests.setter
+        def requests(self, value: Any) -> None:
+            self.items = value
+
+    return Renamed
+
+
+def _new_signature(original: Any) -> Any:
+    def decode_error(response: Any, message: str | None = None, error_cls: Any = None) -> Any:
+        return original(response, message, error_cls)
+    return decode_error
+
+
+SEEDED = {
+    "an internal removed": lambda mp: mp.delattr(sdk_batch, "TableBatchOperations"),
+    "an attribute renamed": lambda mp: mp.setattr(
+        sdk_batch, "TableBatchOperations", _renamed_requests(sdk_batch.TableBatchOperations)),
+    "a signature changed": lambda mp: mp.setattr(
+        sdk_error, "_decode_error", _new_signature(sdk_error._decode_error)),
+    "an SDK outside the range": lambda mp: mp.setattr(table_batch, "_sdk_version", lambda: "12.8.0"),
+    "a pre-release": lambda mp: mp.setattr(table_batch, "_sdk_version", lambda: "12.7.1b1"),
+}
+
+
+@pytest.mark.parametrize("path", ["codec"], indirect=True)
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("seeded", list(SEEDED))
+def test_a_seeded_change_is_caught_at_first_use_and_falls_back_logged_once(
+        twins, stack, monkeypatch, caplog, seeded, use_async):
+    sdk, lean = twins
+    SEEDED[seeded](monkeypatch)
+    monkeypatch.setattr(table_batch, "_GUARD", CodecGuard())  # a process that starts like this
+    caplog.set_level("WARNING", logger="shared.stores.table_batch")
+
+    def ops(n: int) -> list[Any]:
+        return [("create", {"PartitionKey": PK, "RowKey": f"r{n}-{i}", "v": i}) for i in range(3)]
+
+    for n in range(3):
+        (sdk_result, lean_result), failures = _both(
+            sdk, lean, lambda n=n: ops(n), async_lean=stack.table_connection_string if use_async else None)
+        assert failures == (None, None) and len(lean_result) == len(sdk_result) == 3
+    assert _entities(lean) == _entities(sdk)
+    [warning] = [r for r in caplog.records if r.name == "shared.stores.table_batch"]
+    assert "submit_transaction" in warning.getMessage() and warning.levelname == "WARNING"
+    problem = codec_problem(lean)
+    assert problem is not None and problem in warning.getMessage()
+
+
+@pytest.mark.parametrize("path", ["codec"], indirect=True)
+def test_the_supported_sdk_with_its_internals_intact_uses_the_codec_and_logs_nothing(twins, caplog):
+    _, lean = twins
+    caplog.set_level("WARNING", logger="shared.stores.table_batch")
+    assert table_batch._version_problem() is None  # the pinned SDK is in the declared range
+    assert len(submit_transaction(lean, [("create", {"PartitionKey": PK, "RowKey": "a"})])) == 1
+    assert codec_problem(lean) is None
+    assert not [r for r in caplog.records if r.name == "shared.stores.table_batch"]
+
+
+# -- the store option ------------------------------------------------------------------------------
+@pytest.mark.parametrize("codec", ["sdk", "lean"])
+def test_the_stores_batch_codec_option_chooses_the_path(stack, table_service, monkeypatch, codec):
+    name = f"t{uuid.uuid4().hex[:16]}"
+    table_service.create_table(name)
+    built = []
+    real = table_batch.transaction_request
+    monkeypatch.setattr(table_batch, "transaction_request",
+                        lambda *a, **k: built.append(1) or real(*a, **k))
+    store = TableIdempotencyStore.from_connection_string(stack.table_connection_string,
+                                                         table_name=name, batch_codec=codec)
+    try:
+        documents = store.write_documents(PK, [WriteOp("create", "a", {"v": 1}),
+                                               WriteOp("create", "b", {"v": 2})])
+        assert all(d.etag for d in documents)
+        assert store.read_document(PK, "b").body["v"] == 2
+        # the probe builds one request at first use; a lean transaction builds one more
+        assert len(built) == (2 if codec == "lean" else 0)
+    finally:
+        store.close()
+        table_service.delete_table(name)
+
+
+def test_an_unknown_codec_is_refused():
+    with pytest.raises(ValueError, match="codec"):
+        submit_transaction(object(), [], codec="fast")  # type: ignore[arg-type]

@@ -5,11 +5,6 @@ from __future__ import annotations
 from shared import observability
 
 
-def is_configured() -> bool:
-    """True once the Azure Monitor distro was configured in this process."""
-    return observability._configured
-
-
 def reset() -> None:
     """Forget that export was configured, so a test can configure it again."""
     with observability._lock:

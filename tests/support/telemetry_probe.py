@@ -1,15 +1,17 @@
-"""Count what reaches Application Insights for one invocation, through the real worker.
+"""Count what reaches Application Insights for two invocations, through the real worker.
 
     python -m tests.support.telemetry_probe   # prints one JSON document
 
 A fresh process (the worker keeps one app per process and the exporter is
 configured once): the sample settings plus a connection string, the real
 `azure-monitor-opentelemetry` distro configured by the app on import, the real
-worker loading the app, one `orders` invocation on in-memory stores. The Azure
-Monitor log exporter's `export` is replaced by a counter of each record it
-would send. The host's own forwarding of worker logs (the second path) cannot
-run here: what turns it off is the `WorkerOpenTelemetryEnabled` capability the
-worker reports, so the report carries the capabilities too.
+worker loading the app, two `orders` invocations on in-memory stores: an order,
+then the same order id with other content (a conflict, the kind of record the
+app logs). The Azure Monitor log and metric exporters' `export` are replaced by
+counters of each record and each `dedup.messages` point they would send. The
+host's own forwarding of worker logs (the second path) cannot run here: what
+turns it off is the `WorkerOpenTelemetryEnabled` capability the worker reports,
+so the report carries the capabilities too.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ CONNECTION_STRING = ("InstrumentationKey=00000000-0000-0000-0000-000000000000;"
 
 
 def report() -> dict[str, Any]:
-    from azure.monitor.opentelemetry.exporter import AzureMonitorLogExporter
+    from azure.monitor.opentelemetry.exporter import AzureMonitorLogExporter, AzureMonitorMetricExporter
     from azure.monitor.opentelemetry.exporter.export._base import ExportResult
+    from opentelemetry.sdk.metrics.export import MetricExportResult
 
     exported: Counter[str] = Counter()
+    messages: Counter[str] = Counter()  # dedup.messages by outcome, summed over the points
 
     def count(self: Any, batch: Any, **_: Any) -> ExportResult:
         for data in batch:
@@ -42,7 +46,17 @@ def report() -> dict[str, Any]:
                 exported[f"{event}:{record.body}"] += 1
         return ExportResult.SUCCESS
 
+    def count_points(self: Any, metrics_data: Any, **_: Any) -> MetricExportResult:
+        for resource in metrics_data.resource_metrics:
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    if metric.name == "dedup.messages":
+                        for point in metric.data.data_points:
+                            messages[str(point.attributes.get("outcome"))] += int(point.value)
+        return MetricExportResult.SUCCESS
+
     AzureMonitorLogExporter.export = count  # type: ignore[method-assign]
+    AzureMonitorMetricExporter.export = count_points  # type: ignore[method-assign]
 
     from local_stack.host_data import SentMessage
     from local_stack.worker import WorkerHost, sample_settings
@@ -60,17 +74,22 @@ def report() -> dict[str, Any]:
     configure(build_services(Settings.from_env(),
                              stores=lambda role: stores.setdefault(role, InMemoryIdempotencyStore())))
     order_id = f"ORD-{uuid.uuid4().hex[:8]}"
-    body = json.dumps({"orderId": order_id, "customerId": "C-1", "currency": "EUR",
-                       "lines": [{"sku": "A", "quantity": 1, "unitPrice": 2.5}]}).encode()
     settled: list[Any] = []
-    result = host.invoke_service_bus("orders", SentMessage(body, message_id=order_id),
-                                     settle=settled.append)
+    results = []
+    for quantity in (1, 2):  # the second is the same order id with other content: a conflict
+        body = json.dumps({"orderId": order_id, "customerId": "C-1", "currency": "EUR",
+                           "lines": [{"sku": "A", "quantity": quantity, "unitPrice": 2.5}]}).encode()
+        results.append(host.invoke_service_bus("orders", SentMessage(body, message_id=order_id),
+                                               settle=settled.append))
 
+    from opentelemetry import metrics
     from opentelemetry._logs import get_logger_provider
 
     get_logger_provider().force_flush()  # type: ignore[attr-defined]
-    return {"ok": result.ok, "capabilities": host.capabilities,
-            "settled": [call.action for call in settled], "exported": dict(exported)}
+    metrics.get_meter_provider().force_flush()  # type: ignore[attr-defined]
+    return {"ok": all(result.ok for result in results), "capabilities": host.capabilities,
+            "settled": [call.action for call in settled], "exported": dict(exported),
+            "messages": dict(messages)}
 
 
 def probe(*, otel_flag: bool = True, timeout: float = 180.0) -> dict[str, Any]:

@@ -308,6 +308,30 @@ def test_http_key_reused_with_another_body_is_422_in_progress_is_409_no_key_is_4
     assert balance(services, account) == 250
 
 
+def test_http_another_callers_key_gets_its_own_outcome_never_the_first_callers_body(worker, services):
+    """Through the real worker (headers lowercased as the host sends them): B reusing A's key
+    is B's own request; each caller's retry replays its own response."""
+    account, key = f"acct-{uuid.uuid4().hex[:6]}", str(uuid.uuid4())
+
+    def as_caller(object_id: str, cents: int):
+        headers = {"Content-Type": "application/json", "Idempotency-Key": key,
+                   "X-MS-CLIENT-PRINCIPAL-IDP": "aad", "X-MS-CLIENT-PRINCIPAL-ID": object_id}
+        result = worker.invoke_http("http_payments", method="POST", headers=headers,
+                                    body=json.dumps(payment(account, cents)).encode())
+        assert result.ok, result.exception
+        return result.http
+
+    a = as_caller("oid-a", 250)
+    b = as_caller("oid-b", 250)  # A's key and A's body
+    assert (a.status, b.status) == (201, 201) and b.header("Idempotent-Replayed") is None
+    assert (a.json()["balanceCents"], b.json()["balanceCents"]) == (250, 500)
+    c = as_caller("oid-c", 40)  # A's key, another body: processed, not 422
+    assert c.status == 201 and c.json()["balanceCents"] == 540
+    again = as_caller("oid-a", 250)
+    assert again.header("Idempotent-Replayed") == "true" and again.json() == a.json()
+    assert balance(services, account) == 540
+
+
 # -- Timer -----------------------------------------------------------------------------------
 def test_timer_runs_maintenance_which_parks_an_abandoned_claim(worker, services, clock):
     idem = services.notify.idempotency

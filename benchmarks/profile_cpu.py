@@ -1,0 +1,121 @@
+"""Where the client CPU of a latency-benchmark variant goes (cProfile, one variant at a time).
+
+    .venv/bin/python -m benchmarks.profile_cpu --variant app --backend cosmos --accounts 20
+
+Runs the latency benchmark's scenario (relays, counted clients, the same workload) for one
+variant and one backend under cProfile, then prints self time grouped by package (the SDK's
+request pipeline, the transport, this project's code, json, ...) and the top functions.
+Self times are cProfile's (it inflates call-heavy code); the grouping is what to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import logging
+import pstats
+import time
+import warnings
+from collections import defaultdict
+
+from benchmarks import latency
+from benchmarks.harness import Endpoints
+from benchmarks.latency import LatencySizes, run_latency
+from benchmarks.latency_variants import LATENCY_VARIANTS
+
+GROUPS = (  # first match wins: (label, path fragment)
+    ("azure.core pipeline/policies", "azure/core/pipeline"),
+    ("azure.core other", "azure/core"),
+    ("azure.cosmos", "azure/cosmos"),
+    ("azure.data.tables", "azure/data/tables"),
+    ("aiohttp", "aiohttp"),
+    ("requests/urllib3", "urllib3"),
+    ("requests/urllib3", "requests"),
+    ("asyncio", "asyncio"),
+    ("ssl/socket", "ssl.py"),
+    ("ssl/socket", "socket.py"),
+    ("json", "json"),
+    ("logging", "logging"),
+    ("opentelemetry", "opentelemetry"),
+    ("project shared/", "/shared/"),
+    ("project domain/", "/domain/"),
+    ("project functions/", "/functions/"),
+    ("benchmark harness", "/benchmarks/"),
+    ("relay (in process)", "/local_stack/"),
+)
+
+
+def group_of(filename: str) -> str:
+    for label, fragment in GROUPS:
+        if fragment in filename:
+            return label
+    return "builtins" if filename == "~" else "other stdlib/C"
+
+
+def report(stats: pstats.Stats, events: int, top: int) -> str:
+    raw = stats.stats  # type: ignore[attr-defined]
+    by_group: dict[str, float] = defaultdict(float)
+    total = 0.0
+    rows = []
+    for (filename, line, name), (_cc, calls, tottime, cumtime, _callers) in raw.items():
+        by_group[group_of(filename)] += tottime
+        total += tottime
+        rows.append((tottime, calls, cumtime, f"{filename.rsplit('site-packages/', 1)[-1]}:{line} {name}"))
+    lines = [f"self time {total:.2f} s over {events} events ({total * 1000 / events:.3f} ms/event, "
+             "profiled)", "", "| Group | Self s | Share | ms/event |", "|---|---|---|---|"]
+    for label, seconds in sorted(by_group.items(), key=lambda kv: -kv[1]):
+        lines.append(f"| {label} | {seconds:.2f} | {seconds / total:.0%} | {seconds * 1000 / events:.3f} |")
+    lines += ["", "| Self s | Calls | Cum s | Function |", "|---|---|---|---|"]
+    for tottime, calls, cumtime, where in sorted(rows, reverse=True)[:top]:
+        lines.append(f"| {tottime:.3f} | {calls} | {cumtime:.3f} | {where} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--variant", default="app", choices=sorted(LATENCY_VARIANTS))
+    parser.add_argument("--backend", default="cosmos", choices=("cosmos", "table"))
+    parser.add_argument("--accounts", type=int, default=20)
+    parser.add_argument("--events", type=int, default=1000)
+    parser.add_argument("--rtt-ms", type=float, default=5.0)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--dump", default=None, help="also write the raw profile here (pstats)")
+    parser.add_argument("--no-cprofile", action="store_true",
+                        help="run without cProfile (to sample the process with py-spy instead)")
+    args = parser.parse_args(argv)
+    logging.getLogger("shared").setLevel(logging.ERROR)
+    logging.getLogger("domain").setLevel(logging.ERROR)
+    import urllib3
+
+    urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+    warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
+    from local_stack import COSMOS_LOCAL_KEY, LocalStack
+
+    sizes = LatencySizes(events=args.events, accounts=(args.accounts,), probe_reads=5)
+    # The RTT check is the benchmark's guard; a profile wants the CPU, not that proof (under the
+    # profiler and on a loaded machine the probes' medians are noisy).
+    latency.check_probes = lambda _probes: None
+    with LocalStack() as stack:
+        endpoints = Endpoints(stack.table_connection_string, stack.cosmos_endpoint, COSMOS_LOCAL_KEY,
+                              cosmos_verify=False)
+        profiler = cProfile.Profile(time.process_time)  # CPU, not wall time spent waiting
+        if not args.no_cprofile:
+            profiler.enable()
+        run = run_latency(endpoints, sizes, (args.rtt_ms,), backends=(args.backend,),
+                          variants=(args.variant,))
+        profiler.disable()
+    if args.dump:
+        profiler.dump_stats(args.dump)
+    result = run.results[0]
+    print(f"{args.variant} / {args.backend} / {args.accounts} accounts: "
+          f"{result.events_per_second:.0f} events/s, "
+          f"{result.cpu_seconds * 1000 / result.events:.3f} ms CPU/event"
+          + ("" if args.no_cprofile else " (under cProfile)"))
+    if not args.no_cprofile:
+        # Setup, warm-up and the replay are in the profile too; small next to the batches.
+        print(report(pstats.Stats(profiler), result.events, args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

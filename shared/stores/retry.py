@@ -1,0 +1,69 @@
+"""One retry budget: explicit SDK retry options, and the worst-case wait they allow.
+
+Three layers retry a throttled store request, and their defaults multiply:
+azure-cosmos retries a 429 up to 9 times, waiting what the service asks, for up
+to 30 s per request; azure-data-tables (azure-core) retries a status up to 3
+times, honouring any `Retry-After` however long; the caller then retries its
+own unit of work; and a host's retry policy runs that again. So the time a
+throttled unit of work holds its invocation is bounded nowhere.
+
+`RetryBudget` makes the SDK layer short and fixed, so the caller's layer (which
+honours `Retry-After` up to its own cap) and the host's (which backs off between
+invocations, with nothing held) own the long waits:
+
+* Cosmos DB: at most `sdk_retries` throttle and connection retries per request,
+  `sdk_wait` apart (a fixed interval: the SDK's own wait ignores the service's
+  retry-after, which the caller honours when the SDK gives up).
+* Table Storage: no SDK retry of an error status (azure-core would honour a
+  `Retry-After` uncapped; there is no option to cap it), `sdk_retries`
+  connection and read retries at most `sdk_wait` apart.
+
+So one request waits at most `request_seconds` (= sdk_retries x sdk_wait) inside
+the SDK, and a unit of work tried `attempts` times, waiting at most
+`max_retry_after` after each failed try, waits at most `unit_seconds(...)`
+(= attempts x (request_seconds + max_retry_after)) in a sustained storm before it
+raises, plus the round trips of its `attempts x (sdk_retries + 1)` requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryBudget:
+    """SDK retry options for both backends, and the bounds they give."""
+
+    sdk_retries: int = 2  # retries of one request inside the SDK (at least 1: Cosmos reads 0 as 9)
+    sdk_wait: float = 1.0  # seconds between them
+
+    def __post_init__(self) -> None:
+        if self.sdk_retries < 1:
+            raise ValueError("sdk_retries must be at least 1 (azure-cosmos reads 0 as its default, 9)")
+        if self.sdk_wait <= 0:
+            raise ValueError("sdk_wait must be positive")
+
+    @property
+    def request_seconds(self) -> float:
+        """The longest one request waits inside the SDK before its error reaches the caller."""
+        return self.sdk_retries * self.sdk_wait
+
+    def unit_seconds(self, *, attempts: int, max_retry_after: float) -> float:
+        """The longest a unit of work waits when every request is throttled: `attempts` tries,
+        each spending the SDK's retries, each followed by a wait of at most `max_retry_after`
+        (between tries, and once before the error is raised to the host)."""
+        return attempts * (self.request_seconds + max_retry_after)
+
+    def cosmos_options(self) -> dict[str, Any]:
+        """Keyword options for `azure.cosmos` clients, sync and async."""
+        return {"retry_total": self.sdk_retries, "retry_throttle_total": self.sdk_retries,
+                "retry_fixed_interval": max(1, round(self.sdk_wait * 1000)),
+                "retry_throttle_backoff_max": self.request_seconds,
+                "retry_backoff_max": self.sdk_wait, "retry_backoff_factor": self.sdk_wait}
+
+    def table_options(self) -> dict[str, Any]:
+        """Keyword options for `azure.data.tables` clients, sync and async."""
+        return {"retry_total": self.sdk_retries, "retry_connect": self.sdk_retries,
+                "retry_read": self.sdk_retries, "retry_status": 0,
+                "retry_backoff_factor": self.sdk_wait / 2, "retry_backoff_max": self.sdk_wait}
