@@ -52,6 +52,7 @@ from azure.data.tables import UpdateMode
 
 from benchmarks.workload import Message
 from shared.cache import CompletedKeyCache
+from shared.dispatch import InMemoryDispatcher
 from shared.flow import Transaction
 from shared.idempotency import Idempotency
 from shared.keys import DedupKey, request_hash
@@ -308,6 +309,35 @@ class Atomic(_ProjectVariant):
         return outcome.status.value
 
 
+class AtomicOutbox(Atomic):
+    """`atomic` with one outgoing message per new message (the outbox: recorded on the marker
+    in the commit, dispatched after it, recorded as dispatched); a redelivery reads the marker
+    first (`read_first`), as `orders` does. The dispatcher is in memory: store requests only."""
+
+    name, label = "atomic+outbox", "This project: atomic + one outgoing message (outbox)"
+
+    def __init__(self, backend: str, store: IdempotencyStore) -> None:
+        super().__init__(backend, store)
+        self.idempotency.dispatcher = self.dispatcher = InMemoryDispatcher()
+
+    def _build(self, message: Message) -> Callable[[Transaction], Any]:
+        effect = super()._build(message)
+
+        def build(tx: Transaction) -> dict[str, Any]:
+            result = effect(tx)
+            tx.send("notifications", {"type": "Accepted", "id": message.message_id})
+            return result
+        return build
+
+    def handle(self, message: Message) -> str:
+        key = dedup_key(message)
+        outcome = self.idempotency.run_atomic(key, request_hash(message.body), self._build(message),
+                                              read_first=message.delivery_count > 1)
+        if outcome.effect_applied_now:
+            self.effects.add(message.message_id)
+        return outcome.status.value
+
+
 class AtomicCached(Atomic):
     name, label = "atomic+cache", "This project: atomic + local cache"
 
@@ -350,7 +380,7 @@ class AtomicWatermark(Atomic):
 
 VARIANTS: dict[str, type[Variant]] = {
     cls.name: cls for cls in (NoDedup, NaiveCheckThenAct, PowertoolsStyle, TwoPhase, Atomic,
-                              AtomicCached, AtomicWatermark)
+                              AtomicOutbox, AtomicCached, AtomicWatermark)
 }
 BASELINE = NoDedup.name
 DEDUP_VARIANTS = ("powertools", "two-phase", "atomic", "atomic+cache", "atomic+hwm")

@@ -191,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         numbers = results[backend][1]
         if numbers:
             report.append(f"{backend}: double effects {numbers['doubleEffects']}, lost {numbers['lost']}, "
+                          f"phantom {numbers['phantoms']}, pending {numbers['outboxPending']}, "
                           f"valid messages not effected {numbers['validNotEffected']}"
                           + (f" (+ {numbers['validAlsoRefused']} effected but also dead-lettered/parked)"
                              if numbers["validAlsoRefused"] else "")

@@ -2,9 +2,13 @@
 
 MessageId is the order id. The order document's id is the order id and the
 container is partitioned by /orderId, so the document itself is the dedup
-marker; the order lines go into the same transactional batch. 409 on the
+marker; the order lines go into the same transactional batch, and so does an
+`OrderAccepted` message to the notifications topic (the outbox: it rides on
+the order document until it is dispatched, after the commit). 409 on the
 order document means a copy was processed: equal request hash = duplicate
-(complete), different = the id was reused (dead-letter + alert).
+(complete, once whatever is still pending is dispatched), different = the id
+was reused (dead-letter + alert). A redelivery reads the order first: most
+are duplicates, and a read costs one request where a failed commit costs two.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from shared.payload import exact_integer
 from shared.settlement import Action, Decision, decision_for, decision_for_error
 
 CONSUMER = "orders"
+ORDER_ACCEPTED = "OrderAccepted"
 MAX_ORDER_BYTES = 256 * 1024  # a Standard-tier Service Bus message
 MAX_LINES = 98  # one batch: order document + lines <= 100 operations
 MAX_QUANTITY = 1_000_000
@@ -78,11 +83,18 @@ def parse_order(message: InboundMessage) -> Order:
     return Order(order_id, customer, currency, tuple(parsed))
 
 
+def order_accepted(order: Order) -> dict[str, Any]:
+    """The notification body: what notify and audit need, not the whole order."""
+    return {"type": ORDER_ACCEPTED, "orderId": order.order_id, "customerId": order.customer_id,
+            "currency": order.currency, "total": order.total, "lineCount": len(order.lines)}
+
+
 class OrderService:
     """Persists each order once; the order document is the dedup marker."""
 
-    def __init__(self, idempotency: Idempotency) -> None:
+    def __init__(self, idempotency: Idempotency, *, notifications_topic: str) -> None:
         self.idempotency = idempotency
+        self.notifications_topic = notifications_topic
 
     def handle(self, message: InboundMessage) -> Decision:
         context = {"message_id": message.message_id, "correlation_id": message.correlation_id,
@@ -104,12 +116,15 @@ class OrderService:
             for n, line in enumerate(order.lines, start=1):
                 tx.create(f"{document_id}:line:{n:03d}",
                           {"orderId": order.order_id, "kind": "line", **line})
+            tx.send(self.notifications_topic, order_accepted(order),
+                    properties={"type": ORDER_ACCEPTED, "orderId": order.order_id})
             return {"orderId": order.order_id, "total": order.total}
 
         try:
             outcome = self.idempotency.run_atomic(
                 key, digest, build, partition=document_id, marker_id=document_id,
-                marker_body=order_document, expires=False, context=context)
+                marker_body=order_document, expires=False, context=context,
+                read_first=message.delivery_count > 1)
         except IdempotencyError as error:
             decision = decision_for_error(error, delivery_count=message.delivery_count)
             if decision is None:

@@ -51,6 +51,8 @@ from shared import (
 )
 from shared.aio import ThreadedStore
 from shared.cache import DocumentCache
+from shared.dispatch import InMemoryDispatcher, ServiceBusDispatcher
+from shared.exceptions import DispatchRejectedError
 from shared.maintenance import Maintenance
 from shared.parking import ParkingLot
 from shared.sdk_transport import async_transport, sync_transport
@@ -146,6 +148,32 @@ class RealAsyncStores:
             self._credential = None
 
 
+class UnconfiguredDispatcher:
+    """No Service Bus connection in the settings (a tool that only reads): a dispatch is
+    refused, so the messages stay pending (and alert) instead of vanishing."""
+
+    def dispatch(self, messages: Any) -> None:
+        raise DispatchRejectedError("no Service Bus connection is configured (ServiceBusConnection "
+                                    "or ServiceBusConnection__fullyQualifiedNamespace)")
+
+    def close(self) -> None:
+        pass
+
+
+def real_dispatcher(settings: Settings) -> ServiceBusDispatcher | UnconfiguredDispatcher:
+    """The outbox's dispatcher on the trigger's Service Bus connection: a connection string
+    locally, the namespace and the app's identity in Azure (Data Sender on the destinations
+    only). The destinations that are topics are named; the rest are queues."""
+    topics = (settings.notifications_topic,)
+    connection = settings.service_bus_connection
+    if connection and "endpoint=" in connection.lower():
+        return ServiceBusDispatcher.from_connection_string(connection, topics=topics)
+    if not settings.service_bus_namespace:
+        return UnconfiguredDispatcher()
+    return ServiceBusDispatcher(settings.service_bus_namespace, _credential(settings),
+                                topics=topics)
+
+
 def real_stores(settings: Settings, *, budget: RetryBudget = RETRY_BUDGET,
                 **client_options: Any) -> StoreFactory:
     """The stores of `STORE_ROLES` in Cosmos DB or Table Storage, as settings say.
@@ -212,6 +240,7 @@ class Services:
     parking: ParkingLot
     telemetry: Telemetry
     async_factory: Any = None  # what built async_stores, when it has more to close
+    dispatcher: Any = None  # sends what the consumers' commits recorded (shared.dispatch)
 
     async def aclose(self) -> None:
         """Close what the async stores' factory opened (`RealAsyncStores`: clients and the
@@ -226,22 +255,27 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
                    async_stores: AsyncStoreFactory | None = None,
                    sender: Sender = urllib_sender, clock: Callable[[], float] = time.time,
                    sleep: Callable[[float], None] = time.sleep,
-                   telemetry: Telemetry | None = None) -> Services:
+                   telemetry: Telemetry | None = None, dispatcher: Any = None) -> Services:
     """Wire the domain services on the stores `stores(role)` returns (default: real ones).
 
     The async payments service runs on `async_stores(role)`; without them (tests, the
     simulator's fault-injecting stores) on the sync stores, each request on a thread.
+    `dispatcher` sends the outgoing messages (default: Service Bus from settings with the
+    real stores, an `InMemoryDispatcher` with given ones).
     """
     telemetry = telemetry or Telemetry(log_duplicates=settings.log_duplicates)
     if stores is None:
         stores = real_stores(settings)
         async_stores = async_stores or RealAsyncStores(settings)
+        dispatcher = dispatcher or real_dispatcher(settings)
+    dispatcher = dispatcher if dispatcher is not None else InMemoryDispatcher()
     by_role = {role: stores(role) for role in STORE_ROLES}
     config = dataclasses.replace(settings.idempotency_config(), clock=clock)
     parking = ParkingLot(by_role["parked"], telemetry=telemetry, clock=clock)
 
     def idem(role: str) -> Idempotency:
-        return Idempotency(by_role[role], config=config, telemetry=telemetry)
+        return Idempotency(by_role[role], config=config, telemetry=telemetry,
+                           dispatcher=dispatcher)
 
     # An instance owns a partition's batches for a while: it remembers the partition's mark
     # and the balances it wrote (both re-checked by etag when it writes them next).
@@ -252,7 +286,7 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
                                "max_concurrency": settings.payments_max_concurrency}
     payments = payment_processor(
         Idempotency(by_role["ledger"], config=config, telemetry=telemetry,
-                    documents=DocumentCache()),
+                    documents=DocumentCache(), dispatcher=dispatcher),
         PartitionWatermark(by_role["dedup"], **mark), parking, rules=rules, sleep=sleep, **options)
     on_loop = {role: (async_stores(role) if async_stores else ThreadedStore(by_role[role]))
                for role in ("ledger", "dedup", "parked")}
@@ -270,10 +304,11 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
                                    sender=sender)
 
     record_roles = ("dedup", "ledger", "notifications")
+    orders_idem = idem("orders")
     return Services(
         settings=settings,
         stores=by_role,
-        orders=OrderService(idem("orders")),
+        orders=OrderService(orders_idem, notifications_topic=settings.notifications_topic),
         payments=payments,
         payments_async=payments_async,
         async_stores=on_loop,
@@ -284,9 +319,13 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
                                          caller_header=settings.http_caller_header),
         order_status=OrderStatusService(by_role["order-status"]),
         maintenance=Maintenance({role: by_role[role] for role in record_roles}, parking,
-                                grace_seconds=settings.window.length.total_seconds(), clock=clock),
+                                grace_seconds=settings.window.length.total_seconds(), clock=clock,
+                                outbox={"orders": orders_idem},  # the consumers that send
+                                outbox_age_seconds=settings.outbox_sweep_age.total_seconds(),
+                                telemetry=telemetry),
         parking=parking,
         telemetry=telemetry,
+        dispatcher=dispatcher,
     )
 
 

@@ -55,6 +55,9 @@ APP_SETTINGS = (
     "PAYMENTS_MAX_CONCURRENCY",
     "PAYMENTS_HUB_NAME",
     "PAYMENTS_CONSUMER_GROUP",
+    "NOTIFICATIONS_TOPIC_NAME",
+    "OUTBOX_DUPLICATE_DETECTION_SECONDS",
+    "OUTBOX_SWEEP_AGE_SECONDS",
     "APPLICATIONINSIGHTS_CONNECTION_STRING",
     "AZURE_CLIENT_ID",
     "COSMOS_VERIFY_TLS",
@@ -87,6 +90,12 @@ _HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")  # an RFC 9110 token
 
 class SettingsError(ValueError):
     """A setting is missing or invalid; the message names it and says what is expected."""
+
+
+# How the dispatcher reaches Service Bus: the trigger's connection, as the host reads it (a
+# connection string locally, the namespace + the app's identity in Azure).
+SERVICE_BUS_CONNECTION = "ServiceBusConnection"
+SERVICE_BUS_NAMESPACE = "ServiceBusConnection__fullyQualifiedNamespace"
 
 
 def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
@@ -153,6 +162,11 @@ class Settings:
     payments_hub: str
     payments_consumer_group: str
     azure_client_id: str | None
+    notifications_topic: str = "notifications"
+    service_bus_connection: str | None = None  # a connection string (local runs)
+    service_bus_namespace: str | None = None  # <name>.servicebus.windows.net (identity)
+    outbox_duplicate_detection: timedelta = timedelta(days=2)
+    outbox_sweep_age: timedelta = timedelta(minutes=10)
     http_caller_header: str | None = None
     # Duplicates and in-progress claims logged at INFO (an investigation), not DEBUG; they are
     # always counted by cause in the dedup.messages metric.
@@ -227,12 +241,38 @@ class Settings:
             payments_hub=env.get("PAYMENTS_HUB_NAME", "payments") or "payments",
             payments_consumer_group=env.get("PAYMENTS_CONSUMER_GROUP", "$Default") or "$Default",
             azure_client_id=env.get("AZURE_CLIENT_ID") or None,
+            notifications_topic=env.get("NOTIFICATIONS_TOPIC_NAME", "notifications") or "notifications",
+            service_bus_connection=(env.get(SERVICE_BUS_CONNECTION) or "").strip() or None,
+            service_bus_namespace=(env.get(SERVICE_BUS_NAMESPACE) or "").strip() or None,
+            outbox_duplicate_detection=timedelta(
+                seconds=_int(env, "OUTBOX_DUPLICATE_DETECTION_SECONDS", 2 * 86400, 20)),
+            outbox_sweep_age=timedelta(seconds=_int(env, "OUTBOX_SWEEP_AGE_SECONDS", 600, 1)),
             http_caller_header=caller_header,
             log_duplicates=_bool(env, "DEDUP_LOG_DUPLICATES", False),
             trace_sampling_ratio=_ratio(env),
         )
         settings.idempotency_config()  # the retention rule is a startup error
+        settings.check_outbox_window()
         return settings
+
+    def check_outbox_window(self) -> None:
+        """Refuse a destination duplicate-detection window shorter than the redelivery window.
+
+        A committed message is re-sent (same id) while a copy of its incoming message can
+        still arrive, and by the sweeper: inside the destination's window the broker drops
+        the re-send; beyond it only the next consumer's dedup would. Like the dedup TTL,
+        the window must cover the redelivery horizon (Bicep sets both from one parameter).
+        """
+        horizon = self.window.length
+        if self.outbox_duplicate_detection < horizon:
+            raise SettingsError(
+                f"OUTBOX_DUPLICATE_DETECTION_SECONDS={int(self.outbox_duplicate_detection.total_seconds())}"
+                f" is shorter than the redelivery window ({int(horizon.total_seconds())} s): a "
+                "re-dispatch after the broker forgot the first send would reach the destination "
+                "again; raise the destinations' duplicateDetectionHistoryTimeWindow (at most 7 days)")
+        if self.outbox_duplicate_detection > timedelta(days=7):
+            raise SettingsError("OUTBOX_DUPLICATE_DETECTION_SECONDS must be at most 604800 "
+                                "(Service Bus keeps at most 7 days of duplicate detection)")
 
     def idempotency_config(self) -> IdempotencyConfig:
         return IdempotencyConfig(ttl=self.ttl, lease=self.lease, window=self.window)

@@ -114,6 +114,19 @@ param paymentsMaxAttempts int = 3
 @minValue(1)
 param paymentsMaxConcurrency int = 16
 
+@description('OUTBOX_DUPLICATE_DETECTION_SECONDS: duplicate-detection window of the outbox destinations (the notifications topic). The app refuses to start when it is shorter than the redelivery window (lock x deliveries + margin): a re-dispatch inside it is dropped by the broker.')
+@minValue(20)
+@maxValue(604800)
+param outboxDuplicateDetectionSeconds int = 172800
+
+@description('OUTBOX_SWEEP_AGE_SECONDS: the maintenance timer dispatches outgoing messages pending longer than this.')
+@minValue(1)
+param outboxSweepAgeSeconds int = 600
+
+@description('Alert when an outgoing message has been pending longer than this many seconds.')
+@minValue(60)
+param outboxPendingAlertSeconds int = 3600
+
 @description('HTTP_CALLER_HEADER: the request header that names the authenticated caller of POST /api/payments, set by a front end (e.g. API Management) that overwrites any client-sent copy; Idempotency-Keys are scoped per caller. Empty: App Service authentication\'s caller, if httpAuthClientId turns it on, else one shared scope.')
 param httpCallerHeader string = ''
 
@@ -256,6 +269,7 @@ module serviceBus 'core/servicebus.bicep' = {
     lockDurationSeconds: serviceBusLockDurationSeconds
     maxDeliveryCount: serviceBusMaxDeliveryCount
     duplicateDetectionHistoryTimeWindow: duplicateDetectionHistoryTimeWindow
+    outboxDuplicateDetectionSeconds: outboxDuplicateDetectionSeconds
     defaultMessageTimeToLive: defaultMessageTimeToLive
     appPrincipalId: identity.outputs.principalId
     developerPrincipalId: principalId
@@ -307,6 +321,7 @@ module alerts 'core/alerts.bicep' = {
       notificationsTopicName
     ]
     alertEmailAddress: alertEmailAddress
+    outboxPendingAlertSeconds: outboxPendingAlertSeconds
     duplicateSpikeMinCount: duplicateSpikeMinCount
     duplicateSpikeFactor: duplicateSpikeFactor
   }
@@ -352,6 +367,8 @@ var appSettings = {
   PAYMENTS_MISSING_KEY_POLICY: paymentsMissingKeyPolicy
   PAYMENTS_MAX_ATTEMPTS: string(paymentsMaxAttempts)
   PAYMENTS_MAX_CONCURRENCY: string(paymentsMaxConcurrency)
+  OUTBOX_DUPLICATE_DETECTION_SECONDS: string(outboxDuplicateDetectionSeconds)
+  OUTBOX_SWEEP_AGE_SECONDS: string(outboxSweepAgeSeconds)
   HTTP_CALLER_HEADER: httpCallerHeader
   MAINTENANCE_SCHEDULE: maintenanceSchedule
   DEDUP_LOG_DUPLICATES: dedupLogDuplicates ? 'true' : 'false'

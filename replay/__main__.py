@@ -6,6 +6,8 @@
     python -m replay replay --filter consumer=payments,reason=ProcessingFailed --dry-run
     python -m replay replay --all            # one line per item as it completes, then totals
     python -m replay discard dlq:orders/43 --note "duplicate order, refunded by hand"
+    python -m replay outbox [--older-than 10m]            # outgoing messages still pending
+    python -m replay outbox --dispatch [--dry-run]        # dispatch them (same message ids)
 
 The app's settings come from the environment (as the function app reads them)
 or from a local.settings.json (`--settings`). Azure: the stores with
@@ -32,7 +34,15 @@ from functions.settings import Settings, SettingsError
 from replay.deadletters import ServiceBusDeadLetters
 from replay.render import counts_text, items_text, progress_line, results_text, show_text
 from replay.stores import document_lister
-from replay.tool import Filters, Options, ReplayError, ReplayTool, Result, app_entities
+from replay.tool import (
+    Filters,
+    Options,
+    ReplayError,
+    ReplayTool,
+    Result,
+    app_entities,
+    pending_outgoing,
+)
 from shared.parking import ParkingLot
 
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
@@ -98,6 +108,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "was NOT sent, so sending it now is the first time")
     replay.add_argument("--past-retention", action="store_true",
                         help="replay items older than the dedup records' retention (checked by hand)")
+    outbox = commands.add_parser("outbox", parents=[common],
+                                 help="outgoing messages committed but not recorded as dispatched")
+    outbox.add_argument("--older-than", type=duration, default=0.0, metavar="AGE")
+    outbox.add_argument("--dispatch", action="store_true",
+                        help="dispatch and record them (their ids are the recorded ones)")
+    outbox.add_argument("--dry-run", action="store_true", help="with --dispatch: change nothing")
     discard = commands.add_parser("discard", parents=[common], help="close an item with a note")
     discard.add_argument("id")
     discard.add_argument("--note", required=True, help="why (kept on the entry)")
@@ -193,6 +209,18 @@ def run(tool: ReplayTool, args: argparse.Namespace) -> int:
         print(json.dumps([i.to_json(now) for i in items], indent=2) if args.json
               else items_text(items, now))
         return 0
+    if args.command == "outbox":
+        pending = pending_outgoing(tool.services, older_than=args.older_than, now=now,
+                                   dispatch=args.dispatch, dry_run=args.dry_run)
+        if args.json:
+            print(json.dumps([p.to_json(now) for p in pending], indent=2))
+        else:
+            for p in pending:
+                ids = ", ".join(f"{m['id']} -> {m['destination']}" for m in p.messages)
+                print(f"{p.status:<15} {p.consumer} {p.key} pending {now - p.pending_since:.0f} s: "
+                      f"{ids}{'  ' + p.detail if p.detail else ''}")
+            print(f"{len(pending)} marker(s) with pending outgoing messages")
+        return 1 if any(p.status == "failed" for p in pending) else 0
     if args.command == "show":
         item, facts = tool.show(args.id)
         print(json.dumps({**item.to_json(now, full=True), "facts": facts}, indent=2, default=str)

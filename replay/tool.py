@@ -646,3 +646,49 @@ class ReplayTool:
         self._mark_failed(item, f"{decision.action.value}: {decision.reason}: {decision.description}")
         return Result(item.id, "failed", f"not sent: {decision.reason}: {decision.description}")
 
+
+
+# -- the outbox: outgoing messages committed but not recorded as dispatched -------------------
+@dataclass
+class PendingOutgoing:
+    """One marker still carrying outgoing messages, and what the tool did with it."""
+
+    consumer: str
+    key: str
+    marker: str  # partition/id of the marker
+    pending_since: float
+    messages: list[dict[str, Any]]
+    status: str = "pending"  # pending | would dispatch | dispatched | failed
+    detail: str = ""
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        return {"consumer": self.consumer, "key": self.key, "marker": self.marker,
+                "pendingSince": self.pending_since, "ageSeconds": round(now - self.pending_since, 1),
+                "messages": self.messages, "status": self.status, "detail": self.detail}
+
+
+def pending_outgoing(services: Services, *, older_than: float, now: float, dispatch: bool = False,
+                     dry_run: bool = False) -> list[PendingOutgoing]:
+    """Markers of the sending consumers pending for longer than `older_than` seconds; with
+    `dispatch`, each dispatched and recorded as a copy of its message would (same ids: the
+    destination's duplicate detection and the next consumer's dedup absorb a re-send);
+    `dry_run` says what would be dispatched and changes nothing."""
+    from shared.exceptions import DispatchRejectedError, DispatchUnavailableError
+
+    found: list[PendingOutgoing] = []
+    for name, idempotency in services.maintenance.outbox.items():
+        for record in idempotency.store.iter_pending(since_before=now - older_than):
+            entry = PendingOutgoing(
+                name, record.key.key, f"{record.partition_key}/{record.id}", record.updated_at,
+                [{"id": m.message_id, "destination": m.destination, "bytes": len(m.body)}
+                 for m in record.outbox])
+            if dispatch and dry_run:
+                entry.status = "would dispatch"
+            elif dispatch:
+                try:
+                    idempotency.dispatch_pending(record)
+                    entry.status = "dispatched"
+                except (DispatchUnavailableError, DispatchRejectedError) as error:
+                    entry.status, entry.detail = "failed", str(error)
+            found.append(entry)
+    return found

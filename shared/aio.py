@@ -70,6 +70,9 @@ class ThreadedStore(AsyncDocumentStore):
         return await self._call(self.sync.commit, marker, operations, marker_body=marker_body,
                                 written=written)
 
+    async def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
+        return await self._call(self.sync.record_dispatched, marker)
+
     async def close(self) -> None:
         await self._call(self.sync.close)
 

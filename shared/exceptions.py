@@ -144,3 +144,34 @@ def _seconds_from(value: str) -> float | None:
         when = when.replace(tzinfo=datetime.UTC)
     return max(0.0, (when - datetime.datetime.now(datetime.UTC)).total_seconds())
 
+
+class OutgoingMessageTooLargeError(IdempotencyError, ValueError):
+    """An outgoing message (or one key's messages) is larger than the marker can carry.
+
+    Raised while the consumer records the message, before anything commits, so
+    it is a bug or bad input of this message, never a dispatch-time surprise.
+    """
+
+
+class DispatchUnavailableError(IdempotencyError):
+    """The broker did not take (or did not confirm) an outgoing message: retry later.
+
+    The messages stay pending on the marker; re-sending them is safe because
+    their ids are stable and the destination deduplicates them.
+    """
+
+    def __init__(self, message: str, *, error: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.error = error
+
+
+class DispatchRejectedError(IdempotencyError):
+    """The broker refused an outgoing message for a reason retrying will not fix.
+
+    For example a destination that does not exist or a message over the
+    entity's size limit. The messages stay pending and the failure is alerted.
+    """
+
+    def __init__(self, message: str, *, error: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.error = error

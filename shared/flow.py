@@ -18,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import datetime
 import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine, Generator, Sequence
+from collections import Counter
+from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Concatenate, Protocol, Self, overload
@@ -35,6 +37,8 @@ from shared.exceptions import (
     RecordExistsError,
     StoreUnavailableError,
 )
+from shared.keys import DedupKey
+from shared.outbox import OutgoingMessage, PropertyValue, check_pending_size, outgoing
 from shared.records import IdempotencyRecord
 from shared.stores.base import RACE_STATUSES, Document, WriteOp
 
@@ -44,11 +48,50 @@ logger = logging.getLogger(__name__)
 # -- what the steps carry --------------------------------------------------------------------
 class Writes:
     """What one atomic commit writes besides its markers: business writes, in order, in the
-    markers' partition (a transaction; what else a commit may carry joins here)."""
+    markers' partition (a transaction; what else a commit may carry joins here), and the
+    messages it sends (`send`: recorded on the marker, dispatched after the commit).
 
-    def __init__(self, partition: str) -> None:
+    `key` is the dedup key the messages' default ids derive from (in a group commit, the
+    first message's: the marker that carries them); `correlation_id` the incoming
+    message's, propagated unless `send` is given another.
+    """
+
+    def __init__(self, partition: str, *, key: DedupKey | None = None,
+                 correlation_id: str | None = None) -> None:
         self.partition = partition
         self.operations: list[WriteOp] = []
+        self.outgoing: list[OutgoingMessage] = []
+        self._key = key
+        self._correlation_id = correlation_id
+        self._ordinals: Counter[str] = Counter()
+
+    def send(self, destination: str, body: bytes | str | Mapping[str, Any] | Sequence[Any], *,
+             message_id: str | None = None, content_type: str | None = None,
+             properties: Mapping[str, PropertyValue] | None = None,
+             correlation_id: str | None = None, session_id: str | None = None,
+             partition_key: str | None = None,
+             scheduled_enqueue_time: datetime.datetime | None = None) -> OutgoingMessage:
+        """Record a message to send once this transaction has committed (see `shared.outbox`):
+        written on the marker in the same transaction, dispatched after the commit, re-sent
+        until recorded as dispatched.
+
+        Its id defaults to one derived from the key, the destination and its ordinal there,
+        so a rebuilt transaction yields the same ids. Too large a body, or too many bytes
+        for one marker, raises OutgoingMessageTooLargeError here, before anything commits.
+        """
+        if self._key is None:
+            raise TypeError("this transaction has no dedup key to send for (use an atomic commit)")
+        ordinal = self._ordinals[destination]
+        message = outgoing(self._key, destination, body, ordinal=ordinal, message_id=message_id,
+                           content_type=content_type,
+                           correlation_id=correlation_id or self._correlation_id,
+                           properties=properties, session_id=session_id,
+                           partition_key=partition_key,
+                           scheduled_enqueue_time=scheduled_enqueue_time)
+        check_pending_size([*self.outgoing, message])
+        self._ordinals[destination] = ordinal + 1
+        self.outgoing.append(message)
+        return message
 
     def create(self, document_id: str, body: dict[str, Any]) -> None:
         self.operations.append(WriteOp("create", document_id, body))
@@ -206,12 +249,16 @@ class Built:
 @dataclass(frozen=True, slots=True)
 class Build:
     """Run the user's `build(tx, *args)` on a fresh transaction of `partition` (its reads
-    answered from `reads` first). The driver awaits an async build. Answer: `Built`."""
+    answered from `reads` first). The driver awaits an async build. Answer: `Built`.
+    `key` and `correlation_id` are what the messages `tx.send` records derive their ids
+    from and propagate (no key: the transaction cannot send)."""
 
     build: Callable[..., Any]
     partition: str
     args: tuple[Any, ...] = ()
     reads: Reads | None = None
+    key: DedupKey | None = None
+    correlation_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +282,25 @@ class RunHandler:
     every: float
     until: float
     clock: Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Send committed outgoing messages with `dispatcher` (a `shared.dispatch.Dispatcher`, or an
+    async one under `run_async`). Answer: None; DispatchUnavailableError (transient) or
+    DispatchRejectedError: the messages stay pending on their marker either way."""
+
+    dispatcher: Any
+    messages: tuple[OutgoingMessage, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordDispatched:
+    """Clear a marker's pending messages under its etag, leaving every other field (a marker
+    that is a business document keeps its body). Answer: the marker with its new etag and
+    no outbox; RecordChangedError when it changed or vanished since it was read."""
+
+    marker: IdempotencyRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,7 +331,7 @@ class OnStore:
 
 Step = (GetRecord | PutRecordIfAbsent | ReplaceRecordIfUnchanged | DeleteRecordIfUnchanged
         | ReadDocument | WriteDocuments | Commit | CommitGroup | Build | RunHandler | Sleep | Gather
-        | OnStore)
+        | OnStore | Dispatch | RecordDispatched)
 type Flow[T] = Generator[Step, Any, T]
 
 
@@ -337,6 +403,7 @@ class SyncStore(Protocol):
                written: list[Document] | None = None) -> IdempotencyRecord: ...
     def commit_group(self, markers: Sequence[IdempotencyRecord], operations: Sequence[WriteOp], *,
                      written: list[Document] | None = None) -> list[IdempotencyRecord]: ...
+    def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord: ...
 
 
 class AsyncStore(Protocol):
@@ -358,6 +425,7 @@ class AsyncStore(Protocol):
     async def commit_group(self, markers: Sequence[IdempotencyRecord],
                            operations: Sequence[WriteOp], *,
                            written: list[Document] | None = None) -> list[IdempotencyRecord]: ...
+    async def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord: ...
 
 
 # -- the drivers -----------------------------------------------------------------------------
@@ -399,9 +467,9 @@ def _perform_sync(step: Step, store: SyncStore, sleep: Callable[[float], object]
             written = []
             return Committed(tuple(store.commit_group(markers, writes.operations, written=written)),
                              tuple(written))
-        case Build(build, partition, args, reads):
+        case Build(build, partition, args, reads, key, correlation_id):
             _commits(store)
-            tx = Transaction(store, partition, reads)
+            tx = Transaction(store, partition, reads, key=key, correlation_id=correlation_id)
             value = build(tx, *args)
             if inspect.isawaitable(value):
                 _close(value)
@@ -424,6 +492,14 @@ def _perform_sync(step: Step, store: SyncStore, sleep: Callable[[float], object]
                 return _in_order([future.result() for future in futures])
         case OnStore(other, flow):
             return run_sync(flow, other, sleep=sleep)
+        case Dispatch(dispatcher, messages):
+            sent = dispatcher.dispatch(messages)
+            if inspect.isawaitable(sent):
+                _close(sent)
+                raise TypeError("an async dispatcher needs the async face (shared.aio)")
+            return None
+        case RecordDispatched(marker):
+            return store.record_dispatched(marker)
 
 
 async def run_async[T](flow: Flow[T], store: Any, *,
@@ -466,9 +542,9 @@ async def _perform_async(step: Step, store: AsyncStore, sleep: Callable[[float],
             written = []
             markers = await store.commit_group(markers, writes.operations, written=written)
             return Committed(tuple(markers), tuple(written))
-        case Build(build, partition, args, reads):
+        case Build(build, partition, args, reads, key, correlation_id):
             _commits(store)
-            tx = AsyncTransaction(store, partition, reads)
+            tx = AsyncTransaction(store, partition, reads, key=key, correlation_id=correlation_id)
             value = build(tx, *args)
             return Built(await value if inspect.isawaitable(value) else value, tx)
         case RunHandler():
@@ -491,6 +567,13 @@ async def _perform_async(step: Step, store: AsyncStore, sleep: Callable[[float],
             return _in_order(list(await asyncio.gather(*(run(flow) for flow in flows))))
         case OnStore(other, flow):
             return await run_async(flow, other, sleep=sleep)
+        case Dispatch(dispatcher, messages):
+            sent = dispatcher.dispatch(messages)
+            if inspect.isawaitable(sent):
+                await sent
+            return None
+        case RecordDispatched(marker):
+            return await store.record_dispatched(marker)
 
 
 def _outcome(run: Callable[[Flow[Any]], Any], flow: Flow[Any]) -> Any:
@@ -700,8 +783,9 @@ class BaseTransaction(Writes):
     """What a build receives: the commit's writes (`Writes`: they join the marker's
     transaction, in its partition) and `read`, written once as a flow."""
 
-    def __init__(self, store: Any, partition: str, reads: Reads | None = None) -> None:
-        super().__init__(partition)
+    def __init__(self, store: Any, partition: str, reads: Reads | None = None, *,
+                 key: DedupKey | None = None, correlation_id: str | None = None) -> None:
+        super().__init__(partition, key=key, correlation_id=correlation_id)
         self.store = store
         self._reads = reads
 
@@ -729,8 +813,9 @@ class AsyncTransaction(BaseTransaction, Async):
 
 __all__ = [
     "UNREAD", "AsyncStore", "AsyncTransaction", "Build", "Built", "Commit", "CommitGroup",
-    "Committed", "DeleteRecordIfUnchanged", "Flow", "Gather", "GetRecord", "HandlerRun",
-    "OnStore", "PutRecordIfAbsent", "ReadDocument", "ReplaceRecordIfUnchanged", "RunHandler",
+    "Committed", "DeleteRecordIfUnchanged", "Dispatch", "Flow", "Gather", "GetRecord", "HandlerRun",
+    "OnStore", "PutRecordIfAbsent", "ReadDocument", "RecordDispatched", "ReplaceRecordIfUnchanged",
+    "RunHandler",
     "Sleep", "Step", "Sync", "SyncStore", "Transaction", "Unread", "WriteDocuments",
     "flowmethod", "retry_on_race", "run_async", "run_sync", "update_document",
 ]

@@ -7,6 +7,14 @@ its result. `run_atomic` writes the marker and the business documents in one
 transaction; `run_atomic_group` commits many messages of one partition at once.
 The store arbitrates concurrent copies with conditional writes.
 
+The outbox: messages a build sends (`tx.send`) are written on the marker in the
+same transaction, dispatched after the commit, then cleared under the marker's
+etag (`RecordDispatched`); only then does the flow return, so the caller
+acknowledges the incoming message after the messages are out. A copy that finds
+the marker still carrying messages dispatches them before it is acknowledged
+(the marker read it makes anyway says so); a dispatch failure raises, leaving
+them pending for the next copy or the sweeper (`dispatch_pending`).
+
 Each method is written once, as a flow (`shared.flow`): `Idempotency` runs it
 on a sync store, `shared.aio.Idempotency` awaits it on an async one.
 """
@@ -41,11 +49,13 @@ from shared.flow import (
     CommitGroup,
     Committed,
     DeleteRecordIfUnchanged,
+    Dispatch,
     Flow,
     GetRecord,
     HandlerRun,
     PutRecordIfAbsent,
     Reads,
+    RecordDispatched,
     ReplaceRecordIfUnchanged,
     RunHandler,
     Sync,
@@ -86,8 +96,11 @@ class BaseIdempotency:
 
     def __init__(self, store: Any, *, config: IdempotencyConfig | None = None,
                  telemetry: Telemetry | None = None, cache: CompletedKeyCache | None = None,
-                 documents: DocumentCache | None = None) -> None:
+                 documents: DocumentCache | None = None, dispatcher: Any = None) -> None:
         self.store = store  # the atomic paths also need it to hold documents
+        # Sends what builds record with `tx.send` (shared.dispatch; an async one on the
+        # async face). None: a build that sends fails before committing.
+        self.dispatcher = dispatcher
         self.config = config or IdempotencyConfig()
         self.telemetry = telemetry or Telemetry()
         self.cache = cache  # completed keys only; consulted by run/run_atomic before the store
@@ -147,12 +160,63 @@ class BaseIdempotency:
 
     def _finish(self, outcome: Outcome, started: float, context: Context | None, *,
                 handler_seconds: float = 0.0, source: str = "store") -> Outcome:
-        if self.cache is not None and outcome.record is not None and source == "store":
+        if (self.cache is not None and outcome.record is not None and source == "store"
+                and not outcome.record.has_pending):
             self.cache.put(outcome.record)  # refuses anything not completed
         elapsed = time.perf_counter() - started
         self.telemetry.outcome(outcome, latency=elapsed - handler_seconds, backend=self.store.name,
                                source=source, handler_latency=handler_seconds, context=context)
         return outcome
+
+    def _can_send(self, writes: Writes) -> None:
+        if writes.outgoing and self.dispatcher is None:
+            raise TypeError(f"the build sent {len(writes.outgoing)} message(s) but this "
+                            "Idempotency has no dispatcher")
+
+    @flowmethod
+    def dispatch_pending(self, marker: IdempotencyRecord) -> Flow[IdempotencyRecord]:
+        """Send a committed marker's pending messages, then clear them under its etag.
+
+        Returns the marker as stored after that (nothing pending). A dispatch failure
+        propagates (DispatchUnavailableError: retry later) and leaves them pending. When the
+        marker changed meanwhile (a business write on a marker that is a document, or
+        someone else recorded the dispatch), it is read again: cleared already = done,
+        still pending = those are cleared (they were just sent).
+        """
+        if not marker.outbox:
+            return marker
+        if self.dispatcher is None:
+            raise TypeError(f"{marker.key.encoded} has {len(marker.outbox)} pending message(s) "
+                            "but this Idempotency has no dispatcher")
+        consumer = marker.key.consumer
+        try:
+            yield Dispatch(self.dispatcher, marker.outbox)
+        except Exception as error:
+            self.telemetry.dispatch_failed(len(marker.outbox), consumer=consumer, error=error)
+            raise
+        self.telemetry.dispatched(len(marker.outbox), consumer=consumer)
+        sent = {message.message_id for message in marker.outbox}
+        current = marker
+        for _ in range(self.config.max_commit_attempts):
+            try:
+                return (yield RecordDispatched(current))
+            except RecordChangedError:
+                found: IdempotencyRecord | None = yield GetRecord(marker.partition_key, marker.id)
+                if found is None or not found.outbox:
+                    return found or marker.evolve(outbox=())
+                if not {m.message_id for m in found.outbox} <= sent:
+                    return found  # other messages pending now: theirs to send
+                current = found
+        raise ConcurrencyRetriesExhaustedError(f"recording the dispatch of {marker.key.encoded}")
+
+    def _settled(self, outcome: Outcome) -> Flow[Outcome]:
+        """The outcome once the marker's pending messages (if any) are dispatched and recorded."""
+        record = outcome.record
+        if (record is None or not record.outbox
+                or outcome.status not in (OutcomeStatus.PROCESSED, OutcomeStatus.DUPLICATE)):
+            return outcome
+        cleared = yield from self.dispatch_pending.flow(record)
+        return Outcome(outcome.status, outcome.key, outcome.request_hash, outcome.result, cleared)
 
     # -- two-phase -------------------------------------------------------------------
     @flowmethod
@@ -285,28 +349,45 @@ class BaseIdempotency:
     def run_atomic(self, key: DedupKey, request_hash: str, build: Callable[..., Any], *,
                    partition: str | None = None, marker_id: str | None = None,
                    marker_body: dict[str, Any] | None = None, expires: bool = True,
-                   context: Context | None = None) -> Flow[Outcome]:
+                   context: Context | None = None, read_first: bool = False) -> Flow[Outcome]:
         """Commit the marker and the writes `build(tx)` adds in one transaction.
 
         `build` may read current state through the transaction; it is called again when a
         concurrent writer changed what it read (etag mismatch). With `marker_id` /
         `marker_body` the marker is the business document itself (an order whose id is the
         order id); `expires=False` keeps it. On the async face `build` may be async.
+
+        Messages `build` sends with `tx.send` are committed on the marker, then dispatched
+        and recorded before this returns; a duplicate dispatches what its marker still
+        carries. `read_first` reads the marker before building (a redelivery, most likely
+        a duplicate: one request instead of a failed commit and a read).
         """
         started = time.perf_counter()
         cached = self._cached(key, request_hash)
         if cached is not None:
             return self._finish(cached, started, context, source="cache")
         expired: list[IdempotencyRecord] = []  # an expired marker the next attempt replaces
+        correlation_id = context.get("correlation_id") if context else None
+        if read_first:
+            probe = self._marker(key, request_hash, partition=partition, record_id=marker_id)
+            existing: IdempotencyRecord | None = yield GetRecord(probe.partition_key, probe.id)
+            if existing is not None and existing.is_expired(self._now()):
+                expired.append(existing)
+            elif existing is not None:
+                outcome = yield from self._settled(self._judge(existing, request_hash, key))
+                return self._finish(outcome, started, context)
 
         def attempt() -> Flow[Outcome]:
             marker = self._marker(key, request_hash, partition=partition, record_id=marker_id,
                                   expires=expires, over=expired.pop() if expired else None)
-            built: Built = yield Build(build, marker.partition_key)
+            built: Built = yield Build(build, marker.partition_key, key=key,
+                                       correlation_id=correlation_id)
             encode_result(built.value, self.config.max_result_bytes)
+            self._can_send(built.writes)
             try:
-                committed: Committed = yield Commit(marker.evolve(result=built.value),
-                                                    built.writes, marker_body)
+                committed: Committed = yield Commit(
+                    marker.evolve(result=built.value, outbox=tuple(built.writes.outgoing)),
+                    built.writes, marker_body)
                 return Outcome(OutcomeStatus.PROCESSED, key, request_hash, built.value,
                                committed.markers[0])
             except (RecordExistsError, RecordChangedError):
@@ -319,6 +400,7 @@ class BaseIdempotency:
 
         outcome = yield from retry_on_race(attempt, attempts=self.config.max_commit_attempts,
                                            what=f"commit of {key.encoded}")
+        outcome = yield from self._settled(outcome)
         return self._finish(outcome, started, context)
 
     @flowmethod
@@ -333,6 +415,10 @@ class BaseIdempotency:
         in `run_atomic` (duplicate, conflict, or an expired record taken over) and the others
         are committed again, without reading what `tx` already read. A key twice in the group
         is judged against its first copy's record. Returns one outcome per message, in order.
+
+        Messages `build` sends go on the first marker of their transaction (their ids derive
+        from its key) and are dispatched and recorded after that transaction commits; a
+        duplicate whose marker still carries messages dispatches them.
         """
         started = time.perf_counter()
         decided: dict[int, tuple[Outcome, str]] = {}  # message index -> (outcome, source)
@@ -356,11 +442,13 @@ class BaseIdempotency:
                     f"group commit in {partition}: lost {races[index]} races in a row")
 
         while todo:
-            chunk, results, writes = yield from self._build_chunk(partition, todo, build, reads)
+            chunk, results, writes = yield from self._build_chunk(partition, todo, build, reads,
+                                                                  messages)
             markers = tuple(self._marker(messages[i].key, messages[i].request_hash,
                                          partition=partition, over=expired.get(i)
                                          ).evolve(result=result)
                             for i, result in zip(chunk, results, strict=True))
+            markers = (markers[0].evolve(outbox=tuple(writes.outgoing)), *markers[1:])
             try:
                 committed: Committed = yield CommitGroup(markers, writes)
             except (RecordExistsError, RecordChangedError) as error:
@@ -373,7 +461,7 @@ class BaseIdempotency:
                     lost_race(index)
                     continue
                 if isinstance(found, Outcome):
-                    decided[index] = (found, "store")
+                    decided[index] = ((yield from self._settled(found)), "store")
                     todo.remove(index)
                 else:
                     expired[index] = found
@@ -385,7 +473,9 @@ class BaseIdempotency:
                 reads.lost_race()  # a business document changed since it was read
                 lost_race(-1)
                 continue
-            for index, marker, result in zip(chunk, committed.markers, results, strict=True):
+            first = yield from self.dispatch_pending.flow(committed.markers[0])
+            for index, marker, result in zip(chunk, (first, *committed.markers[1:]), results,
+                                             strict=True):
                 decided[index] = (Outcome(OutcomeStatus.PROCESSED, marker.key, marker.request_hash,
                                           result, marker), "store")
             todo = todo[len(chunk):]
@@ -402,11 +492,14 @@ class BaseIdempotency:
         return outcomes
 
     def _build_chunk(self, partition: str, todo: Sequence[int], build: Callable[..., Any],
-                     reads: Reads) -> Flow[tuple[list[int], list[Any], Writes]]:
+                     reads: Reads, messages: Sequence[GroupMessage]
+                     ) -> Flow[tuple[list[int], list[Any], Writes]]:
         """The next messages that fit in one transaction with their writes, built."""
         chunk = list(todo[:MAX_TRANSACTION_OPERATIONS - 1])
         while True:
-            built: Built = yield Build(build, partition, (chunk,), reads)
+            first = messages[chunk[0]]
+            built: Built = yield Build(build, partition, (chunk,), reads, key=first.key,
+                                       correlation_id=(first.context or {}).get("correlation_id"))
             results = list(built.value)
             operations = built.writes.operations
             if reads.unchecked(operations):
@@ -421,6 +514,7 @@ class BaseIdempotency:
             raise ValueError(f"build returned {len(results)} results for {len(chunk)} messages")
         for result in results:
             encode_result(result, self.config.max_result_bytes)
+        self._can_send(built.writes)
         return chunk, results, built.writes
 
 

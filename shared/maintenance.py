@@ -1,4 +1,5 @@
-"""Housekeeping for a timer trigger: purge expired records, close abandoned claims.
+"""Housekeeping for a timer trigger: purge expired records, close abandoned claims,
+dispatch outgoing messages no redelivery will.
 
 Records accumulate unless something deletes them (Table Storage has no TTL;
 Cosmos expires markers in the background), and a claim whose holder died
@@ -11,6 +12,13 @@ function timeout) among the stores, and each store sweeps what it can within
 its share (`RecordStore.sweep`: Table Storage scans page by page and resumes
 next run where it stopped; Cosmos expires markers by native TTL and queries
 only for stale claims). Stores on one table are swept once.
+
+The outbox sweep: a commit's messages are dispatched right after it, and again
+by any copy of the incoming message; when none comes (the message expired or
+was purged after the commit, the instance died on its last delivery) they stay
+pending on the marker. The sweep finds markers pending for longer than
+`outbox_age_seconds` (`iter_pending`: its cost grows with the pending markers,
+not all markers) and dispatches and records them as a copy would.
 """
 
 from __future__ import annotations
@@ -19,12 +27,14 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from shared.exceptions import RecordChangedError
+from shared.exceptions import DispatchRejectedError, DispatchUnavailableError, RecordChangedError
 from shared.parking import ParkingLot
 from shared.records import IdempotencyRecord
 from shared.stores.base import RecordStore
 from shared.stores.sweep import DEFAULT_BUDGET_SECONDS, SweepReport, Timer
+from shared.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +45,10 @@ class MaintenanceReport:
     parked: int = 0
     # per store: rows read, finished
     sweeps: dict[str, SweepReport] = field(default_factory=dict[str, SweepReport])
+    outbox_pending: int = 0  # markers found pending past the age
+    outbox_dispatched: int = 0  # of them, dispatched and recorded now
+    outbox_failed: int = 0  # of them, whose dispatch failed (still pending: next sweep)
+    oldest_pending_age: float = 0.0  # seconds, of the oldest found
 
 
 class Maintenance:
@@ -49,13 +63,18 @@ class Maintenance:
     def __init__(self, stores: Mapping[str, RecordStore], parking: ParkingLot, *,
                  grace_seconds: float, clock: Callable[[], float],
                  budget_seconds: float = DEFAULT_BUDGET_SECONDS,
-                 timer: Timer = time.monotonic) -> None:
+                 timer: Timer = time.monotonic, outbox: Mapping[str, Any] | None = None,
+                 outbox_age_seconds: float = 600.0, telemetry: Telemetry | None = None) -> None:
         self.stores = stores
         self.parking = parking
         self.grace_seconds = grace_seconds
         self.clock = clock
         self.budget_seconds = budget_seconds
         self.timer = timer
+        # The consumers that send (name -> a sync `Idempotency` with its dispatcher).
+        self.outbox: Mapping[str, Any] = outbox or {}
+        self.outbox_age_seconds = outbox_age_seconds
+        self.telemetry = telemetry or Telemetry()
 
     def _distinct_stores(self) -> list[tuple[str, RecordStore]]:
         """One store per collection: two roles on one table would scan it twice."""
@@ -92,8 +111,29 @@ class Maintenance:
                                 budget_seconds=share, timer=self.timer)
             report.sweeps[name] = sweep
             report.purged[name] = sweep.purged
+        self.sweep_outbox(report, now)
         logger.info("maintenance done", extra={
             "event": "MaintenanceRun", "purged": report.purged, "parked_stale": report.parked,
             "rows_read": {name: s.rows_read for name, s in report.sweeps.items()},
-            "unfinished": sorted(name for name, s in report.sweeps.items() if not s.complete)})
+            "unfinished": sorted(name for name, s in report.sweeps.items() if not s.complete),
+            "outbox_dispatched": report.outbox_dispatched})
         return report
+
+    def sweep_outbox(self, report: MaintenanceReport, now: float) -> None:
+        """Dispatch what has been pending longer than the age; a failure waits for the next run."""
+        if not self.outbox:
+            return
+        for name, idempotency in self.outbox.items():
+            for record in idempotency.store.iter_pending(since_before=now - self.outbox_age_seconds):
+                report.outbox_pending += 1
+                report.oldest_pending_age = max(report.oldest_pending_age, now - record.updated_at)
+                try:
+                    idempotency.dispatch_pending(record)
+                    report.outbox_dispatched += 1
+                except (DispatchUnavailableError, DispatchRejectedError) as error:
+                    report.outbox_failed += 1
+                    logger.warning("outbox sweep: %s: %s", name, error)
+        self.telemetry.outbox_swept(pending=report.outbox_pending,
+                                    dispatched=report.outbox_dispatched,
+                                    failed=report.outbox_failed,
+                                    oldest_age=report.oldest_pending_age)

@@ -9,6 +9,7 @@ from typing import Any
 
 from shared.exceptions import ResultTooLargeError
 from shared.keys import DedupKey
+from shared.outbox import OutgoingMessage
 
 
 class RecordState(enum.StrEnum):
@@ -45,6 +46,9 @@ class IdempotencyRecord:
     partition: str | None = None  # defaults to the encoded key
     record_id: str | None = None  # defaults to the encoded key
     etag: str | None = field(default=None, compare=False)
+    # Messages the committed effect sends, not yet recorded as dispatched: they travel on the
+    # marker, so whoever reads it (a duplicate, the sweeper) knows what is still to send.
+    outbox: tuple[OutgoingMessage, ...] = ()
 
     def __post_init__(self) -> None:
         # request_hash() answers a str subclass that can also judge a previous-form hash; a
@@ -60,6 +64,10 @@ class IdempotencyRecord:
     @property
     def partition_key(self) -> str:
         return self.partition or self.key.encoded
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self.outbox)
 
     def is_expired(self, now: float) -> bool:
         return self.expires_at is not None and self.expires_at <= now

@@ -15,6 +15,8 @@ from typing import Any, Protocol
 
 from shared.exceptions import (
     ConcurrencyRetriesExhaustedError,
+    DispatchRejectedError,
+    DispatchUnavailableError,
     StoreRequestError,
     StoreUnavailableError,
 )
@@ -88,8 +90,11 @@ def decision_for(outcome: Outcome) -> Decision:
     return Decision.wait("InProgress", f"{key.encoded} is being processed elsewhere")
 
 
-#: Store failures that retrying can fix: never a reason to dead-letter a valid message.
-TRANSIENT_ERRORS = (StoreUnavailableError, ConcurrencyRetriesExhaustedError)
+#: Failures that retrying can fix: never a reason to dead-letter a valid message. A dispatch the
+#: broker refused (no such entity, not authorised) is an operator's to fix, not the message's:
+#: its messages stay pending on the committed marker and the message is retried like an outage.
+TRANSIENT_ERRORS = (StoreUnavailableError, ConcurrencyRetriesExhaustedError,
+                    DispatchUnavailableError, DispatchRejectedError)
 #: Deliveries retried at once after a transient failure (a blip); later ones wait for the lock.
 FAST_RETRIES = 1
 

@@ -17,6 +17,10 @@ message rate:
 * `dedup.replay_skipped` (counter): Event Hubs events skipped under the
   high-water mark, with no store request each.
 * `dedup.parked` (counter): messages parked or dead-lettered.
+* `outbox.dispatched` / `outbox.dispatch_failures` (counters): outgoing messages
+  sent after their commit, and dispatch attempts that failed (by error type).
+* `outbox.oldest_pending_age` (gauge, s): the oldest outgoing message the
+  sweeper found still pending (0 when none); the Bicep alert watches it.
 
 Log records, with the dedup key, the correlation id and the trace ids as
 fields (`extra`, customDimensions in Application Insights), are written only
@@ -65,6 +69,11 @@ METRIC_MESSAGES = "dedup.messages"
 METRIC_STORE_LATENCY = "dedup.store.latency"
 METRIC_REPLAY_SKIPPED = "dedup.replay_skipped"
 METRIC_PARKED = "dedup.parked"
+METRIC_DISPATCHED = "outbox.dispatched"
+METRIC_DISPATCH_FAILURES = "outbox.dispatch_failures"
+METRIC_OLDEST_PENDING = "outbox.oldest_pending_age"
+EVENT_DISPATCH_FAILED = "OutboxDispatchFailed"
+EVENT_OUTBOX_SWEEP = "OutboxSweep"
 METRIC_SEQUENCE_RESET = "dedup.eventhubs.sequence_reset"
 METRIC_MARK_LAG = "dedup.eventhubs.mark_lag"
 
@@ -139,6 +148,15 @@ class Telemetry:
             description="Event Hubs events skipped under the high-water mark")
         self.parked_events = meter.create_counter(
             METRIC_PARKED, unit="{message}", description="Messages parked or dead-lettered")
+        self.dispatched_messages = meter.create_counter(
+            METRIC_DISPATCHED, unit="{message}",
+            description="Outgoing messages dispatched after their commit")
+        self.dispatch_failures = meter.create_counter(
+            METRIC_DISPATCH_FAILURES, unit="{dispatch}",
+            description="Dispatches of outgoing messages that failed (they stay pending)")
+        self.oldest_pending_age = meter.create_gauge(
+            METRIC_OLDEST_PENDING, unit="s",
+            description="Age of the oldest outgoing message the sweeper found pending")
         self.sequence_resets = meter.create_counter(
             METRIC_SEQUENCE_RESET, unit="{reset}",
             description="Event Hubs partitions whose sequence numbers restarted below the mark")
@@ -257,3 +275,25 @@ class Telemetry:
                   **trace_fields()}
         logger.log(level, "%s consumer=%s partition=%s events=%d", event, consumer, partition_id,
                    fields["events"], extra=_safe_extra(fields))
+
+    def dispatched(self, count: int, *, consumer: str) -> None:
+        """Outgoing messages the broker took after their commit."""
+        self.dispatched_messages.add(count, {"consumer": consumer})
+
+    def dispatch_failed(self, count: int, *, consumer: str, error: BaseException) -> None:
+        """A dispatch failed: its messages stay pending for a copy or the sweeper."""
+        self.dispatch_failures.add(1, {"consumer": consumer, "error": type(error).__name__})
+        logger.warning("%s consumer=%s messages=%d error=%s", EVENT_DISPATCH_FAILED, consumer,
+                       count, type(error).__name__,
+                       extra=_safe_extra({"event": EVENT_DISPATCH_FAILED, "consumer": consumer,
+                                          "count": count, "error": str(error), **trace_fields()}))
+
+    def outbox_swept(self, *, pending: int, dispatched: int, failed: int,
+                     oldest_age: float) -> None:
+        """One sweep: markers found pending past the age, dispatched, failed; the oldest age."""
+        self.oldest_pending_age.set(max(0.0, oldest_age))
+        logger.info("%s pending=%d dispatched=%d failed=%d oldest_age=%.1f", EVENT_OUTBOX_SWEEP,
+                    pending, dispatched, failed, oldest_age,
+                    extra=_safe_extra({"event": EVENT_OUTBOX_SWEEP, "pending": pending,
+                                       "dispatched": dispatched, "failed": failed,
+                                       "oldest_pending_age_s": round(oldest_age, 3)}))

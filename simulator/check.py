@@ -127,6 +127,10 @@ class Evidence:
     # for which the harness drew a fault). All of them faulted = the broker's max delivery
     # count was run out by the fault injector, not by a decision of the app.
     faulted_deliveries: dict[tuple[str, str, int, int], tuple[int, int]] | None = None
+    # What orders published went through the (simulated) broker to notify and audit, so each
+    # committed order's OrderAccepted must show in `api_calls` (False: a test's own dispatcher).
+    outbox_delivered: bool = False
+    outbox_orders: dict[str, str] = field(default_factory=dict)  # message id -> order id
 
 
 @dataclass
@@ -179,6 +183,8 @@ class CheckResult:
     resent_same_key: int = 0
     accounts_checked: int = 0
     in_progress: int = 0
+    phantoms: Counter[str] = field(default_factory=Counter)  # published for no committed effect
+    outbox_pending: int = 0  # markers still carrying outgoing messages after reconciliation
     unverified: Counter[str] = field(default_factory=Counter)
     examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     invariants: list[Invariant] = field(default_factory=list)
@@ -207,6 +213,7 @@ class CheckResult:
             "invalidNotRejected": dict(self.invalid_not_rejected),
             "hostExceptions": dict(self.host_exceptions), "stalledBatches": self.stalled_batches,
             "inProgress": self.in_progress, "unverified": dict(self.unverified),
+            "phantoms": dict(self.phantoms), "outboxPending": self.outbox_pending,
             "accountsChecked": self.accounts_checked,
             "examples": dict(self.examples),
             "invariants": [{"name": i.name, "ok": i.ok, "detail": i.detail} for i in self.invariants],
@@ -688,6 +695,62 @@ class Checker:
         self.result.stalled_batches = self.evidence.stalled_batches or 0
 
     # -- records ----------------------------------------------------------------------------------
+    # -- the outbox: what orders published, delivered downstream ------------------------------
+    def check_outbox(self) -> None:
+        """Every committed order's OrderAccepted effected once per subscription with the
+        committed content; none for an order that did not commit (a phantom); and no order
+        still carrying pending messages after reconciliation."""
+        calls = self.evidence.api_calls
+        committed: dict[str, str] = {}
+        for row in scan(self.stores.orders, self.run_id):
+            if row.get("kind") != "order":
+                continue
+            order_id = str(row.get("orderId"))
+            committed[order_id] = json.dumps([round(float(row.get("total") or 0), 2),
+                                              row.get("lineCount")])
+            if int(row.get("outboxChunks") or 0) > 0:
+                self.result.outbox_pending += 1
+                self.result.example("pending", f"order {order_id} still carries its messages")
+        if calls is None or not self.evidence.outbox_delivered:
+            return
+        per: dict[tuple[str, str], list[ApiCall]] = defaultdict(list)
+        for call in calls:
+            if call.notification_id.startswith("OrderAccepted:"):
+                per[(call.channel, call.notification_id.split(":", 1)[1])].append(call)
+        for (channel, order_id), seen in per.items():
+            wrong = [c for c in seen if c.new_effect and committed.get(order_id) != c.content]
+            if wrong:
+                self.result.phantoms[f"OrderAccepted ({channel})"] += len(wrong)
+                why = "no committed order" if order_id not in committed else "other content"
+                self.result.example("phantom", f"{channel} OrderAccepted {order_id}: {why}")
+        refused: dict[tuple[str, str], list[DeadLetter]] = defaultdict(list)
+        for letter in self.evidence.dead_letters or []:
+            if letter.logical.startswith("outbox:"):
+                order = self.evidence.outbox_orders.get(letter.logical.split(":", 1)[1])
+                if order is not None:
+                    refused[(letter.consumer, order)].append(letter)
+        for order_id, content in committed.items():
+            for channel in CHANNELS:
+                self.result.logical[f"OrderAccepted ({channel})"] += 1
+                effects = sum(1 for c in per.get((channel, order_id), [])
+                              if c.new_effect and c.content == content)
+                if effects == 0:
+                    letters = refused.get((channel, order_id))
+                    if letters:  # refused with a reason: not lost, but a valid message not effected
+                        reason = letters[0].reason
+                        self.result.valid_not_effected[f"OrderAccepted: dead-lettered {reason}"] += 1
+                        self.result.example("valid not effected",
+                                            f"{channel} OrderAccepted {order_id} ({reason})")
+                        continue
+                    self.result.lost[f"OrderAccepted ({channel})"] += 1
+                    self.result.example("lost", f"{channel} OrderAccepted {order_id}: never effected")
+                elif effects > 1:
+                    self.result.double_effects[f"OrderAccepted ({channel})"] += effects - 1
+                    self.result.example("double effect",
+                                        f"{channel} OrderAccepted {order_id}: {effects} notifications")
+                else:
+                    self.result.effects[f"OrderAccepted ({channel})"] += 1
+
     def check_in_progress(self) -> None:
         scanned: set[str] = set()
         for name, store in self.stores.records.items():
@@ -706,6 +769,7 @@ class Checker:
         self.check_order_status()
         self.check_payments()
         self.check_notifications()
+        self.check_outbox()
         self.check_invalid_input()
         self.check_host()
         if check_in_progress:
@@ -739,6 +803,13 @@ class Checker:
                       if not_rejected else f"{sum(result.rejection_reasons.values())} rejections"),
             Invariant("every key conflict dead-lettered or parked", unhandled == 0,
                       f"{unhandled} conflicts neither dead-lettered nor parked" if unhandled else ""),
+            Invariant("no message published for an effect that did not commit (no phantoms)",
+                      not result.phantoms,
+                      f"{sum(result.phantoms.values())} phantoms {dict(result.phantoms)}"
+                      if result.phantoms else ""),
+            Invariant("no outgoing message left pending after reconciliation",
+                      result.outbox_pending == 0,
+                      f"{result.outbox_pending} orders still pending" if result.outbox_pending else ""),
         ]
         if self.evidence.outcomes is not None:
             result.invariants.append(Invariant(

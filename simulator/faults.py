@@ -79,6 +79,10 @@ class FaultKind(enum.StrEnum):
     SENDER_TIMEOUT = "notification API timed out after accepting"
     REBALANCE = "partition rebalance mid-batch"
     OUTAGE = "store outage (server paused)"
+    CRASH_BEFORE_DISPATCH = "crash after commit, before dispatch"
+    CRASH_MID_DISPATCH = "crash after some of the outgoing messages were sent"
+    DISPATCH_TIMEOUT = "send timed out after the broker accepted it"
+    BROKER_OUTAGE = "broker outage during dispatch"
 
 
 def stable_seed(*parts: object) -> int:
@@ -143,6 +147,9 @@ class FaultPlan:
         if style == "two_phase":
             faults += [FaultKind.CRASH_AFTER_EFFECT, FaultKind.SENDER_ERROR,
                        FaultKind.SENDER_TIMEOUT]
+        if style == "outbox":  # a commit that sends: every way the dispatch can fail
+            faults += [FaultKind.CRASH_BEFORE_DISPATCH, FaultKind.CRASH_MID_DISPATCH,
+                       FaultKind.DISPATCH_TIMEOUT, FaultKind.BROKER_OUTAGE]
         # Redelivery (a lost ack) and concurrent copies (a lost lock) are duplicate sources.
         return self._table(faults, [(FaultKind.CRASH_BEFORE_ACK, 0.15),
                                     (FaultKind.LOCK_EXPIRY, 0.15)])
@@ -369,6 +376,12 @@ class _Forwarding(IdempotencyStore):
                written: list[Document] | None = None) -> IdempotencyRecord:
         return self.inner.commit(marker, operations, marker_body=marker_body, written=written)
 
+    def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
+        return self.inner.record_dispatched(marker)
+
+    def iter_pending(self, *, since_before: float) -> Iterator[IdempotencyRecord]:
+        return self.inner.iter_pending(since_before=since_before)
+
     def iter_records(self, *, in_progress_before: float | None = None,
                      expired_before: float | None = None) -> Iterator[IdempotencyRecord]:
         return self.inner.iter_records(in_progress_before=in_progress_before,
@@ -567,6 +580,21 @@ class ApiCall:
     key: str
     notification_id: str
     new_effect: bool  # False: the API recognised the Idempotency-Key and replayed its answer
+    content: str = ""  # for an order's OrderAccepted: the order content it announces
+
+
+def notification_id(body: dict[str, Any]) -> str:
+    """What the checker names a notification by: the workload's id, or the order an
+    `OrderAccepted` (published by `orders` through its outbox) announces."""
+    if body.get("type") == "OrderAccepted":
+        return f"OrderAccepted:{body.get('orderId')}"
+    return str(body.get("notificationId"))
+
+
+def announced(body: dict[str, Any]) -> str:
+    if body.get("type") != "OrderAccepted":
+        return ""
+    return json.dumps([round(float(body.get("total") or 0), 2), body.get("lineCount")])
 
 
 @dataclass
@@ -593,13 +621,101 @@ class FakeNotificationApi:
                 return HttpResponse(self.status, "{}")
             repeat = self.honours_key and key in self._seen
             self._seen.add(key)
-            self.calls.append(ApiCall(str(body.get("channel")), key,
-                                      str(body.get("notificationId")), not repeat))
+            self.calls.append(ApiCall(str(body.get("channel")), key, notification_id(body),
+                                      not repeat, announced(body)))
         return HttpResponse(200 if repeat else 202, "{}")
 
     def keys(self) -> list[str]:
         """The Idempotency-Key of every request, in order."""
         return [headers["Idempotency-Key"] for _, _, headers in self.requests]
+
+
+class SimulatedDispatcher:
+    """The outbox's dispatcher for the simulation: sends into the simulated broker (so what
+    `orders` publishes reaches notify and audit with the broker's at-least-once behaviour and
+    its duplicate detection), with the current invocation's dispatch faults.
+
+    `namespace` is set once the host has built the broker's entities. `publish_first` is the
+    counter-proof of publishing before the commit: it is called by `PublishBeforeCommitStore`.
+    """
+
+    def __init__(self) -> None:
+        self.namespace: Any = None
+        self.sent: Counter[str] = Counter()  # message id -> sends the broker took or dropped
+        self.orders: dict[str, str] = {}  # message id -> the order an OrderAccepted announces
+        self._lock = threading.Lock()
+
+    def _send(self, message: Any) -> None:
+        from simulator.host_inputs import SentMessage
+        from simulator.servicebus import Origin
+
+        sent = SentMessage(message.body, message_id=message.message_id,
+                           correlation_id=message.correlation_id, content_type=message.content_type,
+                           application_properties=dict(message.properties) or None)
+        try:
+            body = json.loads(message.body)
+        except ValueError:
+            body = None
+        with self._lock:
+            self.sent[message.message_id] += 1
+            if isinstance(body, dict) and body.get("type") == "OrderAccepted":
+                self.orders[message.message_id] = str(body.get("orderId"))
+        self.namespace.send(message.destination, sent, Origin(f"outbox:{message.message_id}"))
+
+    def dispatch(self, messages: Sequence[Any]) -> None:
+        from shared.exceptions import DispatchUnavailableError
+
+        inv = current()
+        if inv is not None:
+            inv.check_alive()
+            if inv.planned(FaultKind.CRASH_BEFORE_DISPATCH):
+                inv.fire()
+                raise inv.crash()
+            if inv.planned(FaultKind.BROKER_OUTAGE):
+                inv.fire()
+                raise DispatchUnavailableError("simulated: the broker is unreachable")
+        for n, message in enumerate(messages):
+            self._send(message)
+            if (inv is not None and inv.planned(FaultKind.CRASH_MID_DISPATCH)
+                    and n + 1 >= (len(messages) + 1) // 2):
+                inv.fire()  # some (with one message: all) sent, nothing recorded
+                raise inv.crash()
+        if inv is not None and inv.planned(FaultKind.DISPATCH_TIMEOUT):
+            inv.fire()
+            raise DispatchUnavailableError("simulated: the send timed out after the broker took it")
+
+    def close(self) -> None:
+        pass
+
+
+class OutboxBypassStore(_Forwarding):
+    """Counter-proofs of the outbox: the commit's messages are published without it.
+
+    `before-commit`: published before the transaction (as a handler that sends and then
+    writes does), each send a new message (no outbox, no id to derive): a commit that then
+    fails, or a copy that turns out a duplicate, has published anyway. `after-commit`:
+    published right after the commit, not recorded with it: a crash between the two loses
+    them, and the redelivery, a duplicate, has nothing to send.
+    """
+
+    def __init__(self, inner: IdempotencyStore, mode: str, dispatcher: Any) -> None:
+        super().__init__(inner)
+        if mode not in ("before-commit", "after-commit"):
+            raise ValueError(f"unknown outbox bypass {mode!r}")
+        self.mode = mode
+        self.dispatcher = dispatcher
+
+    def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
+               marker_body: dict[str, Any] | None = None,
+               written: list[Document] | None = None) -> IdempotencyRecord:
+        messages = marker.outbox
+        marker = marker.evolve(outbox=())
+        if messages and self.mode == "before-commit":
+            self.dispatcher.dispatch([replace(m, message_id=str(uuid.uuid4())) for m in messages])
+        committed = self.inner.commit(marker, operations, marker_body=marker_body, written=written)
+        if messages and self.mode == "after-commit":
+            self.dispatcher.dispatch(messages)
+        return committed
 
 
 class FaultySender:

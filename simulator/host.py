@@ -69,7 +69,7 @@ from simulator.servicebus import Delivery, MessageLockLostError, Origin, Service
 from simulator.workload import Item, Workload
 
 # How each Service Bus consumer deduplicates (decides which faults make sense).
-STYLE = {"orders": "atomic", "order_status": "natural", "notify": "two_phase", "audit": "two_phase"}
+STYLE = {"orders": "outbox", "order_status": "natural", "notify": "two_phase", "audit": "two_phase"}
 CAUSES = ("producer retry", "redelivery", "concurrent copy", "checkpoint replay")
 
 
@@ -459,6 +459,12 @@ class SimulatedHost:
             self.outages.wait()
         self.wall_seconds = time.perf_counter() - started
         return self.log.stats
+
+    def drain(self) -> DeliveryStats:
+        """Run the instances again until every entity is empty: delivers what the
+        reconciliation's outbox sweep sent after the run."""
+        self._done = False
+        return self.run()
 
     def _instance(self, instance: int) -> None:
         turn = instance

@@ -104,6 +104,7 @@ def summary(result: ScenarioResult) -> dict[str, Any]:
         "duplicatesAbsorbed": max(0, duplicates - doubles),
         "effects": dict(check.effects),
         "doubleEffects": doubles, "lost": sum(check.lost.values()),
+        "phantoms": sum(check.phantoms.values()), "outboxPending": check.outbox_pending,
         "partialEffects": sum(check.partial.values()),
         "balanceMismatches": len(check.balance_mismatches),
         "validNotEffected": sum(check.valid_not_effected.values()),
@@ -172,7 +173,8 @@ def format_report(result: ScenarioResult) -> str:
                  + (f" (+ {_n(s['validAlsoRefused'])} effected, a copy refused)"
                     if s["validAlsoRefused"] else "") + "   "
                  f"partial effects: {_n(s['partialEffects'])}   balance mismatches: "
-                 f"{_n(s['balanceMismatches'])}")
+                 f"{_n(s['balanceMismatches'])}   PHANTOM: {_n(s['phantoms'])}   "
+                 f"PENDING: {_n(s['outboxPending'])}")
     lines.append(valid_line(check, api_honours_key=config.api_honours_key))
     for reason, n in sorted({**check.valid_not_effected, **check.valid_also_refused}.items(),
                             key=lambda kv: -kv[1]):

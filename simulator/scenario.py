@@ -33,6 +33,8 @@ from simulator.faults import (
     FaultyStore,
     NonAtomicStore,
     OutageController,
+    OutboxBypassStore,
+    SimulatedDispatcher,
     stable_seed,
 )
 from simulator.host import DeliveryStats, HostConfig, SimulatedHost
@@ -67,6 +69,8 @@ class ScenarioConfig:
     non_atomic: str | None = None  # effect-first | marker-first
     api_honours_key: bool = True
     transient_as_permanent: bool = False  # counter-proof: 429/503 surface as a permanent 400
+    # outbox (the app as it is) | before-commit | after-commit: the outbox counter-proofs
+    publish: str = "outbox"
     lock_duration: int = 60
     max_delivery_count: int = 10
     lease_seconds: int = 54  # shorter than the 60 s lock, as the app requires
@@ -180,17 +184,21 @@ def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
     settings = Settings.from_env(settings_env)
     real = real_stores(settings, **CLIENT_OPTIONS)
 
+    dispatcher = SimulatedDispatcher()
+
     def faulty(role: str) -> IdempotencyStore:
         store = inner = real(role)
         if config.dedup_off:
             inner = DedupOffStore(inner)
         if config.non_atomic:
             inner = NonAtomicStore(inner, config.non_atomic)
+        if config.publish != "outbox":
+            inner = OutboxBypassStore(inner, config.publish, dispatcher)
         return FaultyStore(inner, label=_label(store, role), server=_server_of(store),
                            outages=outages, transient_as_permanent=config.transient_as_permanent)
 
     services = build_services(settings, stores=faulty, sender=FaultySender(api), clock=clock,
-                              sleep=clock.sleep)
+                              sleep=clock.sleep, dispatcher=dispatcher)
     servers = list(config.outage_servers or (["cosmos", "azurite"] if config.backend == "cosmos"
                                              else ["azurite"]))
     outage_count = config.outages if config.outages is not None else (2 if config.fault_rate > 0 else 0)
@@ -206,17 +214,26 @@ def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
         host = SimulatedHost(workload, settings=settings_env, clock=clock, plan=plan, faults=faults,
                              outages=outages, outage_servers=servers, config=host_config,
                              progress=callback)
+        dispatcher.namespace = host.namespace
         stats = host.run()
         # Reconciliation: past every lease, maintenance with grace 0 closes what is left.
         clock.advance(config.lease_seconds + config.lock_duration + 1)
         # Reconciliation and checks read whole containers: the SDKs' default timeouts, not the
         # short ones that make a paused server fail fast during the run.
-        readers = build_services(settings, sender=api, clock=clock, sleep=clock.sleep)
+        readers = build_services(settings, sender=api, clock=clock, sleep=clock.sleep,
+                                 dispatcher=dispatcher)
         unwrapped = dict(readers.stores)
         record_stores = {name: unwrapped[name] for name in ("dedup", "ledger", "notifications",
                                                             "orders")}
-        maintenance = Maintenance(record_stores, readers.parking, grace_seconds=0, clock=clock)
-        maintenance_parked = maintenance.run().parked
+        # The outbox sweep with age 0 dispatches what no redelivery repaired; what it sends is
+        # delivered to notify and audit by running the host on until they are done.
+        maintenance = Maintenance(record_stores, readers.parking, grace_seconds=0, clock=clock,
+                                  outbox=readers.maintenance.outbox, outbox_age_seconds=0)
+        report = maintenance.run()
+        maintenance_parked = report.parked
+        if report.outbox_dispatched:
+            host.drain()
+            maintenance_parked += maintenance.run().parked
         check_started = time.perf_counter()
         outcomes: dict[tuple[str, str, int], Counter[str]] = defaultdict(Counter)
         faulted: dict[tuple[str, str, int, int], tuple[int, int]] = {}
@@ -235,7 +252,8 @@ def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
             api_calls=list(api.calls), api_honours_key=config.api_honours_key,
             broker_dropped={(item.logical, item.variant) for item in workload.service_bus_items
                             if (item.logical, item.variant) not in host.accepted},
-            outcomes=dict(outcomes), stalled_batches=stats.gave_up, faulted_deliveries=faulted)
+            outcomes=dict(outcomes), stalled_batches=stats.gave_up, faulted_deliveries=faulted,
+            outbox_delivered=True, outbox_orders=dict(dispatcher.orders))
         stores = stores_of(unwrapped)
         check = Checker(workload.items, stores, run_id=config.run_id,
                         hub=settings_env["PAYMENTS_HUB_NAME"], evidence=evidence).run()

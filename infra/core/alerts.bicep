@@ -50,6 +50,10 @@ param deadLetterEntityNames array
 @description('E-mail address notified by the alerts. Empty: rules fire without notification (visible in Azure Monitor).')
 param alertEmailAddress string = ''
 
+@description('Outbox: alert when the oldest outgoing message the maintenance sweep found pending is older than this (seconds).')
+@minValue(60)
+param outboxPendingAlertSeconds int = 3600
+
 @description('Duplicate spike: minimum duplicates in the window before the rule can fire.')
 @minValue(1)
 param duplicateSpikeMinCount int = 20
@@ -80,6 +84,9 @@ var conflictQuery = 'traces | where tostring(customDimensions.event) == "${logEv
 var parkedQuery = 'traces | where tostring(customDimensions.event) == "${logEvents.parked}" | extend consumer = tostring(customDimensions.consumer), reason = tostring(customDimensions.reason) | project timestamp, consumer, reason, message'
 var sequenceResetQuery = 'traces | where tostring(customDimensions.event) == "${logEvents.sequenceReset}" | extend consumer = tostring(customDimensions.consumer) | project timestamp, consumer, message'
 var deadLetteredQuery = 'traces | where tostring(customDimensions.event) == "${logEvents.deadLettered}" | extend consumer = tostring(customDimensions.consumer), reason = tostring(customDimensions.reason) | project timestamp, consumer, reason, message'
+
+// The app's gauge outbox.oldest_pending_age (shared/telemetry.py), set by every maintenance run.
+var outboxPendingQuery = 'customMetrics | where name == "outbox.oldest_pending_age" | where value > ${outboxPendingAlertSeconds} | project timestamp, value'
 
 // 15-minute window compared with the average 15-minute count of the preceding day (95 windows).
 // Duplicates of every cause and consumer: the sum of the counter's per-interval values.
@@ -191,6 +198,42 @@ resource parkedAlert 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {
           query: parkedQuery
           timeAggregation: 'Count'
           dimensions: byConsumerAndReason
+          operator: 'GreaterThan'
+          threshold: 0
+          failingPeriods: {
+            numberOfEvaluationPeriods: 1
+            minFailingPeriodsToAlert: 1
+          }
+        }
+      ]
+    }
+    autoMitigate: false
+    actions: {
+      actionGroups: actionGroupIds
+    }
+  }
+}
+
+resource outboxPendingAlert 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {
+  name: '${namePrefix}-outbox-pending'
+  location: location
+  tags: tags
+  kind: 'LogAlert'
+  properties: {
+    displayName: 'Outgoing messages pending longer than ${outboxPendingAlertSeconds} s'
+    description: 'A committed effect\'s outgoing messages (orders -> notifications topic) have not been recorded as dispatched for longer than the threshold: the broker refuses them (missing Data Sender role or entity) or is down. The maintenance sweep keeps retrying; list them with `python -m replay outbox list`.'
+    severity: 2
+    enabled: true
+    scopes: [
+      applicationInsightsId
+    ]
+    evaluationFrequency: 'PT15M'
+    windowSize: 'PT30M'
+    criteria: {
+      allOf: [
+        {
+          query: outboxPendingQuery
+          timeAggregation: 'Count'
           operator: 'GreaterThan'
           threshold: 0
           failingPeriods: {

@@ -45,7 +45,8 @@ var serverlessCapabilities = [
 ]
 
 // Indexing: every item is read and written by id and partition key, which needs no index;
-// only the maintenance sweep (idemState, idemLeaseExpiresAt, idemExpiresAt) and the replay
+// only the maintenance sweep (idemState, idemLeaseExpiresAt, idemExpiresAt; outboxPendingSince
+// for the outbox sweep, present only on markers with pending messages) and the replay
 // tool's per-partition listing (the partition key property) filter on properties. The default
 // policy would index every property of every marker, balance and order, and each write pays
 // index RUs for them. Same policies as COSMOS_INDEXING in functions/settings.py (tests/infra
@@ -62,6 +63,9 @@ var orderIdIndexingPolicy = {
     }
     {
       path: '/idemExpiresAt/?'
+    }
+    {
+      path: '/outboxPendingSince/?'
     }
     {
       path: '/orderId/?'
@@ -86,6 +90,9 @@ var pkIndexingPolicy = {
     }
     {
       path: '/idemExpiresAt/?'
+    }
+    {
+      path: '/outboxPendingSince/?'
     }
     {
       path: '/pk/?'

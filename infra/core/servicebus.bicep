@@ -50,6 +50,9 @@ param duplicateDetectionHistoryTimeWindow string
 @description('Default message time to live (ISO 8601). Expired messages are dead-lettered, not dropped.')
 param defaultMessageTimeToLive string
 
+@description('Duplicate-detection window of the outbox destinations, in seconds (the app checks it against the redelivery window at startup).')
+param outboxDuplicateDetectionSeconds int
+
 @description('Principal id of the Function App managed identity (receives only).')
 param appPrincipalId string
 
@@ -117,12 +120,14 @@ resource orderStatusQueue 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = 
   }
 }
 
+// The outbox destination: orders publishes OrderAccepted here after its commit, and re-sends
+// (same MessageId) while its redeliveries can come; the window covers that horizon.
 resource notificationsTopic 'Microsoft.ServiceBus/namespaces/topics@2024-01-01' = {
   parent: namespace
   name: notificationsTopicName
   properties: {
     requiresDuplicateDetection: true
-    duplicateDetectionHistoryTimeWindow: duplicateDetectionHistoryTimeWindow
+    duplicateDetectionHistoryTimeWindow: 'PT${outboxDuplicateDetectionSeconds}S'
     defaultMessageTimeToLive: defaultMessageTimeToLive
     enablePartitioning: false
   }
@@ -163,8 +168,19 @@ resource auditSubscription 'Microsoft.ServiceBus/namespaces/topics/subscriptions
 // back to incremental scaling (one instance at a time, guessed from the first message's age).
 // The only built-in role carrying Manage is Azure Service Bus Data Owner, and a custom role would
 // not be narrower (the Manage claim itself allows entity management). So: Data Owner, scoped to
-// exactly the four entities the triggers read; no role on the namespace, the topic or any other
-// entity, and no Data Sender anywhere (see infra/README.md, "Role assignments").
+// exactly the four entities the triggers read; no role on the namespace or any other entity.
+// Data Sender only on the outbox destination (the notifications topic: orders publishes there
+// through its outbox), see infra/README.md, "Role assignments".
+resource appNotificationsDataSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(notificationsTopic.id, appPrincipalId, roles.serviceBusDataSender)
+  scope: notificationsTopic
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataSender)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
 resource appOrdersDataOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   name: guid(ordersQueue.id, appPrincipalId, roles.serviceBusDataOwner)
   scope: ordersQueue

@@ -174,6 +174,17 @@ class DocumentStore(abc.ABC):
         (`written_documents`), so a caller can write them again without a read.
         """
 
+    def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
+        """Clear `marker`'s pending outgoing messages under its etag, keeping every other
+        property (a marker that is a business document keeps its body): one request.
+        Returns it with its new etag and no outbox; RecordChangedError when it changed."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no outgoing messages")
+
+    def iter_pending(self, *, since_before: float) -> Iterator[IdempotencyRecord]:
+        """Markers whose outgoing messages have been pending since before a time (the
+        sweeper's query: its cost grows with the pending markers, see each backend)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no outgoing messages")
+
     def commit_group(self, markers: Sequence[IdempotencyRecord], operations: Sequence[WriteOp], *,
                      written: list[Document] | None = None) -> list[IdempotencyRecord]:
         """Write several markers of one partition, in order, then `operations`, in one transaction.
@@ -236,6 +247,10 @@ class AsyncDocumentStore:
                      marker_body: dict[str, Any] | None = None,
                      written: list[Document] | None = None) -> IdempotencyRecord:
         raise NotImplementedError
+
+    async def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
+        """See `DocumentStore.record_dispatched`."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no outgoing messages")
 
     async def commit_group(self, markers: Sequence[IdempotencyRecord],
                            operations: Sequence[WriteOp], *,

@@ -11,14 +11,17 @@ import json
 from typing import Any
 
 from shared.keys import DedupKey
+from shared.outbox import PENDING_COUNT, PENDING_SINCE, TABLE_CHUNK_CHARS, decode_pending, encode_pending
 from shared.records import IdempotencyRecord, RecordState
 
 RESERVED = ("idemConsumer", "idemKey", "idemState", "idemRequestHash", "idemResult",
             "idemCreatedAt", "idemUpdatedAt", "idemExpiresAt", "idemLeaseExpiresAt",
-            "idemAttempts")
+            "idemAttempts", PENDING_COUNT, PENDING_SINCE)
 
 
-def record_fields(record: IdempotencyRecord) -> dict[str, Any]:
+def record_fields(record: IdempotencyRecord, *, chunk_chars: int = TABLE_CHUNK_CHARS) -> dict[str, Any]:
+    """The record's properties; its pending outgoing messages (if any) as chunked strings of at
+    most `chunk_chars` characters and the time they became pending (what the sweeper queries)."""
     fields: dict[str, Any] = {
         "idemConsumer": record.key.consumer,
         "idemKey": record.key.key,
@@ -33,7 +36,20 @@ def record_fields(record: IdempotencyRecord) -> dict[str, Any]:
         fields["idemExpiresAt"] = float(record.expires_at)
     if record.lease_expires_at is not None:
         fields["idemLeaseExpiresAt"] = float(record.lease_expires_at)
+    if record.outbox:
+        fields.update(encode_pending(record.outbox, chunk_chars=chunk_chars))
+        fields[PENDING_SINCE] = float(record.updated_at)
     return fields
+
+
+def pending_names(record: IdempotencyRecord, *, chunk_chars: int = TABLE_CHUNK_CHARS) -> list[str]:
+    """The properties `record_fields` wrote for `record`'s pending messages, the count aside:
+    what recording them as dispatched removes (or blanks)."""
+    if not record.outbox:
+        return []
+    chunks = [name for name in encode_pending(record.outbox, chunk_chars=chunk_chars)
+              if name != PENDING_COUNT]
+    return [*chunks, PENDING_SINCE]
 
 
 def is_record(properties: dict[str, Any]) -> bool:
@@ -58,6 +74,7 @@ def record_from_fields(properties: dict[str, Any], *, record_id: str, partition:
         partition=None if partition == key.encoded else partition,
         record_id=None if record_id == key.encoded else record_id,
         etag=etag,
+        outbox=tuple(decode_pending(properties)),
     )
 
 

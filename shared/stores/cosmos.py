@@ -19,6 +19,7 @@ from azure.cosmos import ContainerProxy, CosmosClient
 from azure.cosmos.exceptions import CosmosBatchOperationError
 
 from shared.exceptions import RecordExistsError
+from shared.outbox import PENDING_COUNT, PENDING_SINCE
 from shared.records import IdempotencyRecord, RecordState
 from shared.stores.base import (
     Document,
@@ -32,11 +33,14 @@ from shared.stores.base import (
     transaction_failure,
     written_documents,
 )
-from shared.stores.codec import check_flat, is_record, record_fields, record_from_fields
+from shared.stores.codec import check_flat, is_record, pending_names, record_fields, record_from_fields
 
 BACKEND = "Cosmos DB"
 _SYSTEM = ("_rid", "_self", "_etag", "_attachments", "_ts", "ttl")
 IF_UNCHANGED = MatchConditions.IfNotModified
+# Cosmos DB keeps a key's pending messages in one string property (no 64 KiB property limit as
+# on Table), so recording them as dispatched is one patch of at most three operations.
+PENDING_CHUNK_CHARS = 2**31
 
 
 class CosmosMapping:
@@ -59,7 +63,7 @@ class CosmosMapping:
 
     def _record_document(self, record: IdempotencyRecord,
                          body: dict[str, Any] | None = None) -> dict[str, Any]:
-        document = {**(body or {}), **record_fields(record),
+        document = {**(body or {}), **record_fields(record, chunk_chars=PENDING_CHUNK_CHARS),
                     "id": record.id, self._pk_field: record.partition_key}
         if record.expires_at is not None:
             now = record.updated_at
@@ -109,6 +113,16 @@ class CosmosMapping:
             written += written_documents(marker.partition_key, operations, etags[1:])
         return marker.evolve(etag=etags[0])
 
+    @staticmethod
+    def _dispatched_patch(marker: IdempotencyRecord) -> list[dict[str, Any]]:
+        """The patch that clears a marker's pending messages (its other fields untouched)."""
+        return [{"op": "set", "path": f"/{PENDING_COUNT}", "value": 0},
+                *({"op": "remove", "path": f"/{name}"}
+                  for name in pending_names(marker, chunk_chars=PENDING_CHUNK_CHARS))]
+
+    _PENDING_QUERY = (f"SELECT * FROM c WHERE c.{PENDING_SINCE} > 0 "  # noqa: S608 - constants
+                      f"AND c.{PENDING_SINCE} < @before")
+
     def _document(self, partition: str, document_id: str, item: dict[str, Any]) -> Document:
         # A synthetic "/pk" is storage detail; a business partition field (orderId) stays.
         hidden = {"id", "pk"} if self._pk_field == "pk" else {"id"}
@@ -131,6 +145,13 @@ class CosmosMapping:
             record.id, self._record_document(record), etag=record.etag,
             match_condition=IF_UNCHANGED), lambda replaced: record.evolve(etag=replaced.get("_etag")),
             on_status=changed_statuses(record.id))
+
+    def _record_dispatched(self, marker: IdempotencyRecord) -> Request[IdempotencyRecord]:
+        return Request(lambda container: container.patch_item(
+            marker.id, marker.partition_key, self._dispatched_patch(marker), etag=marker.etag,
+            match_condition=IF_UNCHANGED),
+            lambda patched: marker.evolve(etag=patched.get("_etag"), outbox=()),
+            on_status=changed_statuses(marker.id))
 
     def _delete_record_if_unchanged(self, record: IdempotencyRecord) -> Request[None]:
         return Request(lambda container: container.delete_item(
@@ -233,6 +254,25 @@ class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
 
     def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
         self._send(self._delete_record_if_unchanged(record))
+
+    def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
+        return self._send(self._record_dispatched(marker))
+
+    def iter_pending(self, *, since_before: float) -> Iterator[IdempotencyRecord]:
+        """A range query on `outboxPendingSince`: the field exists only while messages are
+        pending and is a range-indexed path (infra/core/cosmos.bicep), so the query reads the
+        index entries of pending markers only, whatever the number of markers."""
+        pages = store_call(BACKEND, lambda: self._container.query_items(
+            self._PENDING_QUERY, parameters=[{"name": "@before", "value": float(since_before)}],
+            enable_cross_partition_query=True))
+        iterator = iter(pages)
+        while True:
+            try:
+                document = store_call(BACKEND, lambda: next(iterator))
+            except StopIteration:
+                return
+            if is_record(document):
+                yield self._to_record(document)
 
     def iter_records(self, *, in_progress_before: float | None = None,
                      expired_before: float | None = None) -> Iterator[IdempotencyRecord]:

@@ -15,8 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 # What `CosmosIdempotencyStore.iter_records` filters on (IS_DEFINED(c.idemState),
-# c.idemState, c.idemLeaseExpiresAt, c.idemExpiresAt): the sweep's fields.
-RECORD_QUERY_PATHS = ("/idemState/?", "/idemLeaseExpiresAt/?", "/idemExpiresAt/?")
+# c.idemState, c.idemLeaseExpiresAt, c.idemExpiresAt): the sweep's fields; and what
+# `iter_pending` filters on (c.outboxPendingSince, present only while a marker carries
+# outgoing messages, so the outbox sweep reads the index entries of pending markers only).
+RECORD_QUERY_PATHS = ("/idemState/?", "/idemLeaseExpiresAt/?", "/idemExpiresAt/?",
+                      "/outboxPendingSince/?")
 
 
 def point_indexing_policy(*paths: str) -> dict[str, Any]:

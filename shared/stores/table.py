@@ -29,6 +29,7 @@ from azure.data.tables import (
 )
 
 from shared.exceptions import OperationFailedError, RecordExistsError, StoreRequestError
+from shared.outbox import PENDING_COUNT, PENDING_SINCE
 from shared.records import IdempotencyRecord, RecordState
 from shared.stores.base import (
     MAX_TRANSACTION_OPERATIONS,
@@ -43,7 +44,7 @@ from shared.stores.base import (
     transaction_failure,
     written_documents,
 )
-from shared.stores.codec import check_flat, is_record, record_fields, record_from_fields
+from shared.stores.codec import check_flat, is_record, pending_names, record_fields, record_from_fields
 from shared.stores.sweep import (
     DEFAULT_BUDGET_SECONDS,
     DEFAULT_PAGE_SIZE,
@@ -159,6 +160,18 @@ class TableMapping:
         return [first, *(cls._transaction_op(marker.partition_key, op) for op in operations)]
 
     @staticmethod
+    def _dispatched_entity(marker: IdempotencyRecord) -> dict[str, Any]:
+        """The merge that clears a marker's pending messages: a merge cannot remove a property,
+        so the chunks become empty strings and the pending time 0 (the sweeper's filter
+        wants > 0); every other property stays as it is."""
+        blanks: dict[str, Any] = {name: "" for name in pending_names(marker)}
+        return {**blanks, PENDING_SINCE: 0.0, PENDING_COUNT: 0,
+                "PartitionKey": marker.partition_key, "RowKey": marker.id}
+
+    _PENDING_FILTER = f"{PENDING_SINCE} gt 0.0 and {PENDING_SINCE} lt @before"
+    _PENDING_SELECT = ("PartitionKey", "RowKey")
+
+    @staticmethod
     def _document(partition: str, document_id: str, entity: Any) -> Document:
         body = {k: v for k, v in _plain(entity).items() if k not in _SYSTEM}
         return Document(document_id, partition, body, etag_of(entity.metadata))
@@ -191,6 +204,13 @@ class TableMapping:
             entity, mode=UpdateMode.REPLACE, etag=record.etag, match_condition=IF_UNCHANGED),
             lambda metadata: record.evolve(etag=etag_of(metadata)),
             on_status=changed_statuses(record.id))
+
+    def _record_dispatched(self, marker: IdempotencyRecord) -> Request[IdempotencyRecord]:
+        entity = self._dispatched_entity(marker)
+        return Request(lambda client: client.update_entity(
+            entity, mode=UpdateMode.MERGE, etag=marker.etag, match_condition=IF_UNCHANGED),
+            lambda metadata: marker.evolve(etag=etag_of(metadata), outbox=()),
+            on_status=changed_statuses(marker.id))
 
     def _delete_record_if_unchanged(self, record: IdempotencyRecord) -> Request[None]:
         return Request(lambda client: client.delete_entity(
@@ -289,6 +309,27 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
 
     def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
         self._send(self._delete_record_if_unchanged(record))
+
+    def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
+        return self._send(self._record_dispatched(marker))
+
+    def iter_pending(self, *, since_before: float) -> Iterator[IdempotencyRecord]:
+        """A filter on `outboxPendingSince` returning only the keys of pending markers, each
+        then read whole. Table Storage has no secondary index: the service evaluates the
+        filter over the table's rows; the requests and bytes of the answer, and the reads,
+        grow with the pending markers only (see the README's outbox section)."""
+        pages = store_call(BACKEND, lambda: self._client.query_entities(
+            self._PENDING_FILTER, parameters={"before": float(since_before)},
+            select=list(self._PENDING_SELECT)))
+        iterator = iter(pages)
+        while True:
+            try:
+                row = store_call(BACKEND, lambda: next(iterator))
+            except StopIteration:
+                return
+            record = self.get_record(row["PartitionKey"], row["RowKey"])
+            if record is not None and record.outbox:
+                yield record
 
     def iter_records(self, *, in_progress_before: float | None = None,
                      expired_before: float | None = None) -> Iterator[IdempotencyRecord]:

@@ -100,6 +100,9 @@ class AsyncTableIdempotencyStore(TableMapping, AsyncDocumentStore):
                      written: list[Document] | None = None) -> IdempotencyRecord:
         return await self._send(self._commit(marker, operations, marker_body, written))
 
+    async def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
+        return await self._send(self._record_dispatched(marker))
+
     async def close(self) -> None:
         """Close the client this store created; a caller's client stays open."""
         if self._owned is not None:

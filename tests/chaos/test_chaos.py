@@ -20,6 +20,9 @@ EVENTS = int(os.environ.get("CHAOS_EVENTS", "2000"))
 # Kinds that fire once per Event Hubs batch: counted over both backends' runs together.
 BATCH_KINDS = {FaultKind.REBALANCE.value, FaultKind.CRASH_MID_BATCH.value}
 BACKENDS = ("table", "cosmos")
+# orders now publishes OrderAccepted through its outbox, so notify and audit consume one more
+# message per order (about 1,200 more deliveries per backend): more than the default 300 s.
+pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")

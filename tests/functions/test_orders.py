@@ -142,6 +142,36 @@ def test_order_ids_with_characters_the_store_forbids_are_stored_safely(services)
     assert services.stores["orders"].read_document(safe, safe).body["idemKey"] == order_id
 
 
+# -- the outbox: OrderAccepted to the notifications topic, committed with the order ----------
+def test_the_order_accepted_message_is_sent_after_the_commit_with_a_derived_id(services):
+    from shared.keys import DedupKey
+    from shared.outbox import outgoing_message_id
+
+    order_id = new_id()
+    assert deliver(order(order_id), order_id) == ("complete", None, None)
+    (sent,) = services.dispatcher.sent
+    assert sent.destination == services.settings.notifications_topic
+    assert sent.message_id == outgoing_message_id(DedupKey("orders", order_id), sent.destination, 0)
+    assert json.loads(sent.body) == {"type": "OrderAccepted", "orderId": order_id,
+                                     "customerId": "C-1", "currency": "EUR", "total": 38.0,
+                                     "lineCount": 2}
+    assert sent.properties["X-Correlation-Id"] == "corr-1"
+    assert str(sent.properties["Idempotency-Key"]).startswith(DedupKey("orders", order_id).encoded)
+    marker = services.stores["orders"].get_record(order_id, order_id)
+    assert marker is not None and marker.outbox == ()  # recorded as dispatched
+
+
+def test_a_broker_outage_after_the_commit_retries_and_the_redelivery_sends_it_once(services):
+    order_id = new_id()
+    services.dispatcher.fail_next()
+    decision = deliver(order(order_id), order_id)
+    assert decision[0] == "abandon"  # transient: never dead-lettered
+    assert services.dispatcher.sent == []
+    assert services.stores["orders"].get_record(order_id, order_id).outbox  # pending
+    assert deliver(order(order_id), order_id, delivery_count=2) == ("complete", None, None)
+    assert [m.destination for m in services.dispatcher.sent] == [services.settings.notifications_topic]
+    assert deliver(order(order_id), order_id, delivery_count=3) == ("complete", None, None)
+    assert len(services.dispatcher.sent) == 1  # nothing pending: not sent again
 def _previous_request_hash(payload) -> str:
     """What the previous release stored: SHA-256 of json.dumps with sorted keys (1 != 1.0)."""
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

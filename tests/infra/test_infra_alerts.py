@@ -194,8 +194,22 @@ def test_duplicates_land_in_custom_metrics_with_the_outcome_dimension():
 
 
 # --- The log alerts ------------------------------------------------------------------------------
+# Rules on the app's metrics rather than its log events.
+METRIC_RULES = {"outboxPendingAlert"}
+
+
+def test_the_outbox_pending_rule_watches_the_oldest_pending_age_gauge():
+    rule, query, criterion = _query_rules()["outboxPendingAlert"]
+    from shared.telemetry import METRIC_OLDEST_PENDING
+
+    assert query.startswith("customMetrics ") and f'name == "{METRIC_OLDEST_PENDING}"' in query
+    assert "where value > 3600" in query  # the default threshold, resolved
+    assert rule["properties"]["enabled"] is True
+    assert criterion["operator"] == "GreaterThan" and criterion["threshold"] == 0
+
+
 def test_each_event_has_one_rule_reading_only_traces():
-    rules = _query_rules()
+    rules = {symbol: rule for symbol, rule in _query_rules().items() if symbol not in METRIC_RULES}
     assert set(rules) == {symbol for symbol, _ in EVENT_RULES.values()}
     for name in NEW_EVENT_RULES:
         symbol, _ = EVENT_RULES[name]

@@ -72,6 +72,8 @@ def issued_queries(partition_key_path: str) -> list[tuple[str, list[dict[str, An
     list(store.iter_records(in_progress_before=1.0))
     list(store.iter_records(expired_before=1.0))
     list(store.iter_records(in_progress_before=1.0, expired_before=1.0))
+    # The outbox sweep: markers whose outgoing messages are still pending.
+    list(store.iter_pending(since_before=1.0))
     # The replay tool's listing: all documents, and one partition's.
     lister = document_lister(store)
     list(lister(None))

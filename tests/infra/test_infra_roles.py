@@ -44,6 +44,8 @@ EXPECTED_APP_ROLES = {
     "core/servicebus.bicep": {
         ("serviceBusDataOwner", "Microsoft.ServiceBus/namespaces/queues"),
         ("serviceBusDataOwner", "Microsoft.ServiceBus/namespaces/topics/subscriptions"),
+        # The outbox destination (orders publishes OrderAccepted there): send, nothing else.
+        ("serviceBusDataSender", "Microsoft.ServiceBus/namespaces/topics"),
     },
     "core/eventhubs.bicep": {
         ("eventHubsDataReceiver", "Microsoft.EventHub/namespaces/eventhubs"),
@@ -56,7 +58,7 @@ EXPECTED_APP_ROLES = {
     },
 }
 FORBIDDEN_FOR_APP = {
-    "serviceBusDataSender", "eventHubsDataSender", "eventHubsDataOwner",
+    "eventHubsDataSender", "eventHubsDataOwner",
     "storageQueueDataContributor", "owner", "contributor",
 }
 # Receiving entities of the bindings: setting -> role the app needs on that very entity.
@@ -95,6 +97,14 @@ def test_role_assignments_live_next_to_their_resources():
             scope = parse(relative)["resources"].get(assignment["scope"])
             assert scope is not None, f"{relative}:{assignment['name']} scope is not a local resource"
             assert scope["existing"] is False, f"{relative}:{assignment['name']} scopes an existing resource"
+
+
+def test_app_sends_only_to_the_outbox_destinations():
+    """Data Sender on exactly the entities the outbox publishes to (the notifications topic)."""
+    senders = [a for a in role_assignments("core/servicebus.bicep")
+               if a["principal"] == APP_PRINCIPAL
+               and ROLE_NAME.get(a["role"], a["role"]) == "serviceBusDataSender"]
+    assert [a["scope"] for a in senders] == ["notificationsTopic"]
 
 
 def test_app_identity_never_gets_send_owner_or_management_roles():
@@ -197,9 +207,11 @@ def test_service_bus_data_owner_only_on_the_entities_the_triggers_read():
 
 
 def test_app_holds_no_redundant_receiver_role_next_to_data_owner():
+    """Data Owner on what the triggers read, Data Sender on the outbox destination: no
+    Data Receiver next to either."""
     for a in role_assignments("core/servicebus.bicep"):
         if a["principal"] == APP_PRINCIPAL:
-            assert a["role"] == ROLE["serviceBusDataOwner"], a["name"]
+            assert a["role"] in (ROLE["serviceBusDataOwner"], ROLE["serviceBusDataSender"]), a["name"]
 
 
 def test_scaling_rights_are_documented():

@@ -66,6 +66,71 @@ def test_orders_first_delivery_completes_over_grpc_and_a_redelivery_writes_nothi
     assert store.read_document(order_id, order_id).etag == first.etag
 
 
+class RecordingServiceBusClient:
+    """The azure-servicebus client surface the dispatcher uses; keeps the real
+    `ServiceBusMessage` objects each sender was given, by (kind, entity)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, object]] = []
+
+    def get_topic_sender(self, topic_name: str) -> RecordingSender:
+        return RecordingSender(self, "topic", topic_name)
+
+    def get_queue_sender(self, queue_name: str) -> RecordingSender:
+        return RecordingSender(self, "queue", queue_name)
+
+    def close(self) -> None:
+        pass
+
+
+class RecordingSender:
+    def __init__(self, client: RecordingServiceBusClient, kind: str, entity: str) -> None:
+        self.client, self.kind, self.entity = client, kind, entity
+
+    def __enter__(self) -> RecordingSender:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def send_messages(self, messages: list) -> None:
+        self.client.sent.extend((self.kind, self.entity, m) for m in messages)
+
+
+@pytest.mark.parametrize("backend", ["cosmos", "table"])
+def test_orders_sends_order_accepted_through_the_service_bus_sender_with_its_id_and_key(
+        worker, stack, api, clock, backend):
+    from azure.servicebus import ServiceBusMessage
+
+    from shared.dispatch import ServiceBusDispatcher
+    from shared.outbox import outgoing_message_id
+
+    settings = settings_for(stack, backend)
+    client = RecordingServiceBusClient()
+    services = build_services(settings, stores=real_stores(settings), sender=api, clock=clock,
+                              sleep=lambda _: None,
+                              dispatcher=ServiceBusDispatcher.from_client(
+                                  client, topics=[settings.notifications_topic]))
+    configure(services)
+    try:
+        order_id = f"ORD-{uuid.uuid4().hex[:10]}"
+        assert deliver(worker, "orders", order(order_id), order_id)[0][0] == "complete"
+        (kind, entity, message), = client.sent
+        assert (kind, entity) == ("topic", settings.notifications_topic)
+        assert isinstance(message, ServiceBusMessage)
+        key = DedupKey("orders", order_id)
+        assert message.message_id == outgoing_message_id(key, entity, 0)
+        properties = {str(k): v for k, v in (message.application_properties or {}).items()}
+        assert str(properties["Idempotency-Key"]).startswith(key.encoded)
+        assert properties["X-Correlation-Id"] == "corr-w" and properties["type"] == "OrderAccepted"
+        assert json.loads(b"".join(message.body))["orderId"] == order_id
+        assert services.stores["orders"].get_record(order_id, order_id).outbox == ()
+        assert deliver(worker, "orders", order(order_id), order_id, delivery_count=2)[0][0] == "complete"
+        assert len(client.sent) == 1  # the redelivery finds nothing pending
+    finally:
+        configure(None)
+
+
 def test_orders_reused_id_with_other_content_is_dead_lettered_with_reason_and_description(
         worker, services):
     order_id = f"ORD-{uuid.uuid4().hex[:10]}"

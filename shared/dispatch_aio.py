@@ -1,0 +1,153 @@
+"""Async dispatchers (`azure.servicebus.aio`, `azure.eventhub.aio`): the same names, awaited.
+
+Message building, grouping and error translation are `shared.dispatch`'s;
+only the sends are awaited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from typing import Any, Protocol
+
+from shared.dispatch import (
+    InMemoryDispatcher as _SyncInMemoryDispatcher,
+)
+from shared.dispatch import (
+    by_destination,
+    by_partition_key,
+    event_data,
+    send_plan,
+    service_bus_message,
+    translate_event_hub_error,
+    translate_service_bus_error,
+)
+from shared.outbox import OutgoingMessage
+
+
+class Dispatcher(Protocol):
+    """Sends outgoing messages; raises `DispatchUnavailableError` or `DispatchRejectedError`."""
+
+    async def dispatch(self, messages: Sequence[OutgoingMessage]) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class ServiceBusDispatcher:
+    """`shared.dispatch.ServiceBusDispatcher` on `azure.servicebus.aio` (an async credential in Azure)."""
+
+    def __init__(self, fully_qualified_namespace: str, credential: Any = None, *,
+                 topics: Collection[str] = (), client: Any = None, **client_options: Any) -> None:
+        self._topics = frozenset(topics)
+        self._owned = client is None
+        if client is None:
+            from azure.servicebus.aio import ServiceBusClient
+
+            client = ServiceBusClient(fully_qualified_namespace, credential, **client_options)
+        self._client = client
+
+    @classmethod
+    def from_connection_string(cls, conn_str: str, *, topics: Collection[str] = (),
+                               **client_options: Any) -> ServiceBusDispatcher:
+        from azure.servicebus.aio import ServiceBusClient
+
+        dispatcher = cls("", topics=topics,
+                         client=ServiceBusClient.from_connection_string(conn_str, **client_options))
+        dispatcher._owned = True
+        return dispatcher
+
+    @classmethod
+    def from_client(cls, client: Any, *, topics: Collection[str] = ()) -> ServiceBusDispatcher:
+        return cls("", topics=topics, client=client)
+
+    def _sender(self, destination: str) -> Any:
+        if destination in self._topics:
+            return self._client.get_topic_sender(topic_name=destination)
+        return self._client.get_queue_sender(queue_name=destination)
+
+    async def dispatch(self, messages: Sequence[OutgoingMessage]) -> None:
+        for destination, group in by_destination(messages):
+            try:
+                async with self._sender(destination) as sender:
+                    for send in send_plan(group):
+                        await sender.send_messages([service_bus_message(m) for m in send])
+            except Exception as error:
+                raise translate_service_bus_error(error, destination) from error
+
+    async def close(self) -> None:
+        if self._owned:
+            await self._client.close()
+
+
+class EventHubDispatcher:
+    """`shared.dispatch.EventHubDispatcher` on `azure.eventhub.aio`."""
+
+    def __init__(self, fully_qualified_namespace: str, credential: Any = None, *,
+                 producer: Callable[[str], Any] | None = None, **client_options: Any) -> None:
+        self._owned = producer is None
+        if producer is None:
+            from azure.eventhub.aio import EventHubProducerClient
+
+            def owned(name: str) -> Any:
+                return EventHubProducerClient(fully_qualified_namespace, name, credential,
+                                              **client_options)
+            producer = owned
+        self._factory = producer
+        self._producers: dict[str, Any] = {}
+
+    @classmethod
+    def from_connection_string(cls, conn_str: str, **client_options: Any) -> EventHubDispatcher:
+        from azure.eventhub.aio import EventHubProducerClient
+
+        dispatcher = cls("", producer=lambda name: EventHubProducerClient.from_connection_string(
+            conn_str, eventhub_name=name, **client_options))
+        dispatcher._owned = True
+        return dispatcher
+
+    async def dispatch(self, messages: Sequence[OutgoingMessage]) -> None:
+        for destination, group in by_destination(messages):
+            try:
+                producer = self._producers.get(destination)
+                if producer is None:
+                    producer = self._producers[destination] = self._factory(destination)
+                for partition_key, part in by_partition_key(group):
+                    await producer.send_batch([event_data(m) for m in part], partition_key=partition_key)
+            except Exception as error:
+                raise translate_event_hub_error(error, destination) from error
+
+    async def close(self) -> None:
+        if self._owned:
+            closing: list[Awaitable[Any]] = [p.close() for p in self._producers.values()]
+            await asyncio.gather(*closing)
+        self._producers.clear()
+
+
+class InMemoryDispatcher:
+    """`shared.dispatch.InMemoryDispatcher`, awaited (the same record of what was sent)."""
+
+    def __init__(self) -> None:
+        self._sync = _SyncInMemoryDispatcher()
+
+    @property
+    def sent(self) -> list[OutgoingMessage]:
+        return self._sync.sent
+
+    @property
+    def calls(self) -> int:
+        return self._sync.calls
+
+    def fail_next(self, count: int = 1) -> None:
+        self._sync.fail_next(count)
+
+    def accept_then_fail_next(self, count: int = 1) -> None:
+        self._sync.accept_then_fail_next(count)
+
+    def ids(self) -> list[str]:
+        return self._sync.ids()
+
+    async def dispatch(self, messages: Sequence[OutgoingMessage]) -> None:
+        await asyncio.sleep(0)  # a real send yields to the loop
+        self._sync.dispatch(messages)
+
+    async def close(self) -> None:
+        pass

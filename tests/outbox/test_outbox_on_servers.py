@@ -1,0 +1,115 @@
+"""The outbox on Azurite and the Cosmos server, sync and async.
+
+The pending messages are written on the marker by the commit, read back by a duplicate's
+marker read, cleared by `record_dispatched` under the marker's etag without touching the
+business body of a marker that is a document, and found by `iter_pending` until then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from shared.dispatch import InMemoryDispatcher
+from shared.exceptions import DispatchUnavailableError, RecordChangedError
+from shared.idempotency import AsyncIdempotency, GroupMessage, Idempotency
+from shared.keys import DedupKey
+from shared.outbox import outgoing_message_id
+from shared.records import OutcomeStatus
+from tests.store.test_async_flow import async_backend, open_store  # noqa: F401 - fixtures
+
+KEY = DedupKey("orders", "ORD-7")
+ALWAYS = 4e9  # epoch seconds far ahead (a Table filter takes no infinity)
+
+
+def build(tx: Any) -> dict[str, Any]:
+    tx.create("ORD-7:line:001", {"sku": "A", "kind": "line"})
+    tx.send("notifications", {"type": "OrderAccepted", "orderId": "ORD-7"},
+            properties={"type": "OrderAccepted"})
+    tx.send("notifications", "second", session_id="s-1")
+    return {"orderId": "ORD-7"}
+
+
+def run(idempotency: Idempotency, **options: Any) -> Any:
+    return idempotency.run_atomic(KEY, "h", build, partition="ORD-7", marker_id="ORD-7",
+                                  marker_body={"status": "accepted", "total": 12.5},
+                                  expires=False, context={"correlation_id": "c-7"}, **options)
+
+
+def test_pending_messages_ride_on_the_marker_until_dispatched_on_each_server(store):
+    dispatcher = InMemoryDispatcher()
+    idempotency = Idempotency(store, dispatcher=dispatcher)
+    dispatcher.fail_next()
+    with pytest.raises(DispatchUnavailableError):
+        run(idempotency)
+    marker = store.get_record("ORD-7", "ORD-7")
+    assert marker is not None and len(marker.outbox) == 2  # the marker read says it all
+    assert marker.outbox[1].session_id == "s-1" and marker.outbox[1].body == b"second"
+    assert [r.id for r in store.iter_pending(since_before=ALWAYS)] == ["ORD-7"]
+    assert list(store.iter_pending(since_before=marker.updated_at)) == []  # not old enough
+
+    outcome = run(idempotency, read_first=True)
+    assert outcome.status is OutcomeStatus.DUPLICATE
+    assert dispatcher.ids() == [outgoing_message_id(KEY, "notifications", n) for n in range(2)]
+    assert list(store.iter_pending(since_before=ALWAYS)) == []
+    cleared = store.get_record("ORD-7", "ORD-7")
+    assert cleared is not None and cleared.outbox == () and cleared.result == {"orderId": "ORD-7"}
+    order = store.read_document("ORD-7", "ORD-7")
+    assert order is not None and order.body["status"] == "accepted" and order.body["total"] == 12.5
+
+    assert run(idempotency, read_first=True).status is OutcomeStatus.DUPLICATE
+    assert len(dispatcher.sent) == 2  # nothing pending: nothing sent again
+
+
+def test_record_dispatched_is_conditional_on_the_markers_etag(store):
+    dispatcher = InMemoryDispatcher()
+    dispatcher.fail_next()
+    with pytest.raises(DispatchUnavailableError):
+        run(Idempotency(store, dispatcher=dispatcher))
+    marker = store.get_record("ORD-7", "ORD-7")
+    assert marker is not None
+    current = store.record_dispatched(marker)
+    assert current.etag != marker.etag and current.outbox == ()
+    with pytest.raises(RecordChangedError):
+        store.record_dispatched(marker)  # the old etag
+
+
+def test_a_group_commits_messages_are_dispatched_and_recorded_on_each_server(store):
+    dispatcher = InMemoryDispatcher()
+    idempotency = Idempotency(store, dispatcher=dispatcher)
+    keys = [DedupKey("payments", f"ev-{n}") for n in range(3)]
+
+    def group_build(tx: Any, indexes: list[int]) -> list[None]:
+        tx.create("balance", {"cents": 100 * len(indexes)})
+        tx.send("balances", {"account": "A", "cents": 100 * len(indexes)}, partition_key="A")
+        return [None] * len(indexes)
+
+    outcomes = idempotency.run_atomic_group([GroupMessage(k, "h") for k in keys], group_build,
+                                            partition="A")
+    assert [o.status for o in outcomes] == [OutcomeStatus.PROCESSED] * 3
+    assert dispatcher.ids() == [outgoing_message_id(keys[0], "balances", 0)]
+    assert list(store.iter_pending(since_before=ALWAYS)) == []
+
+
+def test_async_stores_commit_dispatch_and_record(open_store):  # noqa: F811 - the fixture
+    dispatcher = InMemoryDispatcher()
+
+    async def main() -> tuple[Any, Any, Any]:
+        async with open_store() as store:
+            idempotency = AsyncIdempotency(store, dispatcher=dispatcher)
+            dispatcher.fail_next()
+            with pytest.raises(DispatchUnavailableError):
+                await idempotency.run_atomic(KEY, "h", build, partition="ORD-7")
+            pending = await store.get_record("ORD-7", KEY.encoded)
+            again = await idempotency.run_atomic(KEY, "h", build, partition="ORD-7",
+                                                 read_first=True)
+            after = await store.get_record("ORD-7", KEY.encoded)
+            return pending, again, after
+
+    pending, again, after = asyncio.run(main())
+    assert len(pending.outbox) == 2
+    assert again.status is OutcomeStatus.DUPLICATE
+    assert after.outbox == ()
+    assert len(dispatcher.sent) == 2

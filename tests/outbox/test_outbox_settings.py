@@ -1,0 +1,43 @@
+"""The outbox destinations' duplicate-detection window is held to the redelivery window at
+startup, as the dedup TTL is: a re-dispatch inside it is dropped by the broker."""
+
+from __future__ import annotations
+
+import pytest
+
+from functions.services import UnconfiguredDispatcher, real_dispatcher
+from functions.settings import Settings, SettingsError
+from shared.dispatch import ServiceBusDispatcher
+from shared.exceptions import DispatchRejectedError
+
+BASE = {"TABLE_CONNECTION_STRING": "UseDevelopmentStorage=true",
+        "COSMOS_ENDPOINT": "https://localhost:8081/",
+        "NOTIFICATION_API_URL": "https://notifications.example/send"}
+
+
+def test_the_default_window_covers_the_default_redelivery_window():
+    settings = Settings.from_env(BASE)
+    assert settings.outbox_duplicate_detection >= settings.window.length
+
+
+def test_a_window_shorter_than_the_redelivery_window_fails_startup():
+    with pytest.raises(SettingsError, match="OUTBOX_DUPLICATE_DETECTION_SECONDS=3600"):
+        Settings.from_env({**BASE, "OUTBOX_DUPLICATE_DETECTION_SECONDS": "3600"})
+
+
+def test_a_window_past_what_service_bus_keeps_fails_startup():
+    with pytest.raises(SettingsError, match="at most 604800"):
+        Settings.from_env({**BASE, "OUTBOX_DUPLICATE_DETECTION_SECONDS": "700000"})
+
+
+def test_the_dispatcher_follows_the_trigger_connection():
+    local = Settings.from_env({**BASE, "ServiceBusConnection": (
+        "Endpoint=sb://localhost;SharedAccessKeyName=k;SharedAccessKey=v;UseDevelopmentEmulator=true;")})
+    assert isinstance(real_dispatcher(local), ServiceBusDispatcher)
+    azure = Settings.from_env({**BASE, "ServiceBusConnection__fullyQualifiedNamespace":
+                               "sb-x.servicebus.windows.net"})
+    assert isinstance(real_dispatcher(azure), ServiceBusDispatcher)
+    unconfigured = real_dispatcher(Settings.from_env(BASE))
+    assert isinstance(unconfigured, UnconfiguredDispatcher)
+    with pytest.raises(DispatchRejectedError):
+        unconfigured.dispatch([])
