@@ -374,8 +374,8 @@ def test_reused_key_inside_a_group_is_parked_and_the_rest_applied(counted_servic
               SentEvent(structured("k2", account, 777), 4)]  # reused within the batch
     report = batch(services, events)
     # the mark, the failed commit (the balance is remembered from the early batch), k1's
-    # record, the commit; two parked entries; the mark
-    assert counted.requests() == 1 + 1 + 1 + 1 + 2 + 1
+    # record, the commit; two parked entries (each a read of its id, then the write); the mark
+    assert counted.requests() == 1 + 1 + 1 + 1 + 2 * 2 + 1
     assert (report.applied, report.parked) == (2, {"IdempotencyKeyConflict": 2})
     assert balance(services, account) == 103
     assert parked(services, "0", 2)["reason"] == "IdempotencyKeyConflict"
