@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Collection, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 from shared.exceptions import DispatchRejectedError, DispatchUnavailableError
 from shared.outbox import OutgoingMessage
@@ -92,7 +92,43 @@ def translate_service_bus_error(error: BaseException, destination: str) -> Excep
     return DispatchUnavailableError(text, error=error)
 
 
-class ServiceBusDispatcher:
+class ServiceBusSenders:
+    """What the sync and the async Service Bus dispatchers share: the client and its senders.
+
+    Subclasses name the SDK client class (`_client_class`); the sends are theirs.
+    """
+
+    def __init__(self, fully_qualified_namespace: str, credential: Any = None, *,
+                 topics: Collection[str] = (), client: Any = None, **client_options: Any) -> None:
+        self._topics = frozenset(topics)
+        self._owned = client is None
+        if client is None:
+            client = self._client_class()(fully_qualified_namespace, credential, **client_options)
+        self._client = client
+
+    @staticmethod
+    def _client_class() -> Any:
+        raise NotImplementedError
+
+    @classmethod
+    def from_connection_string(cls, conn_str: str, *, topics: Collection[str] = (),
+                               **client_options: Any) -> Self:
+        client = cls._client_class().from_connection_string(conn_str, **client_options)
+        dispatcher = cls("", topics=topics, client=client)
+        dispatcher._owned = True
+        return dispatcher
+
+    @classmethod
+    def from_client(cls, client: Any, *, topics: Collection[str] = ()) -> Self:
+        return cls("", topics=topics, client=client)
+
+    def _sender(self, destination: str) -> Any:
+        if destination in self._topics:
+            return self._client.get_topic_sender(topic_name=destination)
+        return self._client.get_queue_sender(queue_name=destination)
+
+
+class ServiceBusDispatcher(ServiceBusSenders):
     """Sends to Service Bus queues and topics of one namespace.
 
     Build it from the namespace (`<name>.servicebus.windows.net`) and a
@@ -103,34 +139,11 @@ class ServiceBusDispatcher:
     messages of one destination go in as few send calls as fit its batches.
     """
 
-    def __init__(self, fully_qualified_namespace: str, credential: Any = None, *,
-                 topics: Collection[str] = (), client: Any = None, **client_options: Any) -> None:
-        self._topics = frozenset(topics)
-        self._owned = client is None
-        if client is None:
-            from azure.servicebus import ServiceBusClient
-
-            client = ServiceBusClient(fully_qualified_namespace, credential, **client_options)
-        self._client = client
-
-    @classmethod
-    def from_connection_string(cls, conn_str: str, *, topics: Collection[str] = (),
-                               **client_options: Any) -> ServiceBusDispatcher:
+    @staticmethod
+    def _client_class() -> Any:
         from azure.servicebus import ServiceBusClient
 
-        dispatcher = cls("", topics=topics,
-                         client=ServiceBusClient.from_connection_string(conn_str, **client_options))
-        dispatcher._owned = True
-        return dispatcher
-
-    @classmethod
-    def from_client(cls, client: Any, *, topics: Collection[str] = ()) -> ServiceBusDispatcher:
-        return cls("", topics=topics, client=client)
-
-    def _sender(self, destination: str) -> Any:
-        if destination in self._topics:
-            return self._client.get_topic_sender(topic_name=destination)
-        return self._client.get_queue_sender(queue_name=destination)
+        return ServiceBusClient
 
     def dispatch(self, messages: Sequence[OutgoingMessage]) -> None:
         for destination, group in by_destination(messages):

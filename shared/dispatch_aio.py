@@ -7,13 +7,14 @@ only the sends are awaited.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from shared.dispatch import (
     InMemoryDispatcher as _SyncInMemoryDispatcher,
 )
 from shared.dispatch import (
+    ServiceBusSenders,
     by_destination,
     by_partition_key,
     event_data,
@@ -33,37 +34,14 @@ class Dispatcher(Protocol):
     async def close(self) -> None: ...
 
 
-class ServiceBusDispatcher:
+class ServiceBusDispatcher(ServiceBusSenders):
     """`shared.dispatch.ServiceBusDispatcher` on `azure.servicebus.aio` (an async credential in Azure)."""
 
-    def __init__(self, fully_qualified_namespace: str, credential: Any = None, *,
-                 topics: Collection[str] = (), client: Any = None, **client_options: Any) -> None:
-        self._topics = frozenset(topics)
-        self._owned = client is None
-        if client is None:
-            from azure.servicebus.aio import ServiceBusClient
-
-            client = ServiceBusClient(fully_qualified_namespace, credential, **client_options)
-        self._client = client
-
-    @classmethod
-    def from_connection_string(cls, conn_str: str, *, topics: Collection[str] = (),
-                               **client_options: Any) -> ServiceBusDispatcher:
+    @staticmethod
+    def _client_class() -> Any:
         from azure.servicebus.aio import ServiceBusClient
 
-        dispatcher = cls("", topics=topics,
-                         client=ServiceBusClient.from_connection_string(conn_str, **client_options))
-        dispatcher._owned = True
-        return dispatcher
-
-    @classmethod
-    def from_client(cls, client: Any, *, topics: Collection[str] = ()) -> ServiceBusDispatcher:
-        return cls("", topics=topics, client=client)
-
-    def _sender(self, destination: str) -> Any:
-        if destination in self._topics:
-            return self._client.get_topic_sender(topic_name=destination)
-        return self._client.get_queue_sender(queue_name=destination)
+        return ServiceBusClient
 
     async def dispatch(self, messages: Sequence[OutgoingMessage]) -> None:
         for destination, group in by_destination(messages):
