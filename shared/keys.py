@@ -251,8 +251,9 @@ class RequestHash(str):
         made._payload = payload
         return made
 
-    def __getnewargs__(self) -> tuple[str, Any]:  # type: ignore[override]  # copy and pickle
-        return str(self), self._payload
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Copies and pickles keep the payload (`str`'s own reduction would drop it)."""
+        return RequestHash, (str(self), self._payload)
 
     def legacy(self) -> str | None:
         """This payload's hash in the previous form; None when that form could not hold it."""

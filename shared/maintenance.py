@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from shared.exceptions import DispatchRejectedError, DispatchUnavailableError, RecordChangedError
 from shared.parking import ParkingLot
@@ -37,6 +37,15 @@ from shared.stores.sweep import DEFAULT_BUDGET_SECONDS, SweepReport, Timer
 from shared.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class SharedCollection(Protocol):
+    """A store that can name the collection it keeps records in (two stores on one table
+    share one sweep and its cursor)."""
+
+    @property
+    def sweep_scope(self) -> str: ...
 
 
 @dataclass
@@ -81,7 +90,7 @@ class Maintenance:
         seen: set[object] = set()
         distinct: list[tuple[str, RecordStore]] = []
         for name, store in self.stores.items():
-            scope = getattr(store, "sweep_scope", None) or id(store)
+            scope = store.sweep_scope if isinstance(store, SharedCollection) else id(store)
             if scope not in seen:
                 seen.add(scope)
                 distinct.append((name, store))

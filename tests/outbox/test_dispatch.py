@@ -41,8 +41,9 @@ class Clock:
         return self.now
 
 
-class BrokerClient:
-    """The azure-servicebus client surface a dispatcher uses, sending into the simulated broker."""
+class _BrokerClientBase:
+    """The azure-servicebus client surface a dispatcher uses, sending into the simulated broker
+    (`close` differs: the aio client's is awaited)."""
 
     def __init__(self, namespace: ServiceBusNamespace, fail: list[Exception] | None = None) -> None:
         self.namespace = namespace
@@ -56,12 +57,14 @@ class BrokerClient:
     def get_topic_sender(self, topic_name: str) -> Sender:
         return Sender(self, "topic", topic_name)
 
+
+class BrokerClient(_BrokerClientBase):
     def close(self) -> None:
         self.closed = True
 
 
 class Sender:
-    def __init__(self, client: BrokerClient, kind: str, entity: str) -> None:
+    def __init__(self, client: _BrokerClientBase, kind: str, entity: str) -> None:
         self.client, self.kind, self.entity = client, kind, entity
 
     def __enter__(self) -> Sender:
@@ -97,8 +100,8 @@ class Sender:
         return None
 
 
-class AsyncBrokerClient(BrokerClient):
-    async def close(self) -> None:  # type: ignore[override]  # the aio client's close is awaited
+class AsyncBrokerClient(_BrokerClientBase):
+    async def close(self) -> None:
         self.closed = True
 
 
@@ -130,13 +133,13 @@ def flavour(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-def service_bus(flavour: str, client: BrokerClient) -> Any:
+def service_bus(flavour: str, client: _BrokerClientBase) -> Any:
     module = dispatch if flavour == "sync" else dispatch_aio
     return module.ServiceBusDispatcher.from_client(client, topics={"notifications"})
 
 
 def client_for(flavour: str, namespace: ServiceBusNamespace, fail: list[Exception] | None = None
-               ) -> BrokerClient:
+               ) -> _BrokerClientBase:
     return (BrokerClient if flavour == "sync" else AsyncBrokerClient)(namespace, fail)
 
 
@@ -187,7 +190,7 @@ def test_a_large_destination_is_cut_into_sends_that_fit():
     assert [m for send in plan for m in send] == big
 
 
-class Producer:
+class _ProducerBase:
     def __init__(self, name: str, calls: list[tuple[str, str | None, list[Any]]],
                  fail: list[Exception]) -> None:
         self.name, self.calls, self.fail = name, calls, fail
@@ -198,6 +201,9 @@ class Producer:
             raise self.fail.pop(0)
         self.calls.append((self.name, partition_key, events))
 
+
+
+class Producer(_ProducerBase):
     def send_batch(self, events: list[Any], *, partition_key: str | None = None) -> Any:
         self._send(events, partition_key)
 
@@ -205,20 +211,20 @@ class Producer:
         self.closed = True
 
 
-class AsyncProducer(Producer):
+class AsyncProducer(_ProducerBase):
     async def send_batch(self, events: list[Any], *, partition_key: str | None = None) -> Any:
         self._send(events, partition_key)
 
-    async def close(self) -> None:  # type: ignore[override]  # the aio producer's close is awaited
+    async def close(self) -> None:
         self.closed = True
 
 
 def event_hub(flavour: str, fail: list[Exception] | None = None) -> tuple[Any, list[Any], list[Any]]:
     calls: list[tuple[str, str | None, list[Any]]] = []
-    producers: list[Producer] = []
+    producers: list[_ProducerBase] = []
     kind = Producer if flavour == "sync" else AsyncProducer
 
-    def producer(name: str) -> Producer:
+    def producer(name: str) -> _ProducerBase:
         producers.append(kind(name, calls, fail if fail is not None else []))
         return producers[-1]
 
