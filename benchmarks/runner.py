@@ -159,13 +159,18 @@ class Run:
 
 # -- stores --------------------------------------------------------------------------------------
 class Stores:
-    """Counted stores on fresh tables / containers for each variant; removes them at the end
-    (directly, through `admin`: not through the relays)."""
+    """Counted stores on fresh tables / containers for each variant; removes them at the end.
+
+    Behind relays (`admin`: the direct endpoints, for the cleanup) the clients keep
+    `pool_size` connections per host and ignore proxy variables, and Cosmos endpoint
+    discovery is off (`benchmarks.rtt`); otherwise the SDKs' defaults, as against an account.
+    """
 
     def __init__(self, endpoints: Endpoints, *, admin: Endpoints | None = None,
                  pool_size: int = POOL_SIZE) -> None:
         self.endpoints = endpoints
         self.admin = admin or endpoints
+        self.relayed = admin is not None
         self.pool_size = pool_size
         self.database = f"bench-{uuid.uuid4().hex[:8]}"
         self.database_used = False
@@ -184,8 +189,8 @@ class Stores:
         name = f"bench{uuid.uuid4().hex[:12]}"
         self.tables.append(name)
         connection = self.endpoints.table_connection_string
-        store = counted_table_store(connection, name, counter,
-                                    transport=pooled_transport(self.pool_size))
+        options = {"transport": pooled_transport(self.pool_size)} if self.relayed else {}
+        store = counted_table_store(connection, name, counter, **options)
         self.closables.append(store)
         if not aio:
             return store, None
@@ -201,15 +206,15 @@ class Stores:
             return self._set({role: self._table(table_counter, aio) for role in roles}), [table_counter]
         counter = RequestCounter("cosmos")
         e = self.endpoints
+        relayed = {"pool_size": self.pool_size, "enable_endpoint_discovery": False}
         client = counted_cosmos_client(e.cosmos_endpoint, e.cosmos_key, counter,
-                                       verify=e.cosmos_verify, pool_size=self.pool_size,
-                                       enable_endpoint_discovery=False)
+                                       verify=e.cosmos_verify, **(relayed if self.relayed else {}))
         self.closables.append(client)
         async_client = None
         if aio:
             async_client = self.loop.run(counted_async_cosmos_client(
                 e.cosmos_endpoint, e.cosmos_key, counter, verify=e.cosmos_verify,
-                enable_endpoint_discovery=False))
+                enable_endpoint_discovery=not self.relayed))
             self.async_closables.append(async_client)
         self.database_used = True
         made: dict[str, tuple[Any, Any]] = {}
@@ -246,8 +251,7 @@ class Stores:
         if self.database_used:
             with contextlib.suppress(Exception):
                 admin = CosmosClient(self.admin.cosmos_endpoint, self.admin.cosmos_key,
-                                     connection_verify=self.admin.cosmos_verify,
-                                     enable_endpoint_discovery=False)
+                                     connection_verify=self.admin.cosmos_verify)
                 admin.delete_database(self.database)
                 admin.close()
 
