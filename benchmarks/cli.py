@@ -1,4 +1,9 @@
-"""`python -m benchmarks`: start the local servers, run every variant, report."""
+"""`python -m benchmarks`: start the local servers, run every variant, report.
+
+Loopback mode by default; `--rtt-ms` runs the latency mode (payment batches
+behind relays that add each round-trip time). Both print a table and the
+targets (met or missed, with their figures) and write benchmarks/out/.
+"""
 
 from __future__ import annotations
 
@@ -9,51 +14,52 @@ import sys
 import warnings
 from pathlib import Path
 
-from benchmarks import latency_report
-from benchmarks.harness import BACKENDS, Endpoints, run_benchmark
-from benchmarks.latency import LatencySizes, RttNotVerifiedError, run_latency
-from benchmarks.latency_variants import LATENCY_VARIANTS
-from benchmarks.report import markdown, targets, text_table, write_outputs
-from benchmarks.variants import VARIANTS
-from benchmarks.workload import Sizes
+from benchmarks import report
+from benchmarks.counting import BACKENDS, Endpoints
+from benchmarks.rtt import RttNotVerifiedError
+from benchmarks.runner import Run, run_latency, run_loopback
+from benchmarks.variants import LATENCY_VARIANTS, LOOPBACK_VARIANTS
+from benchmarks.workload import LatencySizes, Sizes
 
 OUT = Path(__file__).resolve().parent / "out"
 
 
 def _parser() -> argparse.ArgumentParser:
-    d = Sizes()
-    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    p.add_argument("--messages", type=int, default=d.messages, help="new messages per variant")
-    p.add_argument("--duplicates", type=int, default=None,
-                   help="redeliveries per variant (default: as many as --messages)")
-    p.add_argument("--batch-size", type=int, default=None,
-                   help=f"events per Event Hubs batch (default {d.batch_size}; latency mode "
-                        f"{LatencySizes().batch_size})")
-    p.add_argument("--batches", type=int, default=d.batches, help="Event Hubs batches (then replayed)")
-    p.add_argument("--concurrent", type=int, default=d.concurrent,
-                   help="messages delivered as simultaneous copies")
-    p.add_argument("--copies", type=int, default=d.copies, help="simultaneous copies per message")
-    p.add_argument("--rounds", type=int, default=d.rounds,
-                   help="interleaved rounds of the new-message phase")
+    d, lat_d = Sizes(), LatencySizes()
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--backend", choices=(*BACKENDS, "both"), default="both")
     p.add_argument("--variants", default=None,
-                   help="comma-separated subset of: " + ", ".join(VARIANTS) + "; latency mode: "
-                        + ", ".join(LATENCY_VARIANTS))
+                   help="comma-separated subset of: " + ", ".join(LOOPBACK_VARIANTS)
+                        + "; latency mode: " + ", ".join(LATENCY_VARIANTS))
+    p.add_argument("--batch-size", type=int, default=None,
+                   help=f"events per Event Hubs batch (default {d.batch_size}; latency mode "
+                        f"{lat_d.batch_size})")
     p.add_argument("--out", type=Path, default=OUT, help="output folder (default benchmarks/out)")
-    p.add_argument("--no-chart", action="store_true", help="skip the PNG chart")
     p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
+    loop = p.add_argument_group("loopback mode", "the servers as they are (the default)")
+    loop.add_argument("--messages", type=int, default=d.messages, help="new messages per variant")
+    loop.add_argument("--duplicates", type=int, default=None,
+                      help="redeliveries per variant (default: as many as --messages)")
+    loop.add_argument("--batches", type=int, default=d.batches,
+                      help="Event Hubs batches (then replayed)")
+    loop.add_argument("--concurrent", type=int, default=d.concurrent,
+                      help="messages delivered as simultaneous copies")
+    loop.add_argument("--copies", type=int, default=d.copies, help="simultaneous copies per message")
+    loop.add_argument("--rounds", type=int, default=d.rounds,
+                      help="interleaved rounds of the new-message phase")
+    loop.add_argument("--no-chart", action="store_true", help="skip the PNG chart")
     lat = p.add_argument_group(
-        "latency mode", "payment batches behind relays that add round-trip time (issue 12)")
+        "latency mode", "payment batches behind relays that add round-trip time")
     lat.add_argument("--rtt-ms", default=None,
                      help="comma-separated added RTTs, e.g. 1,5,10: runs the latency mode")
-    lat.add_argument("--events", type=int, default=LatencySizes().events,
-                     help="payment events per scenario")
-    lat.add_argument("--accounts", default=",".join(str(a) for a in LatencySizes().accounts),
+    lat.add_argument("--events", type=int, default=lat_d.events, help="payment events per scenario")
+    lat.add_argument("--accounts", default=",".join(str(a) for a in lat_d.accounts),
                      help="comma-separated account counts, one scenario each")
     lat.add_argument("--concurrency", type=int, default=None,
-                     help="threads of the no-dedup grouped limit (default: the app's bound on "
-                          "concurrent account groups, PartitionBatchProcessor.max_concurrency)")
+                     help="concurrent account groups of the no-dedup limits (default: the app's "
+                          "bound, PartitionBatchProcessor.max_concurrency)")
     return p
 
 
@@ -71,14 +77,10 @@ def _latency_sizes(args: argparse.Namespace) -> LatencySizes:
     if args.quick:
         return LatencySizes(events=40, batch_size=10, accounts=(4, 20), warmup_events=10,
                             concurrency=args.concurrency, probe_reads=10)
-    return LatencySizes(events=args.events, batch_size=args.batch_size or LatencySizes().batch_size,
+    batch = args.batch_size or LatencySizes().batch_size
+    return LatencySizes(events=args.events, batch_size=batch,
                         accounts=tuple(int(a) for a in args.accounts.split(",") if a.strip()),
-                        warmup_events=args.batch_size or LatencySizes().batch_size,
-                        concurrency=args.concurrency)
-
-
-def _numbers(text: str) -> tuple[float, ...]:
-    return tuple(float(v) for v in text.split(",") if v.strip())
+                        warmup_events=batch, concurrency=args.concurrency)
 
 
 def _external_endpoints() -> Endpoints | None:
@@ -95,9 +97,29 @@ def _progress(text: str) -> None:
     print(f"  .. {text}", file=sys.stderr, flush=True)
 
 
+def _run(args: argparse.Namespace, names: tuple[str, ...], backends: tuple[str, ...]) -> Run:
+    """Latency mode always runs on the local servers (the relays forward to loopback only)."""
+    endpoints = None if args.rtt_ms else _external_endpoints()
+    if endpoints is not None:
+        return run_loopback(endpoints, _sizes(args), seed=args.seed, backends=backends,
+                            variants=names, progress=_progress)
+    from local_stack import COSMOS_LOCAL_KEY, LocalStack
+
+    _progress("starting Azurite and the Cosmos server on loopback")
+    with LocalStack() as stack:
+        local = Endpoints(stack.table_connection_string, stack.cosmos_endpoint, COSMOS_LOCAL_KEY,
+                          cosmos_verify=False)
+        if not args.rtt_ms:
+            return run_loopback(local, _sizes(args), seed=args.seed, backends=backends,
+                                variants=names, progress=_progress)
+        rtts = tuple(float(v) for v in args.rtt_ms.split(",") if v.strip())
+        return run_latency(local, _latency_sizes(args), rtts, seed=args.seed, backends=backends,
+                           variants=names, progress=_progress)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    known = LATENCY_VARIANTS if args.rtt_ms else VARIANTS
+    known = LATENCY_VARIANTS if args.rtt_ms else LOOPBACK_VARIANTS
     names = tuple(n.strip() for n in (args.variants or ",".join(known)).split(",") if n.strip())
     unknown = [n for n in names if n not in known]
     if unknown:
@@ -110,63 +132,18 @@ def main(argv: list[str] | None = None) -> int:
 
     urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
     warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
-    if args.rtt_ms:
-        return _latency_main(args, names, backends)
-    sizes = _sizes(args)
-    progress = _progress
-
-    endpoints = _external_endpoints()
-    if endpoints is not None:
-        run = run_benchmark(endpoints, sizes, seed=args.seed, backends=backends, variants=names,
-                            progress=progress)
-    else:
-        from local_stack import COSMOS_LOCAL_KEY, LocalStack
-
-        progress("starting Azurite and the Cosmos server on loopback")
-        with LocalStack() as stack:
-            endpoints = Endpoints(stack.table_connection_string, stack.cosmos_endpoint,
-                                  COSMOS_LOCAL_KEY, cosmos_verify=False)
-            run = run_benchmark(endpoints, sizes, seed=args.seed, backends=backends,
-                                variants=names, progress=progress)
-    print(text_table(run))
-    print()
-    for target in targets(run):
-        print(f"[{'met' if target.met else 'MISSED'}] {target.text} ({target.backend}): "
-              f"{target.measured}")
-    written = write_outputs(run, args.out, with_chart=not args.no_chart)
-    print()
-    print("Markdown (paste into the README):")
-    print()
-    print(markdown(run))
-    for kind, path in written.items():
-        print(f"wrote {kind}: {path}")
-    return 0
-
-
-def _latency_main(args: argparse.Namespace, names: tuple[str, ...], backends: tuple[str, ...]) -> int:
-    """Latency mode: always the local servers (the relays forward to loopback only)."""
-    from local_stack import COSMOS_LOCAL_KEY, LocalStack
-
-    rtts = _numbers(args.rtt_ms)
-    sizes = _latency_sizes(args)
-    _progress("starting Azurite and the Cosmos server on loopback")
     try:
-        with LocalStack() as stack:
-            endpoints = Endpoints(stack.table_connection_string, stack.cosmos_endpoint,
-                                  COSMOS_LOCAL_KEY, cosmos_verify=False)
-            run = run_latency(endpoints, sizes, rtts, seed=args.seed, backends=backends,
-                              variants=names, progress=_progress)
+        run = _run(args, names, backends)
     except RttNotVerifiedError as error:
         print(f"latency mode: {error}", file=sys.stderr)
         return 1
-    print(latency_report.text_table(run))
+    print(report.text_table(run))
     print()
-    for target in latency_report.targets(run):
-        print(f"[{'met' if target.met else 'MISSED'}] {target.text} ({target.backend}): "
-              f"{target.measured}")
-    written = latency_report.write_outputs(run, args.out)
+    for target in report.targets(run):
+        print(target.line())
+    written = report.write_outputs(run, args.out, with_chart=not args.no_chart)
     print()
-    print(latency_report.header(run))
+    print(report.header(run))
     for kind, path in written.items():
         print(f"wrote {kind}: {path}")
     wrong = [f"{r.name}/{r.backend}/{r.accounts}" for r in run.results if r.balance_mismatches]

@@ -17,13 +17,21 @@ Requests are classified as `data` (entities/documents, entity-group
 transactions, transactional batches) or `meta` (account, database, table and
 container management, which the SDKs issue on first use and on their own
 refresh timers). Store requests per message are data requests.
+
+Outgoing messages are not sent anywhere: a costed dispatcher
+(`CostedDispatcher`, `AsyncCostedDispatcher`) counts the sends a Service Bus
+dispatcher would make and waits one round trip for each (`SendTally`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 import threading
+import time
 from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -36,10 +44,25 @@ from azure.cosmos.aio import CosmosClient as AsyncCosmosClient
 from azure.data.tables import TableClient
 from requests.adapters import HTTPAdapter
 
+from shared.dispatch import by_destination, send_plan
+from shared.outbox import OutgoingMessage
 from shared.sdk_transport import async_transport, proxy_configured
 from shared.stores import CosmosIdempotencyStore, TableIdempotencyStore
 from shared.stores.cosmos_indexing import record_indexing_policy
 from shared.stores.table_aio import AsyncTableIdempotencyStore
+
+BACKENDS = ("table", "cosmos")
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where the counted clients go: the local servers (or relays in front of them), or an
+    emulator or account given as the tests' `IDEMPOTENCY_TEST_*` variables."""
+
+    table_connection_string: str
+    cosmos_endpoint: str
+    cosmos_key: str
+    cosmos_verify: bool = True
 
 
 def classify(backend: str, method: str, url: str) -> str:
@@ -245,3 +268,56 @@ def counted_cosmos_store(client: CosmosClient, database: str, container: str, *,
                                               default_ttl=-1,
                                               indexing_policy=record_indexing_policy(partition_key_path))
     return CosmosIdempotencyStore.from_container(proxy, partition_key_path)
+
+
+# -- outgoing messages ---------------------------------------------------------------------------
+class SendTally:
+    """Dispatch calls, the sends they make and the messages those carry; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.calls = 0
+        self.sends = 0
+        self.messages = 0
+
+    def add(self, messages: Sequence[OutgoingMessage]) -> int:
+        """Tally one dispatch call; the sends it costs: as `shared.dispatch.ServiceBusDispatcher`
+        makes them, one per destination and per batch that fits one send."""
+        sends = sum(len(send_plan(group)) for _, group in by_destination(messages))
+        with self._lock:
+            self.calls += 1
+            self.sends += sends
+            self.messages += len(messages)
+        return sends
+
+
+class CostedDispatcher:
+    """Sends nothing, costs what a real send costs at `rtt_ms`: one round trip per send,
+    the calling thread blocked meanwhile (the sync face)."""
+
+    def __init__(self, tally: SendTally, rtt_ms: float) -> None:
+        self.tally = tally
+        self.rtt_ms = rtt_ms
+
+    def dispatch(self, messages: Sequence[OutgoingMessage]) -> None:
+        sends = self.tally.add(messages)
+        if sends and self.rtt_ms > 0:
+            time.sleep(sends * self.rtt_ms / 1000)
+
+    def close(self) -> None:
+        pass
+
+
+class AsyncCostedDispatcher:
+    """`CostedDispatcher` for the async face: the round trips are awaited (the loop stays free)."""
+
+    def __init__(self, tally: SendTally, rtt_ms: float) -> None:
+        self.tally = tally
+        self.rtt_ms = rtt_ms
+
+    async def dispatch(self, messages: Sequence[OutgoingMessage]) -> None:
+        sends = self.tally.add(messages)
+        await asyncio.sleep(sends * self.rtt_ms / 1000 if self.rtt_ms > 0 else 0)
+
+    async def close(self) -> None:
+        pass

@@ -19,7 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.latency_variants import build_payment_workload, parse_payment
+from benchmarks.variants import parse_payment
+from benchmarks.workload import build_payment_workload
 from shared.keys import request_hash
 
 

@@ -18,10 +18,11 @@ import time
 import warnings
 from collections import defaultdict
 
-from benchmarks import latency
-from benchmarks.harness import Endpoints
-from benchmarks.latency import LatencySizes, run_latency
-from benchmarks.latency_variants import LATENCY_VARIANTS
+from benchmarks import rtt
+from benchmarks.counting import Endpoints
+from benchmarks.runner import run_latency
+from benchmarks.variants import LATENCY_VARIANTS
+from benchmarks.workload import LatencySizes
 
 GROUPS = (  # first match wins: (label, path fragment)
     ("azure.core pipeline/policies", "azure/core/pipeline"),
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = LatencySizes(events=args.events, accounts=(args.accounts,), probe_reads=5)
     # The RTT check is the benchmark's guard; a profile wants the CPU, not that proof (under the
     # profiler and on a loaded machine the probes' medians are noisy).
-    latency.check_probes = lambda _probes: None
+    rtt.check_probes = lambda _probes: None
     with LocalStack() as stack:
         endpoints = Endpoints(stack.table_connection_string, stack.cosmos_endpoint, COSMOS_LOCAL_KEY,
                               cosmos_verify=False)

@@ -1,45 +1,58 @@
-"""The consumers compared: this project's flows and the baselines, on one store each.
+"""The consumers compared: this project's flows, the app, and the baselines they are held to.
 
-Every variant applies the same business effect for a new message: one ledger
-entry with a fresh id (a non-idempotent insert, so a duplicate that gets
-through shows up as an extra entry), in the message's own partition.
+Loopback mode (`LOOPBACK_VARIANTS`): each new message applies one ledger entry
+with a fresh id (a non-idempotent insert, so a duplicate that gets through
+shows up as an extra entry), in the message's own partition.
 
-Baselines (implemented here, straight on the SDK clients, one request per call):
+* `no-dedup`: the effect only. `naive`: read the marker; if absent, the effect,
+  then upsert the marker (two copies can both read "absent").
+* `powertools`: the AWS Lambda Powertools flow on Azure: conditional put of an
+  IN_PROGRESS record, the effect, an etag-conditional update to COMPLETED; a 409
+  has no body on Azure, so a duplicate also reads the record.
+* `two-phase` (`Idempotency.run`), `atomic` (`run_atomic`: marker and effect in
+  one transaction), `atomic+outbox` (one outgoing message per new message),
+  `atomic+cache` (a warm local cache of completed keys), `atomic+hwm` (Event
+  Hubs batches check the partition's high-water mark first). Every other variant
+  handles a batch one event at a time: a replay without a high-water mark.
 
-* `no-dedup`: apply the effect; nothing else.
-* `naive`: check-then-act. Read the marker; if absent, apply the effect, then
-  upsert the marker. Two copies can both read "absent".
-* `powertools`: the AWS Lambda Powertools idempotency flow mapped to Azure:
-  conditional put of an IN_PROGRESS record, the effect, then an
-  etag-conditional update to COMPLETED. A 409 carries no body on Azure, so a
-  duplicate reads the record (Powertools on DynamoDB gets it back from the
-  failed put). Expired-record takeover is left out: this workload has none.
+Latency mode (`LATENCY_VARIANTS`): each turns the same payment batches into
+account balances (one `balance` document per account, in the account's
+partition, as `domain.payments` keeps it).
 
-This project (through `shared.idempotency.Idempotency`):
+* `per-event`: the dedup path before grouped commits (kept here only): mark
+  read; per event, the balance read, then marker + balance in one transaction;
+  mark write. `no-dedup-seq`: the same shape without markers or mark.
+* `no-dedup-grouped`, the limit: per account, one read and one write, accounts
+  concurrent (bounded like the app).
+* `no-dedup-etags`, the limit for the app's shape: async on the same clients as
+  `app`, balances and etags remembered, so one etag-conditional write per account
+  and then the mark write; what `app` would cost with the dedup work free.
+* `app`: what the `payments` function runs (`build_services`, then
+  `payments_async.process_batch`) on counted async stores, its outgoing messages
+  costed by the scenario's RTT (`benchmarks.counting.AsyncCostedDispatcher`);
+  `app-no-publish`: the same with `BALANCE_CHANGES_QUEUE` empty (no outgoing
+  messages); `app-sync`: the sync processor (threads), as the HTTP API and the
+  replay tool use it; `app-cold`: `app` rebuilt before every batch (nothing
+  remembered).
 
-* `two-phase`: `Idempotency.run` (claim in progress, effect, complete).
-* `atomic`: `Idempotency.run_atomic`, marker and effect in one Cosmos
-  transactional batch / Table entity-group transaction.
-* `atomic+cache`: the same with the local LRU of completed keys (10 000 entries,
-  30 min max age, so entries from the new-message phase are still warm when
-  their duplicates come).
-* `atomic+hwm`: the same as `atomic` per message; Event Hubs batches go
-  through the partition high-water mark first.
-
-Every variant other than `atomic+hwm` handles an Event Hubs batch one event at
-a time, i.e. a replay without a high-water mark.
+The no-dedup variants are the cheapest store traffic that produces the same
+balances when nothing is delivered twice (a replay applies a batch again).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
 import uuid
-from collections import Counter
-from collections.abc import Callable
+from collections import Counter, defaultdict
+from collections.abc import Callable, Coroutine, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from functools import cached_property
+from typing import Any, ClassVar
 
 from azure.core import MatchConditions
 from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
@@ -50,23 +63,96 @@ from azure.cosmos.exceptions import (
 )
 from azure.data.tables import UpdateMode
 
-from benchmarks.workload import Message
+from benchmarks.counting import AsyncCostedDispatcher, CostedDispatcher, SendTally
+from benchmarks.workload import SIGNS, Message
+from domain.messages import InboundEvent
+from functions.services import Services, build_services
+from functions.settings import Settings
+from shared import (
+    DedupKey,
+    Idempotency,
+    IdempotencyError,
+    IdempotencyStore,
+    InMemoryIdempotencyStore,
+    OutcomeStatus,
+    request_hash,
+    store_safe_id,
+)
+from shared.batch import BatchReport
 from shared.cache import CompletedKeyCache
-from shared.dispatch import InMemoryDispatcher
+from shared.cloudevents import parse_cloudevent
 from shared.flow import Transaction
-from shared.idempotency import Idempotency
-from shared.keys import DedupKey, request_hash
-from shared.stores import CosmosIdempotencyStore, IdempotencyStore, TableIdempotencyStore
 from shared.telemetry import Telemetry
 from shared.watermark import PartitionWatermark
 
 CONSUMER = "bench"
+PAYMENTS = "payments"  # as domain.payments
+ACCOUNT_DOCUMENT = "balance"
 EVENT_HUB = "payments"
 CONSUMER_GROUP = "$Default"
 TTL_SECONDS = 7 * 24 * 3600.0
 LEASE_SECONDS = 300.0
+MAX_ATTEMPTS = 3  # PAYMENTS_MAX_ATTEMPTS default
+BACKOFF = 0.2
 
 
+# -- what a variant is given ---------------------------------------------------------------------
+@dataclass
+class StoreSet:
+    """A variant's counted stores by the app's role names; async ones on the same tables."""
+
+    sync: dict[str, IdempotencyStore]
+    aio: dict[str, Any] = field(default_factory=dict)
+    run: Callable[[Coroutine[Any, Any, Any]], Any] | None = None  # the async stores' loop
+
+    def factory(self) -> Callable[[str], IdempotencyStore]:
+        """For `build_services(stores=...)`: the roles here, the others in memory (unused)."""
+        spare: dict[str, IdempotencyStore] = {}
+
+        def store(role: str) -> IdempotencyStore:
+            return self.sync.get(role) or spare.setdefault(role, InMemoryIdempotencyStore())
+
+        return store
+
+
+@dataclass(frozen=True)
+class Setup:
+    backend: str
+    stores: StoreSet
+    tally: SendTally  # the variant's outgoing sends
+    rtt_ms: float = 0.0  # what one send costs (latency mode: the scenario's nominal RTT)
+    env: Mapping[str, str] = field(default_factory=dict[str, str])  # app settings (latency mode)
+    concurrency: int = 16  # concurrent account groups of the no-dedup limits
+
+
+class Variant:
+    name: ClassVar[str] = "variant"
+    label: ClassVar[str] = "variant"
+    project: ClassVar[bool] = False  # this project's code (not a baseline)
+    dedup: ClassVar[bool] = True  # applies each delivery's effect once
+    roles: ClassVar[tuple[str, ...]] = ("ledger",)
+    aio: ClassVar[bool] = False  # needs async stores
+    env: ClassVar[Mapping[str, str]] = {}  # app settings over the scenario's
+
+    def __init__(self, setup: Setup) -> None:
+        self.setup = setup
+        self.backend = setup.backend
+        self.stores = setup.stores
+        self.outcomes: Counter[str] = Counter()
+
+    @cached_property
+    def settings(self) -> Settings:
+        """The app's settings for this variant (latency mode), read once."""
+        return Settings.from_env({**self.setup.env, **self.env})
+
+    def restart(self) -> None:
+        """A host restart or partition move: process-local state is gone."""
+
+    def close(self) -> None:
+        """Release threads (the runner closes the stores)."""
+
+
+# -- single requests on the SDK clients (the baselines) ------------------------------------------
 class ExistsError(Exception):
     """Conditional create found the item (409)."""
 
@@ -75,95 +161,104 @@ class ChangedError(Exception):
     """Etag-conditional write lost (412/404)."""
 
 
-class RawStore:
-    """The handful of single-request operations the baselines need."""
+_EXISTS = (CosmosResourceExistsError, ResourceExistsError)
+_MISSING = (CosmosResourceNotFoundError, ResourceNotFoundError)
+_CHANGED = (CosmosAccessConditionFailedError, ResourceModifiedError, *_MISSING)
+
+
+def _entity(cosmos: bool, partition: str, item_id: str, body: dict[str, Any]) -> dict[str, Any]:
+    return ({**body, "id": item_id, "pk": partition} if cosmos
+            else {**body, "PartitionKey": partition, "RowKey": item_id})
+
+
+class Raw:
+    """Single-request reads and writes on a sync store's own SDK client (no store layer)."""
+
+    def __init__(self, store: Any) -> None:
+        self.cosmos = hasattr(store, "container")
+        self._client = store.container if self.cosmos else store.client
 
     def create(self, partition: str, item_id: str, body: dict[str, Any]) -> str | None:
-        raise NotImplementedError
-
-    def read(self, partition: str, item_id: str) -> tuple[dict[str, Any], str | None] | None:
-        raise NotImplementedError
-
-    def upsert(self, partition: str, item_id: str, body: dict[str, Any]) -> None:
-        raise NotImplementedError
-
-    def replace_if(self, partition: str, item_id: str, body: dict[str, Any], etag: str | None
-                   ) -> str | None:
-        raise NotImplementedError
-
-
-class TableRaw(RawStore):
-    def __init__(self, store: TableIdempotencyStore) -> None:
-        self._client = store.client
-
-    def create(self, partition: str, item_id: str, body: dict[str, Any]) -> str | None:
+        entity = _entity(self.cosmos, partition, item_id, body)
         try:
-            meta = self._client.create_entity({**body, "PartitionKey": partition, "RowKey": item_id})
-        except ResourceExistsError as error:
+            if self.cosmos:
+                return self._client.create_item(entity).get("_etag")
+            return self._client.create_entity(entity).get("etag")
+        except _EXISTS as error:
             raise ExistsError(item_id) from error
-        return meta.get("etag")
 
     def read(self, partition: str, item_id: str) -> tuple[dict[str, Any], str | None] | None:
         try:
+            if self.cosmos:
+                item = self._client.read_item(item_id, partition)
+                return item, item.get("_etag")
             entity = self._client.get_entity(partition, item_id)
-        except ResourceNotFoundError:
+            return dict(entity), entity.metadata.get("etag")
+        except _MISSING:
             return None
-        return dict(entity), entity.metadata.get("etag")
 
     def upsert(self, partition: str, item_id: str, body: dict[str, Any]) -> None:
-        self._client.upsert_entity({**body, "PartitionKey": partition, "RowKey": item_id},
-                                   mode=UpdateMode.REPLACE)
+        entity = _entity(self.cosmos, partition, item_id, body)
+        if self.cosmos:
+            self._client.upsert_item(entity)
+        else:
+            self._client.upsert_entity(entity, mode=UpdateMode.REPLACE)
 
-    def replace_if(self, partition: str, item_id: str, body: dict[str, Any], etag: str | None
-                   ) -> str | None:
+    def replace_if(self, partition: str, item_id: str, body: dict[str, Any],
+                   etag: str | None) -> str | None:
+        entity = _entity(self.cosmos, partition, item_id, body)
+        condition = MatchConditions.IfNotModified
         try:
-            meta = self._client.update_entity(
-                {**body, "PartitionKey": partition, "RowKey": item_id}, mode=UpdateMode.REPLACE,
-                etag=etag, match_condition=MatchConditions.IfNotModified)
-        except (ResourceModifiedError, ResourceNotFoundError) as error:
+            if self.cosmos:
+                return self._client.replace_item(item_id, entity, etag=etag,
+                                                 match_condition=condition).get("_etag")
+            return self._client.update_entity(entity, mode=UpdateMode.REPLACE, etag=etag,
+                                              match_condition=condition).get("etag")
+        except _CHANGED as error:
             raise ChangedError(item_id) from error
-        return meta.get("etag")
 
 
-class CosmosRaw(RawStore):
-    def __init__(self, store: CosmosIdempotencyStore) -> None:
-        self._container = store.container
+class AsyncRaw:
+    """`Raw` on an async store's SDK client (azure.cosmos.aio, azure.data.tables.aio)."""
 
-    def create(self, partition: str, item_id: str, body: dict[str, Any]) -> str | None:
+    def __init__(self, store: Any) -> None:
+        self.cosmos = hasattr(store, "container")
+        self._client = store.container if self.cosmos else store.client
+
+    async def create(self, partition: str, item_id: str, body: dict[str, Any]) -> str | None:
+        entity = _entity(self.cosmos, partition, item_id, body)
         try:
-            item = self._container.create_item({**body, "id": item_id, "pk": partition})
-        except CosmosResourceExistsError as error:
+            if self.cosmos:
+                return (await self._client.create_item(entity)).get("_etag")
+            return (await self._client.create_entity(entity)).get("etag")
+        except _EXISTS as error:
             raise ExistsError(item_id) from error
-        return item.get("_etag")
 
-    def read(self, partition: str, item_id: str) -> tuple[dict[str, Any], str | None] | None:
+    async def read(self, partition: str, item_id: str) -> tuple[dict[str, Any], str | None] | None:
         try:
-            item = self._container.read_item(item_id, partition)
-        except CosmosResourceNotFoundError:
+            if self.cosmos:
+                item = await self._client.read_item(item_id, partition)
+                return item, item.get("_etag")
+            entity = await self._client.get_entity(partition, item_id)
+            return dict(entity), entity.metadata.get("etag")
+        except _MISSING:
             return None
-        return item, item.get("_etag")
 
-    def upsert(self, partition: str, item_id: str, body: dict[str, Any]) -> None:
-        self._container.upsert_item({**body, "id": item_id, "pk": partition})
-
-    def replace_if(self, partition: str, item_id: str, body: dict[str, Any], etag: str | None
-                   ) -> str | None:
+    async def replace_if(self, partition: str, item_id: str, body: dict[str, Any],
+                         etag: str | None) -> str | None:
+        entity = _entity(self.cosmos, partition, item_id, body)
+        condition = MatchConditions.IfNotModified
         try:
-            item = self._container.replace_item(item_id, {**body, "id": item_id, "pk": partition},
-                                                etag=etag, match_condition=MatchConditions.IfNotModified)
-        except (CosmosAccessConditionFailedError, CosmosResourceNotFoundError) as error:
+            if self.cosmos:
+                return (await self._client.replace_item(item_id, entity, etag=etag,
+                                                        match_condition=condition)).get("_etag")
+            return (await self._client.update_entity(entity, mode=UpdateMode.REPLACE, etag=etag,
+                                                     match_condition=condition)).get("etag")
+        except _CHANGED as error:
             raise ChangedError(item_id) from error
-        return item.get("_etag")
 
 
-def raw_store(store: IdempotencyStore) -> RawStore:
-    if isinstance(store, TableIdempotencyStore):
-        return TableRaw(store)
-    if isinstance(store, CosmosIdempotencyStore):
-        return CosmosRaw(store)
-    raise TypeError(f"no raw adapter for {type(store).__name__}")
-
-
+# -- loopback: one message at a time -------------------------------------------------------------
 class EffectLog:
     """How many times each message's effect was applied (the ground truth for extra effects)."""
 
@@ -195,15 +290,11 @@ def entry_body(message: Message) -> dict[str, Any]:
     return {"messageId": message.message_id, "amount": message.body.get("amount"), "kind": "entry"}
 
 
-class Variant:
-    name = "variant"
-    label = "variant"
-    project = False
-
-    def __init__(self, backend: str, store: IdempotencyStore) -> None:
-        self.backend = backend
-        self.store = store
-        self.raw = raw_store(store)
+class MessageVariant(Variant):
+    def __init__(self, setup: Setup) -> None:
+        super().__init__(setup)
+        self.store = self.stores.sync["ledger"]
+        self.raw = Raw(self.store)
         self.effects = EffectLog()
 
     def effect(self, message: Message, partition: str) -> dict[str, Any]:
@@ -218,20 +309,17 @@ class Variant:
     def handle_batch(self, batch: list[Message]) -> list[str]:
         return [self.handle(event) for event in batch]
 
-    def restart(self) -> None:
-        """A host restart or partition move: process-local state is gone."""
 
-
-class NoDedup(Variant):
-    name, label = "no-dedup", "No dedup (baseline)"
+class NoDedup(MessageVariant):
+    name, label, dedup = "no-dedup", "No dedup (baseline)", False
 
     def handle(self, message: Message) -> str:
         self.effect(message, dedup_key(message).encoded)
         return "processed"
 
 
-class NaiveCheckThenAct(Variant):
-    name, label = "naive", "Naive check-then-act"
+class NaiveCheckThenAct(MessageVariant):
+    name, label, dedup = "naive", "Naive check-then-act", False
 
     def handle(self, message: Message) -> str:
         key = dedup_key(message)
@@ -244,7 +332,7 @@ class NaiveCheckThenAct(Variant):
         return "processed"
 
 
-class PowertoolsStyle(Variant):
+class PowertoolsStyle(MessageVariant):
     name, label = "powertools", "Powertools-style (put in-progress, effect, update)"
 
     def handle(self, message: Message) -> str:
@@ -271,18 +359,13 @@ class PowertoolsStyle(Variant):
         return "processed"
 
 
-class _ProjectVariant(Variant):
-    project = True
+class TwoPhase(MessageVariant):
+    name, label, project = "two-phase", "This project: two-phase (run)", True
+    cache: CompletedKeyCache | None = None
 
-    def __init__(self, backend: str, store: IdempotencyStore, *,
-                 cache: CompletedKeyCache | None = None) -> None:
-        super().__init__(backend, store)
-        self.cache = cache
-        self.idempotency = Idempotency(store, telemetry=Telemetry(), cache=cache)
-
-
-class TwoPhase(_ProjectVariant):
-    name, label = "two-phase", "This project: two-phase (run)"
+    def __init__(self, setup: Setup) -> None:
+        super().__init__(setup)
+        self.idempotency = Idempotency(self.store, telemetry=Telemetry(), cache=self.cache)
 
     def handle(self, message: Message) -> str:
         key = dedup_key(message)
@@ -291,7 +374,7 @@ class TwoPhase(_ProjectVariant):
         return outcome.status.value
 
 
-class Atomic(_ProjectVariant):
+class Atomic(TwoPhase):
     name, label = "atomic", "This project: atomic (run_atomic)"
 
     def _build(self, message: Message) -> Callable[[Transaction], Any]:
@@ -303,22 +386,26 @@ class Atomic(_ProjectVariant):
 
     def handle(self, message: Message) -> str:
         key = dedup_key(message)
-        outcome = self.idempotency.run_atomic(key, request_hash(message.body), self._build(message))
+        outcome = self.idempotency.run_atomic(key, request_hash(message.body), self._build(message),
+                                              read_first=self.read_first(message))
         if outcome.effect_applied_now:
             self.effects.add(message.message_id)
         return outcome.status.value
 
+    def read_first(self, message: Message) -> bool:
+        return False
+
 
 class AtomicOutbox(Atomic):
-    """`atomic` with one outgoing message per new message (the outbox: recorded on the marker
-    in the commit, dispatched after it, recorded as dispatched); a redelivery reads the marker
-    first (`read_first`), as `orders` does. The dispatcher is in memory: store requests only."""
+    """`atomic` with one outgoing message per new message (recorded on the marker in the
+    commit, dispatched after it, recorded as dispatched); a redelivery reads the marker first
+    (`read_first`), as `orders` does. Sends are costed, not made (`benchmarks.counting`)."""
 
     name, label = "atomic+outbox", "This project: atomic + one outgoing message (outbox)"
 
-    def __init__(self, backend: str, store: IdempotencyStore) -> None:
-        super().__init__(backend, store)
-        self.idempotency.dispatcher = self.dispatcher = InMemoryDispatcher()
+    def __init__(self, setup: Setup) -> None:
+        super().__init__(setup)
+        self.idempotency.dispatcher = CostedDispatcher(setup.tally, setup.rtt_ms)
 
     def _build(self, message: Message) -> Callable[[Transaction], Any]:
         effect = super()._build(message)
@@ -329,21 +416,16 @@ class AtomicOutbox(Atomic):
             return result
         return build
 
-    def handle(self, message: Message) -> str:
-        key = dedup_key(message)
-        outcome = self.idempotency.run_atomic(key, request_hash(message.body), self._build(message),
-                                              read_first=message.delivery_count > 1)
-        if outcome.effect_applied_now:
-            self.effects.add(message.message_id)
-        return outcome.status.value
+    def read_first(self, message: Message) -> bool:
+        return message.delivery_count > 1
 
 
 class AtomicCached(Atomic):
     name, label = "atomic+cache", "This project: atomic + local cache"
 
-    def __init__(self, backend: str, store: IdempotencyStore) -> None:
-        super().__init__(backend, store,
-                         cache=CompletedKeyCache(10_000, max_age=timedelta(minutes=30)))
+    def __init__(self, setup: Setup) -> None:
+        self.cache = CompletedKeyCache(10_000, max_age=timedelta(minutes=30))
+        super().__init__(setup)
 
     def restart(self) -> None:
         assert self.cache is not None
@@ -353,9 +435,9 @@ class AtomicCached(Atomic):
 class AtomicWatermark(Atomic):
     name, label = "atomic+hwm", "This project: atomic + Event Hubs high-water mark"
 
-    def __init__(self, backend: str, store: IdempotencyStore) -> None:
-        super().__init__(backend, store)
-        self.watermark = PartitionWatermark(store, consumer=CONSUMER, event_hub=EVENT_HUB,
+    def __init__(self, setup: Setup) -> None:
+        super().__init__(setup)
+        self.watermark = PartitionWatermark(self.store, consumer=CONSUMER, event_hub=EVENT_HUB,
                                             consumer_group=CONSUMER_GROUP)
 
     def handle_batch(self, batch: list[Message]) -> list[str]:
@@ -363,13 +445,10 @@ class AtomicWatermark(Atomic):
         mark = self.watermark.read(partition_id)  # one point read per batch
         below = mark.sequence_number if mark is not None else -1
         outcomes: list[str] = []
-        skipped = 0
         for event in batch:
-            if event.sequence_number is not None and event.sequence_number <= below:
-                skipped += 1
-                outcomes.append("replay_skipped")
-            else:
-                outcomes.append(self.handle(event))
+            fresh = event.sequence_number is None or event.sequence_number > below
+            outcomes.append(self.handle(event) if fresh else "replay_skipped")
+        skipped = outcomes.count("replay_skipped")
         self.idempotency.telemetry.replay_skipped(skipped, consumer=CONSUMER,
                                                   partition_id=partition_id)
         if skipped < len(batch):  # every event committed: move the mark (a no-op when it is ahead)
@@ -378,9 +457,283 @@ class AtomicWatermark(Atomic):
         return outcomes
 
 
-VARIANTS: dict[str, type[Variant]] = {
+# -- latency: payment batches --------------------------------------------------------------------
+@dataclass(frozen=True)
+class Payment:
+    key: DedupKey
+    account: str
+    cents: int  # signed
+    content: dict[str, Any]
+
+
+def parse_payment(event: InboundEvent) -> Payment:
+    """The same decoding and validation work for every variant."""
+    cloud_event = parse_cloudevent(event.body, event.properties, event.content_type)
+    key = DedupKey.from_cloudevent(PAYMENTS, cloud_event.source, cloud_event.id)
+    data = cloud_event.data
+    sign = SIGNS.get(cloud_event.type)
+    if sign is None or not isinstance(data, dict):
+        raise ValueError(f"not a payment: {cloud_event.type!r}")
+    account, amount = data.get("accountId"), data.get("amountCents")
+    if not isinstance(account, str) or not isinstance(amount, int) or amount <= 0:
+        raise ValueError("invalid payment data")
+    content = {"type": cloud_event.type, "accountId": account, "amountCents": amount}
+    return Payment(key, account, sign * amount, content)
+
+
+def account_totals(events: list[InboundEvent]) -> dict[str, int]:
+    totals: dict[str, int] = defaultdict(int)
+    for event in events:
+        payment = parse_payment(event)
+        totals[payment.account] += payment.cents
+    return totals
+
+
+def balance_of(store: IdempotencyStore, account: str) -> int | None:
+    document = store.read_document(store_safe_id(account), ACCOUNT_DOCUMENT)
+    return None if document is None else int(document.body["balanceCents"])
+
+
+class PaymentVariant(Variant):
+    def process(self, events: list[InboundEvent], partition_id: str) -> None:
+        raise NotImplementedError
+
+
+class PerEventDedup(PaymentVariant):
+    """A copy of the payments batch before grouped commits (parking left out)."""
+
+    name, label = "per-event", "Dedup, per event, sequential (old path)"
+    roles = ("ledger", "dedup")
+
+    def __init__(self, setup: Setup) -> None:
+        super().__init__(setup)
+        self.restart()
+
+    def restart(self) -> None:
+        self.ledger = Idempotency(self.stores.sync["ledger"],
+                                  config=self.settings.idempotency_config(), telemetry=Telemetry())
+        self.watermark = PartitionWatermark(self.stores.sync["dedup"], consumer=PAYMENTS,
+                                            event_hub=EVENT_HUB, consumer_group=CONSUMER_GROUP)
+
+    def _apply(self, payment: Payment, context: dict[str, Any]) -> OutcomeStatus:
+        def build(tx: Any) -> dict[str, Any]:
+            account = tx.read(ACCOUNT_DOCUMENT)
+            balance = int(account.body["balanceCents"]) if account else 0
+            body = {"accountId": payment.account, "balanceCents": balance + payment.cents,
+                    "kind": "account"}
+            if account is None:
+                tx.create(ACCOUNT_DOCUMENT, body)
+            else:
+                tx.replace(ACCOUNT_DOCUMENT, body, etag=account.etag)
+            return {"balanceCents": body["balanceCents"]}
+
+        return self.ledger.run_atomic(payment.key, request_hash(payment.content), build,
+                                      partition=store_safe_id(payment.account),
+                                      context=context).status
+
+    def process(self, events: list[InboundEvent], partition_id: str) -> None:
+        mark = self.watermark.read(partition_id)
+        fresh = [e for e in events if mark is None or e.sequence_number > mark.sequence_number]
+        self.outcomes["replay_skipped"] += len(events) - len(fresh)
+        self.ledger.telemetry.replay_skipped(len(events) - len(fresh), consumer=PAYMENTS,
+                                             partition_id=partition_id)
+        for event in sorted(fresh, key=lambda e: e.sequence_number):
+            payment = parse_payment(event)
+            context = {"partition_id": partition_id, "sequence_number": event.sequence_number,
+                       "event_hub": EVENT_HUB}
+            for attempt in range(1, MAX_ATTEMPTS + 1):
+                try:
+                    status = self._apply(payment, {**context, "attempt": attempt})
+                except IdempotencyError:
+                    if attempt == MAX_ATTEMPTS:
+                        raise
+                    time.sleep(BACKOFF * 2 ** (attempt - 1))
+                    continue
+                self.outcomes[status.value] += 1
+                break
+        if fresh:
+            self.watermark.advance(partition_id, max(e.sequence_number for e in fresh), known=mark)
+
+
+class NoDedupSequential(PaymentVariant):
+    name, label, dedup = "no-dedup-seq", "No dedup, per event, sequential", False
+
+    def __init__(self, setup: Setup) -> None:
+        super().__init__(setup)
+        self.raw = Raw(self.stores.sync["ledger"])
+
+    def _add(self, account: str, cents: int) -> None:
+        """One read and one single-document write (etag-conditional; re-read on a lost race)."""
+        partition = store_safe_id(account)
+        for _ in range(10):
+            found = self.raw.read(partition, ACCOUNT_DOCUMENT)
+            balance = int(found[0]["balanceCents"]) if found else 0
+            body = {"accountId": account, "balanceCents": balance + cents, "kind": "account"}
+            try:
+                if found is None:
+                    self.raw.create(partition, ACCOUNT_DOCUMENT, body)
+                else:
+                    self.raw.replace_if(partition, ACCOUNT_DOCUMENT, body, found[1])
+                return
+            except (ExistsError, ChangedError):
+                self.outcomes["lost_race"] += 1
+        raise RuntimeError(f"balance of {account}: lost 10 races")
+
+    def process(self, events: list[InboundEvent], partition_id: str) -> None:
+        for event in sorted(events, key=lambda e: e.sequence_number):
+            payment = parse_payment(event)
+            self._add(payment.account, payment.cents)
+            self.outcomes["applied"] += 1
+
+
+class NoDedupGrouped(NoDedupSequential):
+    name, label = "no-dedup-grouped", "No dedup, per account, concurrent (limit)"
+
+    def __init__(self, setup: Setup) -> None:
+        super().__init__(setup)
+        self._pool = ThreadPoolExecutor(max_workers=setup.concurrency, thread_name_prefix="limit")
+
+    def process(self, events: list[InboundEvent], partition_id: str) -> None:
+        for future in [self._pool.submit(self._add, account, cents)
+                       for account, cents in account_totals(events).items()]:
+            future.result()
+        self.outcomes["applied"] += len(events)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+class NoDedupRemembered(PaymentVariant):
+    """The app's request shape with the dedup work taken out: what `app` would cost if
+    markers, hashing and the flow were free. An account not written yet is created (a 409
+    reads and replaces it)."""
+
+    name, label = "no-dedup-etags", "No dedup, remembered etags, per account, concurrent (async)"
+    dedup, aio = False, True
+    roles = ("ledger", "dedup")
+
+    def __init__(self, setup: Setup) -> None:
+        super().__init__(setup)
+        self.ledger = AsyncRaw(self.stores.aio["ledger"])
+        self.marks = AsyncRaw(self.stores.aio["dedup"])
+        self.restart()
+
+    def restart(self) -> None:
+        self.known: dict[tuple[str, str], tuple[int, str | None]] = {}  # (partition, id) -> (value, etag)
+
+    async def _put(self, raw: AsyncRaw, partition: str, item_id: str,
+                   body: Callable[[int | None], dict[str, Any]],
+                   value_of: Callable[[dict[str, Any]], int]) -> None:
+        """Write with the remembered etag; an unknown item is created; a lost race re-reads."""
+        key = (partition, item_id)
+        for _ in range(10):
+            known = self.known.get(key)
+            try:
+                new = body(None if known is None else known[0])
+                etag = (await raw.create(partition, item_id, new) if known is None
+                        else await raw.replace_if(partition, item_id, new, known[1]))
+                self.known[key] = (value_of(new), etag)
+                return
+            except (ExistsError, ChangedError):
+                self.outcomes["lost_race"] += 1
+                found = await raw.read(partition, item_id)
+                if found is None:
+                    self.known.pop(key, None)
+                else:
+                    self.known[key] = (value_of(found[0]), found[1])
+        raise RuntimeError(f"{item_id} in {partition}: lost 10 races")
+
+    async def _batch(self, events: list[InboundEvent], partition_id: str) -> None:
+        gate = asyncio.Semaphore(self.setup.concurrency)
+
+        async def account(name: str, cents: int) -> None:
+            async with gate:
+                await self._put(
+                    self.ledger, store_safe_id(name), ACCOUNT_DOCUMENT,
+                    lambda old: {"accountId": name, "balanceCents": (old or 0) + cents, "kind": "account"},
+                    lambda doc: int(doc["balanceCents"]))
+
+        await asyncio.gather(*(account(name, cents) for name, cents in account_totals(events).items()))
+        last = max(e.sequence_number for e in events)
+        await self._put(self.marks, store_safe_id(f"{PAYMENTS}:{partition_id}"), "mark",
+                        lambda _old: {"sequenceNumber": last, "kind": "mark"},
+                        lambda doc: int(doc["sequenceNumber"]))
+        self.outcomes["applied"] += len(events)
+
+    def process(self, events: list[InboundEvent], partition_id: str) -> None:
+        assert self.stores.run is not None
+        self.stores.run(self._batch(events, partition_id))
+
+
+class SyncAppPath(PaymentVariant):
+    """The sync `PartitionBatchProcessor.process_batch` (account groups on threads, sync SDKs)
+    as `build_services` wires it: the processor behind the HTTP API and the replay tool."""
+
+    name, label, project = "app-sync", "This project: PartitionBatchProcessor (threads)", True
+    roles = ("ledger", "dedup", "parked")
+
+    def __init__(self, setup: Setup) -> None:
+        super().__init__(setup)
+        self.restart()
+
+    def restart(self) -> None:
+        self.services: Services = build_services(
+            self.settings, stores=self.stores.factory(),
+            dispatcher=CostedDispatcher(self.setup.tally, self.setup.rtt_ms))
+
+    def _report(self, events: list[InboundEvent], partition_id: str) -> BatchReport:
+        return self.services.payments.process_batch(events, partition_id)
+
+    def process(self, events: list[InboundEvent], partition_id: str) -> None:
+        report = self._report(events, partition_id)
+        self.outcomes["applied"] += report.applied
+        self.outcomes["duplicate"] += report.duplicates
+        self.outcomes["replay_skipped"] += report.replay_skipped
+        for reason, count in report.parked.items():
+            self.outcomes[f"parked:{reason}"] += count
+
+
+class AppPath(SyncAppPath):
+    """What the `payments` function runs: `shared.aio.PartitionBatchProcessor.process_batch` on
+    the async stores, awaited on one event loop, its sends awaited."""
+
+    name, label, aio = "app", "This project: payments function (async)", True
+
+    def restart(self) -> None:
+        self.services = build_services(
+            self.settings, stores=self.stores.factory(), async_stores=self.stores.aio.__getitem__,
+            dispatcher=AsyncCostedDispatcher(self.setup.tally, self.setup.rtt_ms))
+
+    def _report(self, events: list[InboundEvent], partition_id: str) -> BatchReport:
+        assert self.stores.run is not None
+        return self.stores.run(self.services.payments_async.process_batch(events, partition_id))
+
+
+class AppNoPublish(AppPath):
+    """`app` with `BALANCE_CHANGES_QUEUE` empty: no outgoing messages."""
+
+    name, label = "app-no-publish", "This project: payments function, publishing off"
+    env = {"BALANCE_CHANGES_QUEUE": ""}
+
+
+class ColdAppPath(AppPath):
+    """`app` with nothing remembered between batches (a restart before each): it reads the
+    mark and every balance, as the no-dedup limit does, so the two make the same round trips."""
+
+    name, label = "app-cold", "This project: payments function, nothing remembered"
+
+    def process(self, events: list[InboundEvent], partition_id: str) -> None:
+        self.restart()
+        super().process(events, partition_id)
+
+
+LOOPBACK_VARIANTS: dict[str, type[MessageVariant]] = {
     cls.name: cls for cls in (NoDedup, NaiveCheckThenAct, PowertoolsStyle, TwoPhase, Atomic,
-                              AtomicOutbox, AtomicCached, AtomicWatermark)
-}
+                              AtomicOutbox, AtomicCached, AtomicWatermark)}
+LATENCY_VARIANTS: dict[str, type[PaymentVariant]] = {
+    cls.name: cls for cls in (PerEventDedup, NoDedupSequential, NoDedupGrouped, NoDedupRemembered,
+                              SyncAppPath, AppPath, AppNoPublish, ColdAppPath)}
 BASELINE = NoDedup.name
-DEDUP_VARIANTS = ("powertools", "two-phase", "atomic", "atomic+cache", "atomic+hwm")
+PER_EVENT, LIMIT, REMEMBERED = PerEventDedup.name, NoDedupGrouped.name, NoDedupRemembered.name
+APP, NO_PUBLISH, SYNC_APP, COLD_APP = (AppPath.name, AppNoPublish.name, SyncAppPath.name,
+                                       ColdAppPath.name)
