@@ -10,8 +10,8 @@ import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+import functions.services as services_module
 from domain.payments import ACCOUNT_DOCUMENT
-from functions import services as services_module
 from functions.services import Services, build_services, use_services
 from functions.settings import STORE_ROLES, Settings
 from local_stack.host_data import SentEvent, SentMessage
