@@ -12,11 +12,9 @@ infra/README.md, "Telemetry: one export path").
 
 from __future__ import annotations
 
-import functools
 import logging
 
 import azure.functions as func
-from azure.functions.decorators.function_app import Function
 
 from functions import http_payments, maintenance, notifications, order_status, orders, payments
 from functions.settings import Settings
@@ -40,13 +38,3 @@ for blueprint in (orders.bp, order_status.bp, notifications.bp, payments.bp, htt
                   maintenance.bp):
     app.register_functions(blueprint)
 
-
-@functools.cache
-def indexed_functions() -> tuple[Function, ...]:
-    """The app's functions as the worker indexes them.
-
-    `app.get_functions()` validates and may run only once per app object, so
-    tests and the delivery simulator share this cached result. The worker
-    itself calls `app.get_functions()` and never this.
-    """
-    return tuple(app.get_functions())

@@ -126,67 +126,106 @@ def write_reports(args: argparse.Namespace, backends: list[str],
     return os.path.abspath(text_path), os.path.abspath(html_path)
 
 
+Results = dict[str, tuple[str, dict[str, Any], bool]]  # backend -> (report, summary, ok)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from demo.worker import run_backend, scenario_config
     from simulator.stack import stack_for
 
+    backends = split_workload(args)
+    log_dir = tempfile.mkdtemp(prefix="idempotency-demo-")
+    print("Starting Azurite and the Cosmos DB-compatible server on loopback (one set per "
+          "backend) ...", flush=True)
+    started = time.perf_counter()
+    with contextlib.ExitStack() as servers:
+        endpoints = {backend: servers.enter_context(stack_for(backend)) for backend in backends}
+        results = run_backends(args, backends, endpoints, log_dir)
+    elapsed = time.perf_counter() - started
+    ok = all(results[b][2] for b in backends)
+    text = final_report(args, backends, results, ok=ok, elapsed=elapsed, log_dir=log_dir)
+    print()
+    print(text)
+    text_path, html_path = write_reports(args, backends, results, text + "\n")
+    print(f"Reports: {text_path} and {html_path}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump({"ok": ok, "wallSeconds": elapsed, "args": vars(args),
+                       "backends": {b: results[b][1] for b in backends}}, handle, indent=2,
+                      default=str)
+    return 0 if ok else 1
+
+
+def split_workload(args: argparse.Namespace) -> list[str]:
+    """The backends to run. --messages and --events become each backend's share (what its
+    worker reads from `args`); the totals are announced."""
     backends: list[str] = list(BACKENDS) if args.backend == "both" else [args.backend]
     share = 1 if args.per_backend else len(backends)
     total_messages, total_events = args.messages, args.events
     args.messages, args.events = -(-total_messages // share), -(-total_events // share)
-    log_dir = tempfile.mkdtemp(prefix="idempotency-demo-")
     print(f"Demo: {total_messages * len(backends) // share:,} Service Bus messages and "
           f"{total_events * len(backends) // share:,} Event Hubs events in all "
           f"({args.messages:,} + {args.events:,} on each of: {', '.join(backends)}), duplicate rate "
           f"{args.duplicate_rate:g}, fault rate {args.fault_rate:g}, {args.consumers} competing "
           f"consumers, seed {args.seed}.")
-    print("Starting Azurite and the Cosmos DB-compatible server on loopback (one set per "
-          "backend) ...", flush=True)
-    started = time.perf_counter()
-    results: dict[str, tuple[str, dict[str, Any], bool]] = {}
-    with contextlib.ExitStack() as servers:
-        endpoints = {backend: servers.enter_context(stack_for(backend)) for backend in backends}
-        bars = _Bars(backends, enabled=not args.no_progress)
-        context = multiprocessing.get_context("spawn")
-        updates: Any = queue.Queue() if args.serial else context.Queue()
-        workers = []
-        if args.serial:
-            for backend in backends:
-                run_backend(scenario_config(args, backend), endpoints[backend], updates,
-                            os.path.join(log_dir, f"{backend}.log"))
-        else:
-            for backend in backends:
-                worker = context.Process(
-                    target=run_backend, name=f"demo-{backend}",
-                    args=(scenario_config(args, backend), endpoints[backend], updates,
-                          os.path.join(log_dir, f"{backend}.log")))
-                worker.start()
-                workers.append(worker)
-        try:
-            while len(results) < len(backends):
-                try:
-                    kind, backend, *rest = updates.get(timeout=1.0)
-                except queue.Empty:
-                    if workers and not any(w.is_alive() for w in workers) and updates.empty():
-                        for backend in backends:
-                            results.setdefault(backend, ("worker died without a report", {}, False))
-                    continue
-                if kind == "total":
-                    bars.total(backend, rest[0])
-                elif kind == "progress":
-                    bars.update(backend, rest[0])
-                else:
-                    results[backend] = (rest[0], rest[1], bool(rest[2]))
-        finally:
-            bars.close()
-            for worker in workers:
-                worker.join(timeout=30)
-    elapsed = time.perf_counter() - started
+    return backends
+
+
+def run_backends(args: argparse.Namespace, backends: list[str], endpoints: dict[str, Any],
+                 log_dir: str) -> Results:
+    """Each backend's scenario in a process of its own (with --serial, one after the other in
+    this one), its progress drawn as it comes."""
+    from demo.worker import run_backend, scenario_config
+
+    context = multiprocessing.get_context("spawn")
+    updates: Any = queue.Queue() if args.serial else context.Queue()
+    jobs = [(scenario_config(args, backend), endpoints[backend], updates,
+             os.path.join(log_dir, f"{backend}.log")) for backend in backends]
+    workers = []
+    if args.serial:
+        for job in jobs:
+            run_backend(*job)
+    else:
+        workers = [context.Process(target=run_backend, name=f"demo-{backend}", args=job)
+                   for backend, job in zip(backends, jobs, strict=True)]
+        for worker in workers:
+            worker.start()
+    try:
+        return collect(updates, backends, workers, _Bars(backends, enabled=not args.no_progress))
+    finally:
+        for worker in workers:
+            worker.join(timeout=30)
+
+
+def collect(updates: Any, backends: list[str], workers: list[Any], bars: _Bars) -> Results:
+    """Progress and results from the backends' workers, until each reported (or died)."""
+    results: Results = {}
+    try:
+        while len(results) < len(backends):
+            try:
+                kind, backend, *rest = updates.get(timeout=1.0)
+            except queue.Empty:
+                if workers and not any(w.is_alive() for w in workers) and updates.empty():
+                    for backend in backends:
+                        results.setdefault(backend, ("worker died without a report", {}, False))
+                continue
+            if kind == "total":
+                bars.total(backend, rest[0])
+            elif kind == "progress":
+                bars.update(backend, rest[0])
+            else:
+                results[backend] = (rest[0], rest[1], bool(rest[2]))
+    finally:
+        bars.close()
+    return results
+
+
+def final_report(args: argparse.Namespace, backends: list[str], results: Results, *, ok: bool,
+                 elapsed: float, log_dir: str) -> str:
+    """Each backend's report, one line of its numbers each, the wall time and the verdict."""
     report: list[str] = []
     for backend in backends:
-        text, _, _ = results[backend]
-        report += [text, ""]
+        report += [results[backend][0], ""]
     for backend in backends:
         numbers = results[backend][1]
         if numbers:
@@ -196,21 +235,11 @@ def main(argv: list[str] | None = None) -> int:
                           + (f" (+ {numbers['validAlsoRefused']} effected but also dead-lettered/parked)"
                              if numbers["validAlsoRefused"] else "")
                           + f", invalid input not rejected {sum(numbers['invalidNotRejected'].values())}")
-    ok = all(results[b][2] for b in backends)
     mode = " in parallel" if not args.serial and len(backends) > 1 else ""
     report.append(f"Total wall time {elapsed:.0f} s ({', '.join(backends)}{mode}, including server start "
                   f"and checks). App logs: {log_dir}")
     report.append("RESULT: " + ("all invariants hold" if ok else "INVARIANT BROKEN (see FAIL above)"))
-    print()
-    print("\n".join(report))
-    text_path, html_path = write_reports(args, backends, results, "\n".join(report) + "\n")
-    print(f"Reports: {text_path} and {html_path}")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump({"ok": ok, "wallSeconds": elapsed, "args": vars(args),
-                       "backends": {b: results[b][1] for b in backends}}, handle, indent=2,
-                      default=str)
-    return 0 if ok else 1
+    return "\n".join(report)
 
 
 if __name__ == "__main__":

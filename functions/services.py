@@ -4,17 +4,20 @@
 tests and the delivery simulator pass their own (in-memory stores, stores
 with injected faults) through that seam; the default factory builds the real
 ones from settings. The functions reach the built services through
-`services()`, built from app settings on first use, or installed with
-`configure()` by a test or the simulator.
+`services()`: those a caller set for the functions it invokes (`use_services`:
+the simulated host, tests), else the process's own, built from app settings on
+first use (the Functions host sets none).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import dataclasses
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -336,10 +339,15 @@ def _async_sleep(sleep: Callable[[float], None]) -> Callable[[float], Any]:
 
 _lock = threading.Lock()
 _services: Services | None = None
+_given: contextvars.ContextVar[Services | None] = contextvars.ContextVar("services", default=None)
 
 
 def services() -> Services:
-    """The process-wide services, built from app settings on first use."""
+    """The services of the running invocation: those its caller set (`use_services`),
+    else the process-wide services, built from app settings on first use."""
+    given = _given.get()
+    if given is not None:
+        return given
     global _services
     with _lock:
         if _services is None:
@@ -347,8 +355,14 @@ def services() -> Services:
         return _services
 
 
-def configure(value: Services | None) -> None:
-    """Install services (tests, simulator) or reset to build from settings again."""
-    global _services
-    with _lock:
-        _services = value
+@contextlib.contextmanager
+def use_services(value: Services) -> Iterator[Services]:
+    """Run the functions invoked from this context on `value`, never touching the process's
+    services: what runs in this context sees them, as do the tasks it creates (and the
+    worker's threads, through the local worker driver, which carries the caller's context).
+    Concurrent callers (simulated hosts, tests) may each use their own."""
+    token = _given.set(value)
+    try:
+        yield value
+    finally:
+        _given.reset(token)

@@ -24,12 +24,21 @@ Service Bus settlement goes over gRPC to `local_stack.settlement_server`,
 whose address is put on the process's command line as the host would
 (`--host`, `--port`, `--functions-grpc-max-message-length`); calls are routed
 by lock token (`WorkerHost.settlements`).
+
+An invocation runs in the context of the thread that called `invoke`: the
+worker awaits an `async def` function in a task that copies it, and this
+driver gives the worker a pool that runs each sync function in a copy of it,
+as `asyncio.to_thread` does. So what a caller sets for the functions it
+invokes (`functions.services.use_services`) reaches them on either path. In
+Azure the host is another process and sets nothing there, so the functions
+meet an empty context, as they do here when the caller sets none.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
 import importlib.util
 import json
@@ -38,6 +47,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -310,6 +320,27 @@ class SettlementRouter:
 
 
 # -- the host ------------------------------------------------------------------------------
+class ContextThreadPool(ThreadPoolExecutor):
+    """The worker's pool for sync functions, running each call in a copy of the context
+    that submitted it (the invocation's task, hence the caller of `invoke`)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        return super().submit(contextvars.copy_context().run, fn, *args, **kwargs)
+
+
+def _carry_context_to_the_pool() -> None:
+    """Replace the pool `start_threadpool_executor` made (same size) by a `ContextThreadPool`.
+    The runtime keeps it in a module global that its invocation handler reads per call."""
+    from azure_functions_runtime.utils import threadpool
+
+    started = threadpool._threadpool_executor  # the runtime's one pool (no public setter)
+    if not isinstance(started, ThreadPoolExecutor):
+        raise WorkerError("azure_functions_runtime no longer keeps its pool where this driver "
+                          "looks (utils.threadpool._threadpool_executor)")
+    threadpool._threadpool_executor = ContextThreadPool(max_workers=started._max_workers)
+    started.shutdown(wait=False)
+
+
 @dataclass
 class _WorkerRequest:
     """What the proxy worker awaits each handler with."""
@@ -385,6 +416,7 @@ class WorkerHost:
             sys.path.insert(0, self.app_dir)
         self._thread.start()
         start_threadpool_executor()  # the worker's pool for sync functions (as the proxy starts it)
+        _carry_context_to_the_pool()
         pb = self.protos
         with self._fresh_app_module():
             response = self._send(handle_event.worker_init_request, "WorkerInitRequest",

@@ -8,7 +8,8 @@ partitions it owns. Every delivery is an invocation request into the real
 worker (`local_stack.worker`: `azure_functions_runtime`, with the app indexed
 and loaded as the host loads it); the worker decodes the inputs with its own
 converters and runs the function on its thread pool, and the function calls
-the app's services against the real stores. The functions, their bindings
+the services the host was given (`functions.services.use_services`, set on
+each instance thread and carried into the worker) against the real stores. The functions, their bindings
 and the retry policy come from the worker's functions metadata.
 
 The host reproduces what the Functions runtime does around the call:
@@ -49,6 +50,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from functions.services import Services, use_services
 from local_stack.host_data import SentMessage
 from local_stack.settlement_server import SettlementCall
 from local_stack.worker import RetryOptions, WorkerHost, sample_settings
@@ -92,7 +94,7 @@ def app_dir() -> Path:
 
 def worker_host() -> WorkerHost:
     """The process's real worker with the app loaded; its environment is the sample settings
-    (what indexing reads). The services the functions use are installed with `configure()`."""
+    (what indexing reads). The functions' services come from whoever invokes them."""
     directory = app_dir()
     return WorkerHost.start(directory, sample_settings(directory))
 
@@ -296,13 +298,16 @@ class _EhWork:
 
 
 class SimulatedHost:
-    """Runs the workload through the registered functions with N competing instances."""
+    """Runs the workload through the registered functions with N competing instances, the
+    functions running on `services`."""
 
-    def __init__(self, workload: Workload, *, settings: dict[str, str], clock: SimClock,
-                 plan: FaultPlan, faults: FaultLog, outages: OutageController | None,
-                 outage_servers: list[str], config: HostConfig | None = None,
+    def __init__(self, workload: Workload, *, services: Services, settings: dict[str, str],
+                 clock: SimClock, plan: FaultPlan, faults: FaultLog,
+                 outages: OutageController | None, outage_servers: list[str],
+                 config: HostConfig | None = None,
                  progress: Callable[[int], None] | None = None) -> None:
         self.workload = workload
+        self.services = services
         self.settings = settings
         self.clock = clock
         self.plan = plan
@@ -449,7 +454,7 @@ class SimulatedHost:
     # -- instances -----------------------------------------------------------------------
     def run(self) -> DeliveryStats:
         started = time.perf_counter()
-        threads = [threading.Thread(target=self._instance, args=(i,), name=f"instance-{i}",
+        threads = [threading.Thread(target=self._serve, args=(i,), name=f"instance-{i}",
                                     daemon=True) for i in range(self.config.consumers)]
         for thread in threads:
             thread.start()
@@ -465,6 +470,11 @@ class SimulatedHost:
         reconciliation's outbox sweep sent after the run."""
         self._done = False
         return self.run()
+
+    def _serve(self, instance: int) -> None:
+        """One instance's thread: every function it invokes runs on the host's services."""
+        with use_services(self.services):
+            self._instance(instance)
 
     def _instance(self, instance: int) -> None:
         turn = instance

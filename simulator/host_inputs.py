@@ -7,12 +7,14 @@ model binding data content (lock token + AMQP message) decoded by the
 servicebus extension's converter into `azure.servicebus.ServiceBusReceivedMessage`.
 Event Hubs (cardinality many): the bodies as `collection_string` plus the
 batch's trigger metadata, decoded by `azure.functions.eventhub.EventHubTriggerConverter`.
-The delivery simulator does not use this module: it invokes the functions
-through the real worker (`local_stack.worker`).
+`indexed_functions()` gives the user functions themselves. The delivery
+simulator does not use this module: it invokes the functions through the real
+worker (`local_stack.worker`).
 """
 
 from __future__ import annotations
 
+import functools
 import uuid
 from datetime import datetime
 from types import SimpleNamespace
@@ -20,6 +22,7 @@ from typing import Any
 
 import azure.functions as func
 from azure.functions import meta
+from azure.functions.decorators.function_app import Function
 from azure.functions.eventhub import EventHubTriggerConverter
 from azurefunctions.extensions.base import Datum as ExtensionDatum
 from azurefunctions.extensions.bindings.servicebus import ServiceBusConverter
@@ -37,7 +40,24 @@ from local_stack.host_data import (
 )
 
 __all__ = ["LOCK_TOKEN_MARKER", "RecordingActions", "SentEvent", "SentMessage", "event_hub_batch",
-           "service_bus_message"]
+           "indexed_functions", "service_bus_message"]
+
+
+def indexed_functions() -> tuple[Function, ...]:
+    """The app's functions as the worker indexes them (`function_app.app`, imported with the
+    process's settings), for calling them directly.
+
+    `app.get_functions()` validates and may run only once per app object, so every
+    caller in a process shares one result per app. The worker indexes its own import.
+    """
+    import function_app
+
+    return _indexed(function_app.app)
+
+
+@functools.cache
+def _indexed(app: func.FunctionApp) -> tuple[Function, ...]:
+    return tuple(app.get_functions())
 
 
 def service_bus_message(sent: SentMessage, *, delivery_count: int = 1, sequence_number: int = 1,

@@ -139,7 +139,13 @@ def summary(result: ScenarioResult) -> dict[str, Any]:
 
 def format_report(result: ScenarioResult) -> str:
     s = summary(result)
-    config, stats, check, workload = result.config, result.stats, result.check, result.workload
+    return "\n".join([*_traffic(result, s), *_effects(result, s), *_refusals(result, s),
+                      *_faults(result), *_speed(result, s), *_verdicts(result)])
+
+
+def _traffic(result: ScenarioResult, s: dict[str, Any]) -> list[str]:
+    """The run's settings, what was sent, delivered, and the duplicates among deliveries."""
+    config, stats, workload = result.config, result.stats, result.workload
     kinds = Counter(item.kind for item in workload.items)
     lines = [f"== {config.backend} backend  (seed {config.seed}, run {config.run_id}, "
              f"{config.consumers} consumers, duplicate rate {config.duplicate_rate:g}, "
@@ -163,7 +169,13 @@ def format_report(result: ScenarioResult) -> str:
                  f"({100 * total_dup / max(logical, 1):.1f}% of logical deliveries)")
     for cause in CAUSES:
         lines.append(f"    {cause:<18} {_n(stats.duplicates.get(cause, 0))}")
-    lines.append("Effects applied (read from the stores / the notification API):")
+    return lines
+
+
+def _effects(result: ScenarioResult, s: dict[str, Any]) -> list[str]:
+    """The effects found, the headline counts, and why valid messages were not effected."""
+    check = result.check
+    lines = ["Effects applied (read from the stores / the notification API):"]
     lines += _counter_lines(check.effects)
     if check.resent_same_key:
         lines.append(f"    re-sent with the same Idempotency-Key (absorbed by the API): "
@@ -175,16 +187,22 @@ def format_report(result: ScenarioResult) -> str:
                  f"partial effects: {_n(s['partialEffects'])}   balance mismatches: "
                  f"{_n(s['balanceMismatches'])}   PHANTOM: {_n(s['phantoms'])}   "
                  f"PENDING: {_n(s['outboxPending'])}")
-    lines.append(valid_line(check, api_honours_key=config.api_honours_key))
+    lines.append(valid_line(check, api_honours_key=result.config.api_honours_key))
     for reason, n in sorted({**check.valid_not_effected, **check.valid_also_refused}.items(),
                             key=lambda kv: -kv[1]):
         lines.append(f"    {reason}  {_n(n)}")
+    return lines
+
+
+def _refusals(result: ScenarioResult, s: dict[str, Any]) -> list[str]:
+    """Invalid input, exceptions at the host, dead letters, parkings and key conflicts."""
+    check = result.check
     invalid = sum(check.invalid.values())
-    lines.append(f"Invalid input: {_n(invalid)} messages ({_n(s['hostileCases'])} hostile cases), "
-                 f"rejected with a reason on the first delivery: "
-                 f"{_n(invalid - check.invalid_failed)}; reasons seen: "
-                 + (", ".join(f"{k} {_n(v)}" for k, v in sorted(check.rejection_reasons.items(),
-                                                                key=lambda kv: -kv[1])) or "none"))
+    lines = [f"Invalid input: {_n(invalid)} messages ({_n(s['hostileCases'])} hostile cases), "
+             f"rejected with a reason on the first delivery: "
+             f"{_n(invalid - check.invalid_failed)}; reasons seen: "
+             + (", ".join(f"{k} {_n(v)}" for k, v in sorted(check.rejection_reasons.items(),
+                                                            key=lambda kv: -kv[1])) or "none")]
     for problem, n in sorted(check.invalid_not_rejected.items(), key=lambda kv: -kv[1]):
         lines.append(f"    NOT REJECTED: {problem}  {_n(n)}")
     if check.host_exceptions or check.stalled_batches:
@@ -199,7 +217,12 @@ def format_report(result: ScenarioResult) -> str:
     if check.conflicts:
         lines.append("Key conflicts (same id, other content): "
                      + ", ".join(f"{k} {_n(v)}" for k, v in check.conflicts.items()))
-    lines.append(f"Faults injected ({_n(sum(result.faults.values()))}):")
+    return lines
+
+
+def _faults(result: ScenarioResult) -> list[str]:
+    """The faults injected, and the outages with the store calls they failed or held."""
+    lines = [f"Faults injected ({_n(sum(result.faults.values()))}):"]
     lines += _counter_lines(result.faults)
     if result.outages:
         lines.append("Outages: " + ", ".join(f"{server} {mode} {seconds:g} s"
@@ -210,26 +233,36 @@ def format_report(result: ScenarioResult) -> str:
                      + ("; held until the server resumed: "
                         + ", ".join(f"{k} {_n(v)}" for k, v in sorted(result.outage_held.items()))
                         if result.outage_held else ""))
-    lat = s["latencyMs"]
+    return lines
+
+
+def _speed(result: ScenarioResult, s: dict[str, Any]) -> list[str]:
+    """Throughput and latencies, and any error of the harness itself."""
+    lat, stats = s["latencyMs"], result.stats
 
     def pair(kind: str) -> str:
         value = lat.get(kind)
         return f"{value['p50']:.1f} / {value['p99']:.1f} ms" if value else "n/a"
 
     sizes = stats.batch_sizes
-    lines.append(f"Throughput: {s['throughputLogicalPerSecond']:.0f} logical messages/s, "
-                 f"{s['throughputDeliveriesPerSecond']:.0f} deliveries/s "
-                 f"(run {result.run_seconds:.1f} s wall, {result.virtual_seconds / 60:.0f} min "
-                 f"virtual; checks {result.check_seconds:.1f} s)")
-    lines.append(f"Latency p50 / p99: Service Bus message {pair('service bus message')}; "
-                 f"Event Hubs batch {pair('event hubs batch')} (mean size "
-                 f"{sum(sizes) / max(len(sizes), 1):.1f}); per event {pair('event hubs event')}")
+    lines = [f"Throughput: {s['throughputLogicalPerSecond']:.0f} logical messages/s, "
+             f"{s['throughputDeliveriesPerSecond']:.0f} deliveries/s "
+             f"(run {result.run_seconds:.1f} s wall, {result.virtual_seconds / 60:.0f} min "
+             f"virtual; checks {result.check_seconds:.1f} s)",
+             f"Latency p50 / p99: Service Bus message {pair('service bus message')}; "
+             f"Event Hubs batch {pair('event hubs batch')} (mean size "
+             f"{sum(sizes) / max(len(sizes), 1):.1f}); per event {pair('event hubs event')}"]
     if stats.errors:
         lines.append("HARNESS ERRORS: " + "; ".join(stats.errors))
-    lines.append("Invariants (checked from the stores):")
-    for inv in check.invariants:
+    return lines
+
+
+def _verdicts(result: ScenarioResult) -> list[str]:
+    """Every invariant, PASS or FAIL, and examples of what broke one."""
+    lines = ["Invariants (checked from the stores):"]
+    for inv in result.check.invariants:
         lines.append(f"  [{'PASS' if inv.ok else 'FAIL'}] {inv.name}"
                      + (f" -- {inv.detail}" if inv.detail else ""))
-    for what, examples in check.examples.items():
+    for what, examples in result.check.examples.items():
         lines.append(f"  e.g. {what}: " + "; ".join(examples))
-    return "\n".join(lines)
+    return lines

@@ -6,8 +6,9 @@
 The app's services are built by `functions.services.build_services` with a
 fake notification API, the simulation's clock and a store factory that wraps
 each real store for fault injection (and, for the counter-proofs, in a
-dedup-off or non-atomic variant), and installed with `configure`. After the
-run, maintenance reconciles with grace 0 and the checker reads the stores.
+dedup-off or non-atomic variant), and handed to the simulated host, which runs
+the functions on them. After the run, maintenance reconciles with grace 0 and
+the checker reads the stores.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from functions.services import build_services, configure, real_stores
+from functions.services import Services, build_services, real_stores
 from functions.settings import Settings
 from shared import IdempotencyStore
 from shared.maintenance import Maintenance
 from shared.stores import CosmosIdempotencyStore, TableIdempotencyStore
 from simulator.check import Checker, CheckResult, DeadLetter, Evidence, stores_of
 from simulator.clock import SimClock
+from simulator.eventhubs import EventHub
 from simulator.faults import (
     DedupOffStore,
     FakeNotificationApi,
@@ -145,16 +147,30 @@ def app_settings(config: ScenarioConfig, endpoints: Endpoints) -> dict[str, str]
     }
 
 
-def _server_of(store: IdempotencyStore) -> str:
-    return "cosmos" if isinstance(store, CosmosIdempotencyStore) else "azurite"
+@dataclass
+class Rig:
+    """The harness around one run: virtual clock, fake notification API, fault log and plan,
+    store outages, and the dispatcher that hands what the app publishes to the broker."""
 
+    clock: SimClock
+    api: FakeNotificationApi
+    faults: FaultLog
+    plan: FaultPlan
+    outages: OutageController
+    dispatcher: SimulatedDispatcher
 
-def _label(store: IdempotencyStore, name: str) -> str:
-    if isinstance(store, TableIdempotencyStore):
-        return f"table {store.client.table_name}"
-    if isinstance(store, CosmosIdempotencyStore):
-        return f"cosmos {store.container.id}"
-    return name
+    @classmethod
+    def start(cls, config: ScenarioConfig, endpoints: Endpoints, plan: FaultPlan | None) -> Rig:
+        clock = SimClock()
+        faults = FaultLog(clock)
+        plan = plan or FaultPlan(config.seed, fault_rate=config.fault_rate,
+                                 duplicate_rate=config.duplicate_rate,
+                                 non_atomic=config.non_atomic is not None)
+        outages = OutageController(faults, processes=endpoints.processes,
+                                   duration=config.outage_seconds, mode=config.outage_mode,
+                                   clock=clock)
+        return cls(clock, FakeNotificationApi(honours_key=config.api_honours_key), faults, plan,
+                   outages, SimulatedDispatcher())
 
 
 def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
@@ -166,25 +182,44 @@ def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
     generated workload.
     """
     started = time.perf_counter()
-    settings_env = app_settings(config, endpoints)
-    workload = workload or generate(
+    env = app_settings(config, endpoints)
+    settings = Settings.from_env(env)
+    workload = workload or generate_workload(config, env)
+    rig = Rig.start(config, endpoints, plan)
+    services = build_app(config, settings, rig)
+    host = start_host(config, workload, env, rig, services, progress)
+    stats = host.run()
+    readers, maintenance_parked = reconcile(config, settings, rig, host)
+    check_started = time.perf_counter()
+    evidence = observe(config, workload, host, stats, rig)
+    check = Checker(workload.items, stores_of(dict(readers.stores)), run_id=config.run_id,
+                    hub=env["PAYMENTS_HUB_NAME"], evidence=evidence).run()
+    assert host.hub is not None
+    return ScenarioResult(
+        config=config, workload=workload, stats=stats, check=check, faults=rig.faults.counts(),
+        sent=dict(host.sent_copies), wall_seconds=time.perf_counter() - started,
+        run_seconds=host.wall_seconds, check_seconds=time.perf_counter() - check_started,
+        virtual_seconds=rig.clock() - host.t0, checkpoint_lag=checkpoint_lag(host.hub),
+        outages=rig.outages.history, maintenance_parked=maintenance_parked,
+        outage_failures=dict(rig.outages.failed_calls), outage_held=dict(rig.outages.held_calls),
+        evidence=evidence, started_at=host.t0, fault_times=list(rig.faults.times),
+        hub_incarnations=host.hub.incarnation + 1)
+
+
+def generate_workload(config: ScenarioConfig, env: dict[str, str]) -> Workload:
+    """The seeded workload the scenario's settings describe."""
+    return generate(
         seed=config.seed, messages=config.messages, events=config.events,
         duplicate_rate=config.duplicate_rate, run_id=config.run_id,
         duplicate_detection_window=config.duplicate_detection_window, duration=config.duration,
-        names=Names(hub=settings_env["PAYMENTS_HUB_NAME"]), hostile=config.hostile,
+        names=Names(hub=env["PAYMENTS_HUB_NAME"]), hostile=config.hostile,
         oversize_bytes=config.oversize_bytes)
-    clock = SimClock()
-    api = FakeNotificationApi(honours_key=config.api_honours_key)
-    faults = FaultLog(clock)
-    plan = plan or FaultPlan(config.seed, fault_rate=config.fault_rate,
-                             duplicate_rate=config.duplicate_rate,
-                             non_atomic=config.non_atomic is not None)
-    outages = OutageController(faults, processes=endpoints.processes,
-                               duration=config.outage_seconds, mode=config.outage_mode, clock=clock)
-    settings = Settings.from_env(settings_env)
-    real = real_stores(settings, **CLIENT_OPTIONS)
 
-    dispatcher = SimulatedDispatcher()
+
+def build_app(config: ScenarioConfig, settings: Settings, rig: Rig) -> Services:
+    """The app's services on the real stores, each wrapped for fault injection (and, for a
+    counter-proof, in a dedup-off, non-atomic or outbox-bypassing variant)."""
+    real = real_stores(settings, **CLIENT_OPTIONS)
 
     def faulty(role: str) -> IdempotencyStore:
         store = inner = real(role)
@@ -193,82 +228,93 @@ def run_scenario(config: ScenarioConfig, endpoints: Endpoints, *,
         if config.non_atomic:
             inner = NonAtomicStore(inner, config.non_atomic)
         if config.publish != "outbox":
-            inner = OutboxBypassStore(inner, config.publish, dispatcher)
+            inner = OutboxBypassStore(inner, config.publish, rig.dispatcher)
         return FaultyStore(inner, label=_label(store, role), server=_server_of(store),
-                           outages=outages, transient_as_permanent=config.transient_as_permanent)
+                           outages=rig.outages,
+                           transient_as_permanent=config.transient_as_permanent)
 
-    services = build_services(settings, stores=faulty, sender=FaultySender(api), clock=clock,
-                              sleep=clock.sleep, dispatcher=dispatcher)
+    return build_services(settings, stores=faulty, sender=FaultySender(rig.api), clock=rig.clock,
+                          sleep=rig.clock.sleep, dispatcher=rig.dispatcher)
+
+
+def start_host(config: ScenarioConfig, workload: Workload, env: dict[str, str], rig: Rig,
+               services: Services,
+               progress: Callable[[int, ScenarioConfig], Callable[[int], None]] | None
+               ) -> SimulatedHost:
+    """The simulated host, its functions on `services`, wired to the rig's broker."""
     servers = list(config.outage_servers or (["cosmos", "azurite"] if config.backend == "cosmos"
                                              else ["azurite"]))
-    outage_count = config.outages if config.outages is not None else (2 if config.fault_rate > 0 else 0)
+    outages = config.outages if config.outages is not None else (2 if config.fault_rate > 0 else 0)
     host_config = HostConfig(consumers=config.consumers, partitions=config.partitions,
                              max_batch=config.max_batch, lock_duration=config.lock_duration,
                              max_delivery_count=config.max_delivery_count,
                              duplicate_detection_window=config.duplicate_detection_window,
-                             outages=outage_count, hub_failovers=config.hub_failovers)
-    total_sends = len(workload.sends())
-    callback = progress(total_sends, config) if progress is not None else None
-    configure(services)
-    try:
-        host = SimulatedHost(workload, settings=settings_env, clock=clock, plan=plan, faults=faults,
-                             outages=outages, outage_servers=servers, config=host_config,
-                             progress=callback)
-        dispatcher.namespace = host.namespace
-        stats = host.run()
-        # Reconciliation: past every lease, maintenance with grace 0 closes what is left.
-        clock.advance(config.lease_seconds + config.lock_duration + 1)
-        # Reconciliation and checks read whole containers: the SDKs' default timeouts, not the
-        # short ones that make a paused server fail fast during the run.
-        readers = build_services(settings, sender=api, clock=clock, sleep=clock.sleep,
-                                 dispatcher=dispatcher)
-        unwrapped = dict(readers.stores)
-        record_stores = {name: unwrapped[name] for name in ("dedup", "ledger", "notifications",
-                                                            "orders")}
-        # The outbox sweep with age 0 dispatches what no redelivery repaired; what it sends is
-        # delivered to notify and audit by running the host on until they are done.
-        maintenance = Maintenance(record_stores, readers.parking, grace_seconds=0, clock=clock,
-                                  outbox=readers.maintenance.outbox, outbox_age_seconds=0)
-        report = maintenance.run()
-        maintenance_parked = report.parked
-        if report.outbox_dispatched:
-            host.drain()
-            maintenance_parked += maintenance.run().parked
-        check_started = time.perf_counter()
-        outcomes: dict[tuple[str, str, int], Counter[str]] = defaultdict(Counter)
-        faulted: dict[tuple[str, str, int, int], tuple[int, int]] = {}
-        for function, logical, variant, copy, outcome, detail in stats.trace:
-            outcomes[(function, logical, variant)][outcome] += 1
-            if detail.startswith("delivery "):  # Service Bus: "delivery N, fault <kind|None>"
-                deliveries, with_fault = faulted.get((function, logical, variant, copy), (0, 0))
-                faulted[(function, logical, variant, copy)] = (
-                    deliveries + 1, with_fault + (not detail.endswith("fault None")))
-        evidence = Evidence(
-            dead_letters=[DeadLetter(host.entity_function[entity.path].name, m.origin.logical,
-                                     m.origin.variant, m.dead_letter_reason or "",
-                                     m.dead_letter_description or "", m.delivery_count,
-                                     m.origin.copy)
-                          for entity in host.namespace.entities for m in entity.dead_letters],
-            api_calls=list(api.calls), api_honours_key=config.api_honours_key,
-            broker_dropped={(item.logical, item.variant) for item in workload.service_bus_items
-                            if (item.logical, item.variant) not in host.accepted},
-            outcomes=dict(outcomes), stalled_batches=stats.gave_up, faulted_deliveries=faulted,
-            outbox_delivered=True, outbox_orders=dict(dispatcher.orders))
-        stores = stores_of(unwrapped)
-        check = Checker(workload.items, stores, run_id=config.run_id,
-                        hub=settings_env["PAYMENTS_HUB_NAME"], evidence=evidence).run()
-        check_seconds = time.perf_counter() - check_started
-        assert host.hub is not None
-        lag = sum(max(0, host.hub.length(p) - host.hub.resume_position(p))
-                  for p in host.hub.partition_ids)
-        return ScenarioResult(
-            config=config, workload=workload, stats=stats, check=check, faults=faults.counts(),
-            sent=dict(host.sent_copies), wall_seconds=time.perf_counter() - started,
-            run_seconds=host.wall_seconds, check_seconds=check_seconds,
-            virtual_seconds=clock() - host.t0, checkpoint_lag=lag, outages=outages.history,
-            maintenance_parked=maintenance_parked, outage_failures=dict(outages.failed_calls),
-            outage_held=dict(outages.held_calls),
-            evidence=evidence, started_at=host.t0, fault_times=list(faults.times),
-            hub_incarnations=host.hub.incarnation + 1)
-    finally:
-        configure(None)
+                             outages=outages, hub_failovers=config.hub_failovers)
+    callback = progress(len(workload.sends()), config) if progress is not None else None
+    host = SimulatedHost(workload, services=services, settings=env, clock=rig.clock,
+                         plan=rig.plan, faults=rig.faults, outages=rig.outages,
+                         outage_servers=servers, config=host_config, progress=callback)
+    rig.dispatcher.namespace = host.namespace
+    return host
+
+
+def reconcile(config: ScenarioConfig, settings: Settings, rig: Rig,
+              host: SimulatedHost) -> tuple[Services, int]:
+    """Past every lease, maintenance with grace 0 closes what is left; its outbox sweep (age
+    0) dispatches what no redelivery repaired, and the host delivers that to notify and
+    audit. Returns services on unwrapped stores with the SDKs' default timeouts (the checks
+    read whole containers) and the entries maintenance parked."""
+    rig.clock.advance(config.lease_seconds + config.lock_duration + 1)
+    readers = build_services(settings, sender=rig.api, clock=rig.clock, sleep=rig.clock.sleep,
+                             dispatcher=rig.dispatcher)
+    records = {name: readers.stores[name] for name in ("dedup", "ledger", "notifications", "orders")}
+    maintenance = Maintenance(records, readers.parking, grace_seconds=0, clock=rig.clock,
+                              outbox=readers.maintenance.outbox, outbox_age_seconds=0)
+    report = maintenance.run()
+    parked = report.parked
+    if report.outbox_dispatched:
+        host.drain()
+        parked += maintenance.run().parked
+    return readers, parked
+
+
+def observe(config: ScenarioConfig, workload: Workload, host: SimulatedHost,
+            stats: DeliveryStats, rig: Rig) -> Evidence:
+    """What the harness saw outside the stores: the broker's dead letters and drops, the
+    API's calls, the host's delivery outcomes, and what the outbox published."""
+    outcomes: dict[tuple[str, str, int], Counter[str]] = defaultdict(Counter)
+    faulted: dict[tuple[str, str, int, int], tuple[int, int]] = {}
+    for function, logical, variant, copy, outcome, detail in stats.trace:
+        outcomes[(function, logical, variant)][outcome] += 1
+        if detail.startswith("delivery "):  # Service Bus: "delivery N, fault <kind|None>"
+            deliveries, with_fault = faulted.get((function, logical, variant, copy), (0, 0))
+            faulted[(function, logical, variant, copy)] = (
+                deliveries + 1, with_fault + (not detail.endswith("fault None")))
+    return Evidence(
+        dead_letters=[DeadLetter(host.entity_function[entity.path].name, m.origin.logical,
+                                 m.origin.variant, m.dead_letter_reason or "",
+                                 m.dead_letter_description or "", m.delivery_count,
+                                 m.origin.copy)
+                      for entity in host.namespace.entities for m in entity.dead_letters],
+        api_calls=list(rig.api.calls), api_honours_key=config.api_honours_key,
+        broker_dropped={(item.logical, item.variant) for item in workload.service_bus_items
+                        if (item.logical, item.variant) not in host.accepted},
+        outcomes=dict(outcomes), stalled_batches=stats.gave_up, faulted_deliveries=faulted,
+        outbox_delivered=True, outbox_orders=dict(rig.dispatcher.orders))
+
+
+def checkpoint_lag(hub: EventHub) -> int:
+    """Events behind the checkpoints, over every partition."""
+    return sum(max(0, hub.length(p) - hub.resume_position(p)) for p in hub.partition_ids)
+
+
+def _server_of(store: IdempotencyStore) -> str:
+    return "cosmos" if isinstance(store, CosmosIdempotencyStore) else "azurite"
+
+
+def _label(store: IdempotencyStore, name: str) -> str:
+    if isinstance(store, TableIdempotencyStore):
+        return f"table {store.client.table_name}"
+    if isinstance(store, CosmosIdempotencyStore):
+        return f"cosmos {store.container.id}"
+    return name

@@ -19,6 +19,7 @@ Prints mean and median per invocation for each path and their difference.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import time
@@ -29,12 +30,17 @@ from typing import Any
 import azure.functions as func
 
 from domain.notifications import HttpResponse
-from functions.services import build_services, configure
+from functions.services import build_services, use_services
 from functions.settings import STORE_ROLES, Settings
 from local_stack.host_data import SentEvent, SentMessage
 from shared.stores import InMemoryIdempotencyStore
 from simulator.host import worker_host
-from simulator.host_inputs import RecordingActions, event_hub_batch, service_bus_message
+from simulator.host_inputs import (
+    RecordingActions,
+    event_hub_batch,
+    indexed_functions,
+    service_bus_message,
+)
 
 SETTINGS = {"DEDUP_BACKEND": "table", "TABLE_CONNECTION_STRING": "UseDevelopmentStorage=true",
             "NOTIFICATION_API_URL": "http://notifications.invalid/send",
@@ -70,14 +76,14 @@ def _unused_sender(url: str, body: bytes, headers: dict[str, str]) -> HttpRespon
 def measure(messages: int, batches: int, batch_size: int) -> dict[str, dict[str, list[float]]]:
     """Per-invocation times (seconds) by kind and path."""
     stores = {role: InMemoryIdempotencyStore() for role in STORE_ROLES}
-    configure(build_services(Settings.from_env(SETTINGS), stores=stores.__getitem__,
-                             sender=_unused_sender))
+    services = build_services(Settings.from_env(SETTINGS), stores=stores.__getitem__,
+                              sender=_unused_sender)
     worker = worker_host()
-    import function_app  # the app's own indexing, for the direct calls
-
-    user = {fn.get_function_name(): fn.get_user_function() for fn in function_app.indexed_functions()}
+    # The app's own indexing, for the direct calls; `payments` is awaited on a loop of its own.
+    user = {fn.get_function_name(): fn.get_user_function() for fn in indexed_functions()}
+    loop = asyncio.new_event_loop()
     results: dict[str, dict[str, list[float]]] = {}
-    try:
+    with use_services(services):
         def direct_order() -> None:
             order_id = f"ORD-{uuid.uuid4().hex[:12]}"
             message = service_bus_message(SentMessage(_order(order_id), message_id=order_id))
@@ -100,7 +106,8 @@ def measure(messages: int, batches: int, batch_size: int) -> dict[str, dict[str,
             return [_event(next(sequence), account) for _ in range(batch_size)]
 
         def direct_batch() -> None:
-            user["payments"](events=event_hub_batch(batch(), partition_id=uuid.uuid4().hex[:6]))
+            loop.run_until_complete(user["payments"](
+                events=event_hub_batch(batch(), partition_id=uuid.uuid4().hex[:6])))
 
         def worker_batch() -> None:
             result = worker.invoke_event_hub_batch("payments", batch(), partition_id=uuid.uuid4().hex[:6])
@@ -124,8 +131,7 @@ def measure(messages: int, batches: int, batch_size: int) -> dict[str, dict[str,
             assert worker.invoke_http("http_payments", headers=headers, body=raw).http.status == 201
 
         results["http request (http_payments)"] = _time(direct_http, worker_http, messages)
-    finally:
-        configure(None)
+    loop.close()
     return results
 
 

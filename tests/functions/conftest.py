@@ -8,10 +8,11 @@ import uuid
 
 import pytest
 
-from function_app import indexed_functions
-from functions.services import build_services, configure, real_stores
+from functions.services import build_services, real_stores
 from functions.settings import Settings
 from simulator.faults import FakeNotificationApi
+from simulator.host_inputs import indexed_functions
+from tests.support.services import installing
 
 
 def settings_for(stack, backend: str, **overrides: str) -> Settings:
@@ -40,17 +41,15 @@ def api() -> FakeNotificationApi:
 def services_for(stack, api, clock):
     """Install app services for a backend; returns them. Undone after the test."""
 
-    def install(backend: str, **overrides: str):
-        settings = settings_for(stack, backend, **overrides)
-        # Real stores; the async payments path runs on them through threads (loop-agnostic:
-        # each test may run its own loop). tests/worker covers the real async stores.
-        services = build_services(settings, stores=real_stores(settings), sender=api,
-                                  clock=clock, sleep=lambda _: None)
-        configure(services)
-        return services
+    with installing() as use:
+        def install(backend: str, **overrides: str):
+            settings = settings_for(stack, backend, **overrides)
+            # Real stores; the async payments path runs on them through threads (loop-agnostic:
+            # each test may run its own loop). tests/worker covers the real async stores.
+            return use(build_services(settings, stores=real_stores(settings), sender=api,
+                                      clock=clock, sleep=lambda _: None))
 
-    yield install
-    configure(None)
+        yield install
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from shared import CosmosIdempotencyStore, TableIdempotencyStore, store_safe_id
 from shared.stores.cosmos_indexing import record_indexing_policy
 from simulator.host_inputs import RecordingActions, SentMessage, service_bus_message
 from tests.functions.conftest import function
+from tests.support.services import carrying_context
 
 
 def order(order_id: str, *, qty: int = 2, lines: int = 2) -> dict:
@@ -65,7 +66,7 @@ def test_concurrent_copies_create_one_order(services):
         return deliver(order(order_id), order_id)
 
     with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(copy, range(8)))
+        results = list(pool.map(carrying_context(copy), range(8)))
     assert results == [("complete", None, None)] * 8
     assert services.stores["orders"].read_document(order_id, order_id) is not None
 

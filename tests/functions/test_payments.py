@@ -25,7 +25,7 @@ from benchmarks.counting import (
     counted_table_store,
 )
 from domain.payments import ACCOUNT_DOCUMENT, CONSUMER
-from functions.services import Services, build_services, configure
+from functions.services import Services, build_services
 from functions.settings import COSMOS_CONTAINERS, TABLE_FOR
 from shared import (
     DedupKey,
@@ -41,6 +41,7 @@ from shared.telemetry import EVENT_SEQUENCE_RESET, METRIC_MARK_LAG, METRIC_SEQUE
 from simulator.host_inputs import SentEvent, event_hub_batch
 from tests.functions.conftest import function, settings_for
 from tests.support.parking import parked_body
+from tests.support.services import installing
 
 SOURCE = "/payments/api"
 ALL_BACKENDS = ("memory", "table", "cosmos")
@@ -158,18 +159,16 @@ def _store_factory(stack, backend: str, closers: list) -> tuple[Callable[[str], 
 def counted_services(stack, api, clock) -> Iterator[Callable[..., Counted]]:
     """Build counted services for a backend; `sleep` defaults to advancing the test clock."""
     closers: list = []
+    with installing() as use:
+        def make(backend: str, *, sleep: Callable[[float], None] | None = None,
+                 telemetry: Telemetry | None = None, **overrides: str) -> Counted:
+            settings = settings_for(stack, "table" if backend == "memory" else backend, **overrides)
+            factory, count = _store_factory(stack, backend, closers)
+            return Counted(use(build_services(settings, stores=factory, sender=api, clock=clock,
+                                              sleep=sleep or clock.advance, telemetry=telemetry)),
+                           count)
 
-    def make(backend: str, *, sleep: Callable[[float], None] | None = None,
-             telemetry: Telemetry | None = None, **overrides: str) -> Counted:
-        settings = settings_for(stack, "table" if backend == "memory" else backend, **overrides)
-        factory, count = _store_factory(stack, backend, closers)
-        services = build_services(settings, stores=factory, sender=api, clock=clock,
-                                  sleep=sleep or clock.advance, telemetry=telemetry)
-        configure(services)
-        return Counted(services, count)
-
-    yield make
-    configure(None)
+        yield make
     for close in closers:
         close()
 

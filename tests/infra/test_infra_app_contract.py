@@ -51,9 +51,11 @@ def settings_module():
 @pytest.fixture(scope="module")
 def code():
     """SETTING_NAMES and every binding dict, imported with the sample settings in the env."""
-    settings, function_app = _import_code()
+    from simulator.host_inputs import indexed_functions
+
+    settings, _ = _import_code()
     bindings = []
-    for function in function_app.indexed_functions():
+    for function in indexed_functions():
         for binding in function.get_bindings_dict()["bindings"]:
             bindings.append({**binding, "function": function.get_function_name()})
     assert bindings, "function_app.app declares no bindings"

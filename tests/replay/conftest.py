@@ -23,7 +23,7 @@ import pytest
 from domain.messages import InboundEvent
 from domain.notifications import HttpResponse, NotificationRetryError
 from functions.adapters import consume
-from functions.services import Services, build_services, configure
+from functions.services import Services, build_services
 from functions.settings import COSMOS_CONTAINERS, TABLE_FOR, Settings
 from replay.deadletters import EntityRef, ServiceBusDeadLetters, SimulatorDeadLetters
 from replay.stores import document_lister
@@ -34,6 +34,7 @@ from simulator.faults import FakeNotificationApi, _Forwarding
 from simulator.host_inputs import SentMessage, service_bus_message
 from simulator.servicebus import Origin, ServiceBusNamespace
 from simulator.workload import CLOUDEVENTS_JSON, Item, cloudevent_key
+from tests.support.services import installing
 
 from .sdk_client import SimulatedServiceBusClient
 
@@ -301,36 +302,35 @@ def app_store_factory(make_store: Callable[..., IdempotencyStore], backend: str
 
 @pytest.fixture
 def make_world(stack, make_store):
-    """Worlds on fresh stores; the last one built is the app's installed services
-    (`functions.services.configure`), as the Functions host's process would have them."""
+    """Worlds on fresh stores; the functions run on the last one built's services
+    (`functions.services.use_services`), as the Functions host's process would have them."""
 
-    def build(backend: str, *, honours_key: bool = False) -> World:
-        clock = Clock()
-        run_id = f"rp{uuid.uuid4().hex[:6]}"
-        env = {
-            "DEDUP_BACKEND": backend,
-            "TABLE_CONNECTION_STRING": stack.table_connection_string,
-            "COSMOS_ENDPOINT": stack.cosmos_endpoint, "COSMOS_KEY": stack.cosmos_key,
-            "COSMOS_VERIFY_TLS": "true" if stack.cosmos_verify else "false",
-            "NOTIFICATION_API_URL": "http://notifications.test.invalid/send",
-            "NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY": "true" if honours_key else "false",
-            "PAYMENTS_HUB_NAME": f"payments-{run_id}",
-            "SERVICEBUS_LOCK_DURATION_SECONDS": str(int(LOCK)),
-            "SERVICEBUS_MAX_DELIVERY_COUNT": str(MAX_DELIVERIES),
-        }
-        settings = Settings.from_env(env)
-        factory, stores = app_store_factory(make_store, backend)
-        api = Api(honours_key=honours_key)
-        services = build_services(settings, stores=factory, sender=api, clock=clock,
-                                  sleep=lambda _: None)
-        namespace = ServiceBusNamespace(clock, lock_duration=LOCK, max_delivery_count=MAX_DELIVERIES,
-                                        duplicate_detection_window=WINDOW)
-        namespace.create_queue("orders")
-        namespace.create_queue("order-status")
-        namespace.create_topic("notifications", ["notify", "audit"])
-        configure(services)
-        return World(backend, run_id, clock, settings, services, stores, api, namespace,
-                     app_entities(env))
+    with installing() as use:
+        def build(backend: str, *, honours_key: bool = False) -> World:
+            clock = Clock()
+            run_id = f"rp{uuid.uuid4().hex[:6]}"
+            env = {
+                "DEDUP_BACKEND": backend,
+                "TABLE_CONNECTION_STRING": stack.table_connection_string,
+                "COSMOS_ENDPOINT": stack.cosmos_endpoint, "COSMOS_KEY": stack.cosmos_key,
+                "COSMOS_VERIFY_TLS": "true" if stack.cosmos_verify else "false",
+                "NOTIFICATION_API_URL": "http://notifications.test.invalid/send",
+                "NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY": "true" if honours_key else "false",
+                "PAYMENTS_HUB_NAME": f"payments-{run_id}",
+                "SERVICEBUS_LOCK_DURATION_SECONDS": str(int(LOCK)),
+                "SERVICEBUS_MAX_DELIVERY_COUNT": str(MAX_DELIVERIES),
+            }
+            settings = Settings.from_env(env)
+            factory, stores = app_store_factory(make_store, backend)
+            api = Api(honours_key=honours_key)
+            services = build_services(settings, stores=factory, sender=api, clock=clock,
+                                      sleep=lambda _: None)
+            namespace = ServiceBusNamespace(clock, lock_duration=LOCK, max_delivery_count=MAX_DELIVERIES,
+                                            duplicate_detection_window=WINDOW)
+            namespace.create_queue("orders")
+            namespace.create_queue("order-status")
+            namespace.create_topic("notifications", ["notify", "audit"])
+            return World(backend, run_id, clock, settings, use(services), stores, api, namespace,
+                         app_entities(env))
 
-    yield build
-    configure(None)
+        yield build

@@ -66,21 +66,22 @@ def report() -> dict[str, Any]:
         settings.pop("PYTHON_ENABLE_OPENTELEMETRY", None)
     host = WorkerHost.start(ROOT, settings)
 
-    from functions.services import build_services, configure
+    from functions.services import build_services, use_services
     from functions.settings import Settings
     from shared import InMemoryIdempotencyStore
 
     stores: dict[str, InMemoryIdempotencyStore] = {}
-    configure(build_services(Settings.from_env(),
-                             stores=lambda role: stores.setdefault(role, InMemoryIdempotencyStore())))
+    services = build_services(Settings.from_env(),
+                              stores=lambda role: stores.setdefault(role, InMemoryIdempotencyStore()))
     order_id = f"ORD-{uuid.uuid4().hex[:8]}"
     settled: list[Any] = []
     results = []
-    for quantity in (1, 2):  # the second is the same order id with other content: a conflict
-        body = json.dumps({"orderId": order_id, "customerId": "C-1", "currency": "EUR",
-                           "lines": [{"sku": "A", "quantity": quantity, "unitPrice": 2.5}]}).encode()
-        results.append(host.invoke_service_bus("orders", SentMessage(body, message_id=order_id),
-                                               settle=settled.append))
+    with use_services(services):
+        for quantity in (1, 2):  # the second is the same order id with other content: a conflict
+            body = json.dumps({"orderId": order_id, "customerId": "C-1", "currency": "EUR",
+                               "lines": [{"sku": "A", "quantity": quantity, "unitPrice": 2.5}]}).encode()
+            results.append(host.invoke_service_bus("orders", SentMessage(body, message_id=order_id),
+                                                   settle=settled.append))
 
     from opentelemetry import metrics
     from opentelemetry._logs import get_logger_provider

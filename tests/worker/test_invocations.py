@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from domain.payments import ACCOUNT_DOCUMENT
-from functions.services import RealAsyncStores, build_services, configure, real_stores
+from functions.services import RealAsyncStores, build_services, real_stores, use_services
 from local_stack.host_data import SentEvent, SentMessage
 from local_stack.settlement_server import SettlementCall
 from local_stack.worker import WorkerHost
@@ -31,6 +31,7 @@ from shared import (
 )
 from tests.functions.conftest import settings_for
 from tests.support.parking import parked_body
+from tests.support.services import carrying_context
 from tests.support.settlement import SettlementRecorder
 
 SOURCE = "/payments/api"
@@ -111,8 +112,7 @@ def test_orders_sends_order_accepted_through_the_service_bus_sender_with_its_id_
                               sleep=lambda _: None,
                               dispatcher=ServiceBusDispatcher.from_client(
                                   client, topics=[settings.notifications_topic]))
-    configure(services)
-    try:
+    with use_services(services):
         order_id = f"ORD-{uuid.uuid4().hex[:10]}"
         assert deliver(worker, "orders", order(order_id), order_id)[0][0] == "complete"
         (kind, entity, message), = client.sent
@@ -127,8 +127,6 @@ def test_orders_sends_order_accepted_through_the_service_bus_sender_with_its_id_
         assert services.stores["orders"].get_record(order_id, order_id).outbox == ()
         assert deliver(worker, "orders", order(order_id), order_id, delivery_count=2)[0][0] == "complete"
         assert len(client.sent) == 1  # the redelivery finds nothing pending
-    finally:
-        configure(None)
 
 
 def test_orders_reused_id_with_other_content_is_dead_lettered_with_reason_and_description(
@@ -153,7 +151,7 @@ def test_concurrent_copies_from_many_caller_threads_create_one_order(worker, ser
         return deliver(worker, "orders", order(order_id), order_id)[0][0]
 
     with ThreadPoolExecutor(8) as pool:
-        assert list(pool.map(copy, range(8))) == ["complete"] * 8
+        assert list(pool.map(carrying_context(copy), range(8))) == ["complete"] * 8
     assert services.stores["orders"].read_document(order_id, order_id) is not None
 
 
@@ -232,9 +230,8 @@ def async_services(worker, stack, api, clock, backend):
     services = build_services(settings, stores=real_stores(settings),
                               async_stores=RealAsyncStores(settings), sender=api, clock=clock,
                               sleep=lambda _: None)
-    configure(services)
-    yield services
-    configure(None)
+    with use_services(services):
+        yield services
     worker.run(services.aclose())
 
 
