@@ -62,7 +62,12 @@ class IngestionRecorder:
         self.by_type: Counter[str] = Counter()  # envelopes by baseType
         self.by_event: Counter[str] = Counter()  # log envelopes by customDimensions.event
         self.metric_names: Counter[str] = Counter()
+        self.traces: set[str] = set()  # operation ids of the exported spans: the sampled traces
         self.samples: dict[str, list[Any]] = {}  # the first envelopes of each baseType
+        # bytes by what each envelope is: a log's event, a span's name, a metric's name
+        self.bytes_by_item: defaultdict[str, float] = defaultdict(float)
+        self.keep_all = False
+        self.all: list[Any] = []
 
     def install(self) -> None:
         import requests
@@ -101,6 +106,8 @@ class IngestionRecorder:
                 samples = self.samples.setdefault(base_type, [])
                 if len(samples) < 3:
                     samples.append(item)
+                if self.keep_all:
+                    self.all.append(item)
                 kind = KINDS.get(base_type, "other")
                 logger_name = str(item.get("data", {}).get("baseData", {}).get("properties", {})
                                   .get("logger_name", ""))
@@ -110,6 +117,10 @@ class IngestionRecorder:
                 self.envelopes[kind] += 1
                 self.by_type[base_type] += 1
                 base = item.get("data", {}).get("baseData", {})
+                label = f"{kind} {_label(base_type, base)}"
+                self.bytes_by_item[label] += size * scale
+                if kind == "traces":
+                    self.traces.add(str(item.get("tags", {}).get("ai.operation.id")))
                 if kind == "logs":
                     self.by_event[str(base.get("properties", {}).get("event")
                                       or base.get("message", "")[:40])] += 1
@@ -117,6 +128,22 @@ class IngestionRecorder:
                     for metric in base.get("metrics", []):
                         self.metric_names[metric.get("name", "?")] += 1
         return len(items)
+
+
+def _label(base_type: str, base: dict[str, Any]) -> str:
+    """What an envelope is, for the byte breakdown: a log's event (or its message's first word),
+    a span's name without its variable part, a metric's name."""
+    if base_type in ("MessageData", "ExceptionData", "EventData"):
+        event = base.get("properties", {}).get("event")
+        if event:
+            return str(event)
+        text = str(base.get("message") or (base.get("exceptions") or [{}])[0].get("typeName", ""))
+        return text.split(" ", 1)[0][:40] or base_type
+    if base_type in ("RequestData", "RemoteDependencyData"):
+        name = str(base.get("name", "?"))
+        return f"{base_type[:-4]} {name.split('(', 1)[0].split('?', 1)[0][:60]}"
+    metrics = base.get("metrics") or [{}]
+    return str(metrics[0].get("name", "?"))[:60]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -137,6 +164,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="set the `azure` loggers to this level before the run (default: what "
                              "the app sets)")
     parser.add_argument("--dump", help="write the first envelopes of each type to this JSON file")
+    parser.add_argument("--dump-all", help="write every envelope to this JSON file")
     parser.add_argument("--json", help="write the figures to this file")
     return parser.parse_args(argv)
 
@@ -160,6 +188,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.azure_sdk_log_level:
         logging.getLogger("azure").setLevel(args.azure_sdk_log_level)
     recorder = IngestionRecorder()
+    recorder.keep_all = bool(args.dump_all)
     recorder.install()
 
     import simulator.host as host_module
@@ -188,6 +217,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.dump:
         with open(args.dump, "w", encoding="utf-8") as handle:
             json.dump(recorder.samples, handle, indent=1)
+    if args.dump_all:
+        with open(args.dump_all, "w", encoding="utf-8") as handle:
+            json.dump(recorder.all, handle, indent=1)
 
     deliveries = sum(result.stats.deliveries.values())
     duplicates = sum(result.stats.duplicates.values())
@@ -208,6 +240,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "meanBatchSize": round(sum(result.stats.batch_sizes) / max(1, len(result.stats.batch_sizes)), 1),
         "wallSeconds": round(wall, 1),
         "requests": recorder.requests, "envelopes": dict(recorder.envelopes),
+        "sampledTraces": len(recorder.traces),
         "envelopesByType": dict(recorder.by_type),
         "bytes": {kind: round(value) for kind, value in recorder.body_bytes.items()},
         "bytesTotal": round(total),
@@ -218,6 +251,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                        + metrics_bytes / per_interval, 1),
         "steadyStateRate": args.rate,
         "logEvents": dict(recorder.by_event.most_common(20)),
+        "bytesByItem": {label: round(value) for label, value in
+                        sorted(recorder.bytes_by_item.items(), key=lambda kv: -kv[1])[:40]},
         "metricNames": dict(recorder.metric_names.most_common(30)),
     }
 

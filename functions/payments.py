@@ -47,5 +47,4 @@ async def payments(events: typing.List[func.EventHubEvent]) -> None:  # noqa: UP
                 "replay_skipped": report.replay_skipped, "parked": sum(report.parked.values())},
         first_sequence=min(sequences), last_sequence=max(sequences),
         duration=time.perf_counter() - started,
-        context={"accounts": report.groups, "watermark": report.watermark,
-                 **({"parked_reasons": dict(report.parked)} if report.parked else {})})
+        context={"parked_reasons": dict(report.parked)} if report.parked else None)
