@@ -21,6 +21,12 @@ the metrics (`shared.telemetry`). The standard `OTEL_TRACES_SAMPLER` /
 `OTEL_TRACES_SAMPLER_ARG` variables, when set, still take precedence (the
 distro reads them first).
 
+`sdk_request()` wraps an Azure SDK request the library sends outside the
+SDK's own methods (the Table `$batch` codec's `send_request`): azure-core's
+tracing policy gives it its HTTP span, and without this the distro's `requests`
+instrumentation would record the same request a second time (the SDK's
+methods suppress it for their own calls).
+
 `message_span()` continues the producer's trace from the message's
 `traceparent` / `Diagnostic-Id` application property, and
 `downstream_headers()` builds the headers of a call the consumer makes:
@@ -41,6 +47,11 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+try:  # installed with the distro; without it nothing instruments HTTP, so nothing to suppress
+    from opentelemetry.instrumentation.utils import suppress_http_instrumentation
+except ImportError:  # pragma: no cover - the distro's dependency is in the app's lock
+    suppress_http_instrumentation = None
 
 from shared.keys import DedupKey, store_safe_id
 
@@ -123,6 +134,17 @@ def configure_observability(*, connection_string: str | None = None,
         configure(connection_string=connection_string, sampling_ratio=sampling_ratio, **options)
         _configured = True
         return True
+
+
+@contextmanager
+def sdk_request() -> Generator[None]:
+    """Around an Azure SDK request sent through a client's pipeline directly: HTTP
+    instrumentation (the distro's `requests`, `urllib3`) records no second span of it."""
+    if suppress_http_instrumentation is None:
+        yield
+        return
+    with suppress_http_instrumentation():
+        yield
 
 
 # -- trace context in -----------------------------------------------------------------
