@@ -111,6 +111,8 @@ class IngestionRecorder:
                 kind = KINDS.get(base_type, "other")
                 logger_name = str(item.get("data", {}).get("baseData", {}).get("properties", {})
                                   .get("logger_name", ""))
+                if base_type == "ExceptionData" and not logger_name:
+                    kind = "traces"  # an exception recorded on a span: the trace exporter's
                 if logger_name.startswith(HARNESS_LOGGERS):
                     kind = "harness"  # the live-metrics ping to the closed port: not in Azure
                 self.body_bytes[kind] += size * scale
@@ -212,7 +214,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result = run_scenario(config, endpoints)
         wall = time.perf_counter() - started
     _flush()
-    from shared import observability
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    # The app configured the distro on import: the global tracer provider is the SDK's.
+    distro_configured = isinstance(trace.get_tracer_provider(), TracerProvider)
 
     if args.dump:
         with open(args.dump, "w", encoding="utf-8") as handle:
@@ -232,7 +238,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "workload": {"backend": args.backend, "messages": args.messages, "events": args.events,
                      "duplicateRate": args.duplicate_rate, "faultRate": args.fault_rate,
                      "hostile": args.hostile, "seed": args.seed, "settings": extra},
-        "ok": result.ok, "distroConfigured": observability.is_configured(),
+        "ok": result.ok, "distroConfigured": distro_configured,
         "deliveries": dict(result.stats.deliveries), "deliveriesTotal": deliveries,
         "duplicateDeliveries": duplicates,
         "duplicateShare": round(duplicates / max(1, deliveries), 4),
