@@ -9,18 +9,23 @@ of 3 % by default (`--duplicate-rate`; the simulator adds redeliveries of its ow
 faults are on, `--fault-rate`, default 0) and no hostile input (`--hostile` adds it). The worker's
 settings are the sample settings plus an Application Insights connection string, so the app
 configures the real `azure-monitor-opentelemetry` distro on import (function_app.py), with
-whatever sampler and log levels the app sets. The root logger is at INFO, as the Functions
-worker sets it.
+whatever sampler and log levels the app sets (the sample settings carry the default
+`TRACE_SAMPLING_RATIO`; `--setting TRACE_SAMPLING_RATIO=1` exports every trace, whose bytes
+times the ratio are the expected trace bytes of a run, free of the sampling's luck). The root
+logger is at INFO, as the Functions worker sets it.
 
 What is counted: every HTTP request body the distro's exporters send to the ingestion endpoint
 (`/v2.1/track`; the endpoint is a name that never resolves, and the HTTP transport answers it itself
 with the ingestion service's 200 answer, so nothing leaves the machine), split by envelope type:
 MessageData/ExceptionData (logs, the `traces`/`exceptions` tables), RequestData/RemoteDependencyData
-(spans) and MetricData (`customMetrics` and performance counters). Records the harness itself causes
-(the live-metrics pings fail against the closed port they are pointed at) are reported as `harness`
-and left out. The body is uncompressed JSON, which is what ingestion bills, roughly (Log Analytics
-bills the stored columns; the envelope JSON is a close upper bound). Statsbeat (the SDK's own usage
-telemetry, not billed) is off; live metrics is not ingestion.
+(spans, and the exceptions recorded on them) and MetricData (`customMetrics` and performance
+counters); also by item (a log's event, a span's name, a metric's name) and by function (a
+record by its `consumer` field, a span by the function's span it descends from). Records the
+harness itself causes (the live-metrics pings fail against the closed port they are pointed at)
+are reported as `harness` and left out. The body is uncompressed JSON, which is what ingestion
+bills, roughly (Log Analytics bills the stored columns; the envelope JSON is a close upper
+bound). Statsbeat (the SDK's own usage telemetry, not billed) is off; live metrics is not
+ingestion.
 
 Metrics are exported once per interval whatever the message rate; the run sets the interval to
 an hour and flushes once at the end, so the metric bytes here are one interval's worth for the
@@ -63,6 +68,10 @@ class IngestionRecorder:
         self.by_event: Counter[str] = Counter()  # log envelopes by customDimensions.event
         self.metric_names: Counter[str] = Counter()
         self.traces: set[str] = set()  # operation ids of the exported spans: the sampled traces
+        # per span: (id, parent id, the function's name when it is a request span, bytes); per
+        # consumer: log bytes. Resolved by `by_consumer` once the run is over.
+        self.spans: list[tuple[str, str, str | None, float]] = []
+        self.log_bytes_by_consumer: defaultdict[str, float] = defaultdict(float)
         self.samples: dict[str, list[Any]] = {}  # the first envelopes of each baseType
         # bytes by what each envelope is: a log's event, a span's name, a metric's name
         self.bytes_by_item: defaultdict[str, float] = defaultdict(float)
@@ -121,15 +130,38 @@ class IngestionRecorder:
                 base = item.get("data", {}).get("baseData", {})
                 label = f"{kind} {_label(base_type, base)}"
                 self.bytes_by_item[label] += size * scale
+                tags = item.get("tags", {})
                 if kind == "traces":
-                    self.traces.add(str(item.get("tags", {}).get("ai.operation.id")))
+                    self.traces.add(str(tags.get("ai.operation.id")))
+                    self.spans.append((str(base.get("id", "")), str(tags.get("ai.operation.parentId", "")),
+                                       str(base.get("name")) if base_type == "RequestData" else None,
+                                       size * scale))
                 if kind == "logs":
+                    consumer = str(base.get("properties", {}).get("consumer") or "other")
+                    self.log_bytes_by_consumer[consumer] += size * scale
                     self.by_event[str(base.get("properties", {}).get("event")
                                       or base.get("message", "")[:40])] += 1
                 elif kind == "metrics":
                     for metric in base.get("metrics", []):
                         self.metric_names[metric.get("name", "?")] += 1
         return len(items)
+
+
+    def by_consumer(self) -> dict[str, dict[str, float]]:
+        """Log and trace bytes by the function they belong to: a log record by its `consumer`
+        field, a span by the request span (the function's) it descends from; the rest "other"
+        (maintenance, a span whose parent was not exported)."""
+        parents = {span_id: parent for span_id, parent, _, _ in self.spans}
+        functions = {span_id: name for span_id, _, name, _ in self.spans if name}
+        result: defaultdict[str, dict[str, float]] = defaultdict(lambda: {"logs": 0.0, "traces": 0.0})
+        for span_id, _, _, size in self.spans:
+            current, seen = span_id, 0
+            while current not in functions and current in parents and seen < 50:
+                current, seen = parents[current], seen + 1
+            result[functions.get(current, "other")]["traces"] += size
+        for consumer, size in self.log_bytes_by_consumer.items():
+            result[consumer]["logs"] += size
+        return dict(result)
 
 
 def _label(base_type: str, base: dict[str, Any]) -> str:
@@ -256,6 +288,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "steadyStatePerMessage": round(per_message["logs"] + per_message["traces"]
                                        + metrics_bytes / per_interval, 1),
         "steadyStateRate": args.rate,
+        "bytesPerDeliveryByConsumer": {
+            consumer: {kind: round(value / max(1, result.stats.deliveries.get(consumer, 0)), 1)
+                       for kind, value in sizes.items()}
+            for consumer, sizes in sorted(recorder.by_consumer().items())
+            if result.stats.deliveries.get(consumer)},
+        "bytesNotPerConsumer": {kind: round(sum(sizes[kind] for consumer, sizes in
+                                                recorder.by_consumer().items()
+                                                if not result.stats.deliveries.get(consumer)))
+                                for kind in ("logs", "traces")},
         "logEvents": dict(recorder.by_event.most_common(20)),
         "bytesByItem": {label: round(value) for label, value in
                         sorted(recorder.bytes_by_item.items(), key=lambda kv: -kv[1])[:40]},
