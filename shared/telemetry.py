@@ -183,7 +183,6 @@ class Telemetry:
             description="Age of the newest event of a batch when the Event Hubs mark advanced")
 
     def outcome(self, outcome: Outcome, *, latency: float, backend: str, source: str = "store",
-                handler_latency: float | None = None,
                 context: Mapping[str, Any] | None = None) -> None:
         """Record one dedup outcome. `latency` is the store time in seconds; `context` is the
         caller's (message_id, correlation_id, delivery_count, cause, ...), logged as fields
