@@ -9,18 +9,23 @@ of 3 % by default (`--duplicate-rate`; the simulator adds redeliveries of its ow
 faults are on, `--fault-rate`, default 0) and no hostile input (`--hostile` adds it). The worker's
 settings are the sample settings plus an Application Insights connection string, so the app
 configures the real `azure-monitor-opentelemetry` distro on import (function_app.py), with
-whatever sampler and log levels the app sets. The root logger is at INFO, as the Functions
-worker sets it.
+whatever sampler and log levels the app sets (the sample settings carry the default
+`TRACE_SAMPLING_RATIO`; `--setting TRACE_SAMPLING_RATIO=1` exports every trace, whose bytes
+times the ratio are the expected trace bytes of a run, free of the sampling's luck). The root
+logger is at INFO, as the Functions worker sets it.
 
 What is counted: every HTTP request body the distro's exporters send to the ingestion endpoint
 (`/v2.1/track`; the endpoint is a name that never resolves, and the HTTP transport answers it itself
 with the ingestion service's 200 answer, so nothing leaves the machine), split by envelope type:
 MessageData/ExceptionData (logs, the `traces`/`exceptions` tables), RequestData/RemoteDependencyData
-(spans) and MetricData (`customMetrics` and performance counters). Records the harness itself causes
-(the live-metrics pings fail against the closed port they are pointed at) are reported as `harness`
-and left out. The body is uncompressed JSON, which is what ingestion bills, roughly (Log Analytics
-bills the stored columns; the envelope JSON is a close upper bound). Statsbeat (the SDK's own usage
-telemetry, not billed) is off; live metrics is not ingestion.
+(spans, and the exceptions recorded on them) and MetricData (`customMetrics` and performance
+counters); also by item (a log's event, a span's name, a metric's name) and by function (a
+record by its `consumer` field, a span by the function's span it descends from). Records the
+harness itself causes (the live-metrics pings fail against the closed port they are pointed at)
+are reported as `harness` and left out. The body is uncompressed JSON, which is what ingestion
+bills, roughly (Log Analytics bills the stored columns; the envelope JSON is a close upper
+bound). Statsbeat (the SDK's own usage telemetry, not billed) is off; live metrics is not
+ingestion.
 
 Metrics are exported once per interval whatever the message rate; the run sets the interval to
 an hour and flushes once at the end, so the metric bytes here are one interval's worth for the
@@ -62,7 +67,16 @@ class IngestionRecorder:
         self.by_type: Counter[str] = Counter()  # envelopes by baseType
         self.by_event: Counter[str] = Counter()  # log envelopes by customDimensions.event
         self.metric_names: Counter[str] = Counter()
+        self.traces: set[str] = set()  # operation ids of the exported spans: the sampled traces
+        # per span: (id, parent id, the function's name when it is a request span, bytes); per
+        # consumer: log bytes. Resolved by `by_consumer` once the run is over.
+        self.spans: list[tuple[str, str, str | None, float]] = []
+        self.log_bytes_by_consumer: defaultdict[str, float] = defaultdict(float)
         self.samples: dict[str, list[Any]] = {}  # the first envelopes of each baseType
+        # bytes by what each envelope is: a log's event, a span's name, a metric's name
+        self.bytes_by_item: defaultdict[str, float] = defaultdict(float)
+        self.keep_all = False
+        self.all: list[Any] = []
 
     def install(self) -> None:
         import requests
@@ -101,22 +115,69 @@ class IngestionRecorder:
                 samples = self.samples.setdefault(base_type, [])
                 if len(samples) < 3:
                     samples.append(item)
+                if self.keep_all:
+                    self.all.append(item)
                 kind = KINDS.get(base_type, "other")
                 logger_name = str(item.get("data", {}).get("baseData", {}).get("properties", {})
                                   .get("logger_name", ""))
+                if base_type == "ExceptionData" and not logger_name:
+                    kind = "traces"  # an exception recorded on a span: the trace exporter's
                 if logger_name.startswith(HARNESS_LOGGERS):
                     kind = "harness"  # the live-metrics ping to the closed port: not in Azure
                 self.body_bytes[kind] += size * scale
                 self.envelopes[kind] += 1
                 self.by_type[base_type] += 1
                 base = item.get("data", {}).get("baseData", {})
+                label = f"{kind} {_label(base_type, base)}"
+                self.bytes_by_item[label] += size * scale
+                tags = item.get("tags", {})
+                if kind == "traces":
+                    self.traces.add(str(tags.get("ai.operation.id")))
+                    self.spans.append((str(base.get("id", "")), str(tags.get("ai.operation.parentId", "")),
+                                       str(base.get("name")) if base_type == "RequestData" else None,
+                                       size * scale))
                 if kind == "logs":
+                    consumer = str(base.get("properties", {}).get("consumer") or "other")
+                    self.log_bytes_by_consumer[consumer] += size * scale
                     self.by_event[str(base.get("properties", {}).get("event")
                                       or base.get("message", "")[:40])] += 1
                 elif kind == "metrics":
                     for metric in base.get("metrics", []):
                         self.metric_names[metric.get("name", "?")] += 1
         return len(items)
+
+
+    def by_consumer(self) -> dict[str, dict[str, float]]:
+        """Log and trace bytes by the function they belong to: a log record by its `consumer`
+        field, a span by the request span (the function's) it descends from; the rest "other"
+        (maintenance, a span whose parent was not exported)."""
+        parents = {span_id: parent for span_id, parent, _, _ in self.spans}
+        functions = {span_id: name for span_id, _, name, _ in self.spans if name}
+        result: defaultdict[str, dict[str, float]] = defaultdict(lambda: {"logs": 0.0, "traces": 0.0})
+        for span_id, _, _, size in self.spans:
+            current, seen = span_id, 0
+            while current not in functions and current in parents and seen < 50:
+                current, seen = parents[current], seen + 1
+            result[functions.get(current, "other")]["traces"] += size
+        for consumer, size in self.log_bytes_by_consumer.items():
+            result[consumer]["logs"] += size
+        return dict(result)
+
+
+def _label(base_type: str, base: dict[str, Any]) -> str:
+    """What an envelope is, for the byte breakdown: a log's event (or its message's first word),
+    a span's name without its variable part, a metric's name."""
+    if base_type in ("MessageData", "ExceptionData", "EventData"):
+        event = base.get("properties", {}).get("event")
+        if event:
+            return str(event)
+        text = str(base.get("message") or (base.get("exceptions") or [{}])[0].get("typeName", ""))
+        return text.split(" ", 1)[0][:40] or base_type
+    if base_type in ("RequestData", "RemoteDependencyData"):
+        name = str(base.get("name", "?"))
+        return f"{base_type[:-4]} {name.split('(', 1)[0].split('?', 1)[0][:60]}"
+    metrics = base.get("metrics") or [{}]
+    return str(metrics[0].get("name", "?"))[:60]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -137,6 +198,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="set the `azure` loggers to this level before the run (default: what "
                              "the app sets)")
     parser.add_argument("--dump", help="write the first envelopes of each type to this JSON file")
+    parser.add_argument("--dump-all", help="write every envelope to this JSON file")
     parser.add_argument("--json", help="write the figures to this file")
     return parser.parse_args(argv)
 
@@ -160,6 +222,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.azure_sdk_log_level:
         logging.getLogger("azure").setLevel(args.azure_sdk_log_level)
     recorder = IngestionRecorder()
+    recorder.keep_all = bool(args.dump_all)
     recorder.install()
 
     import simulator.host as host_module
@@ -183,11 +246,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result = run_scenario(config, endpoints)
         wall = time.perf_counter() - started
     _flush()
-    from shared import observability
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    # The app configured the distro on import: the global tracer provider is the SDK's.
+    distro_configured = isinstance(trace.get_tracer_provider(), TracerProvider)
 
     if args.dump:
         with open(args.dump, "w", encoding="utf-8") as handle:
             json.dump(recorder.samples, handle, indent=1)
+    if args.dump_all:
+        with open(args.dump_all, "w", encoding="utf-8") as handle:
+            json.dump(recorder.all, handle, indent=1)
 
     deliveries = sum(result.stats.deliveries.values())
     duplicates = sum(result.stats.duplicates.values())
@@ -200,7 +270,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "workload": {"backend": args.backend, "messages": args.messages, "events": args.events,
                      "duplicateRate": args.duplicate_rate, "faultRate": args.fault_rate,
                      "hostile": args.hostile, "seed": args.seed, "settings": extra},
-        "ok": result.ok, "distroConfigured": observability.is_configured(),
+        "ok": result.ok, "distroConfigured": distro_configured,
         "deliveries": dict(result.stats.deliveries), "deliveriesTotal": deliveries,
         "duplicateDeliveries": duplicates,
         "duplicateShare": round(duplicates / max(1, deliveries), 4),
@@ -208,6 +278,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "meanBatchSize": round(sum(result.stats.batch_sizes) / max(1, len(result.stats.batch_sizes)), 1),
         "wallSeconds": round(wall, 1),
         "requests": recorder.requests, "envelopes": dict(recorder.envelopes),
+        "sampledTraces": len(recorder.traces),
         "envelopesByType": dict(recorder.by_type),
         "bytes": {kind: round(value) for kind, value in recorder.body_bytes.items()},
         "bytesTotal": round(total),
@@ -217,7 +288,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "steadyStatePerMessage": round(per_message["logs"] + per_message["traces"]
                                        + metrics_bytes / per_interval, 1),
         "steadyStateRate": args.rate,
+        "bytesPerDeliveryByConsumer": {
+            consumer: {kind: round(value / max(1, result.stats.deliveries.get(consumer, 0)), 1)
+                       for kind, value in sizes.items()}
+            for consumer, sizes in sorted(recorder.by_consumer().items())
+            if result.stats.deliveries.get(consumer)},
+        "bytesNotPerConsumer": {kind: round(sum(sizes[kind] for consumer, sizes in
+                                                recorder.by_consumer().items()
+                                                if not result.stats.deliveries.get(consumer)))
+                                for kind in ("logs", "traces")},
         "logEvents": dict(recorder.by_event.most_common(20)),
+        "bytesByItem": {label: round(value) for label, value in
+                        sorted(recorder.bytes_by_item.items(), key=lambda kv: -kv[1])[:40]},
         "metricNames": dict(recorder.metric_names.most_common(30)),
     }
 

@@ -1,4 +1,4 @@
-"""Orders from Service Bus into Cosmos DB: the spec's reference example.
+"""Orders from Service Bus into Cosmos DB: the order document is its own dedup marker.
 
 MessageId is the order id. The order document's id is the order id and the
 container is partitioned by /orderId, so the document itself is the dedup

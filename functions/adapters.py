@@ -12,7 +12,7 @@ from functions.services import services
 from shared.cloudevents import as_text
 from shared.observability import message_span
 from shared.settlement import Action, Decision, MessageActions, settle
-from shared.telemetry import EVENT_CONFLICT, EVENT_DEAD_LETTERED
+from shared.telemetry import EVENT_CONFLICT
 
 
 def message_body(message: Any) -> bytes:
@@ -96,8 +96,8 @@ def consume(name: str, handle: Callable[[InboundMessage], Decision], message: An
         decision = handle(view)
         if decision.action is Action.DEADLETTER and decision.reason != EVENT_CONFLICT:
             # One alert event per dead-letter the app decides (a conflict has its own).
-            services().telemetry.parked(
-                consumer=name, reason=decision.reason or "", event=EVENT_DEAD_LETTERED,
+            services().telemetry.dead_lettered(
+                consumer=name, reason=decision.reason or "",
                 context={"message_id": view.message_id, "correlation_id": view.correlation_id,
                          "delivery_count": view.delivery_count,
                          "error": (decision.description or "")[:500]})

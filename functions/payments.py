@@ -21,6 +21,7 @@ import azure.functions as func
 
 from functions.adapters import event_views, partition_id
 from functions.services import services
+from shared.observability import batch_span
 
 bp = func.Blueprint()
 logger = logging.getLogger(__name__)
@@ -38,14 +39,15 @@ async def payments(events: typing.List[func.EventHubEvent]) -> None:  # noqa: UP
     started = time.perf_counter()
     views, partition = event_views(events), partition_id(events)
     app = services()
-    report = await app.payments_async.process_batch(views, partition)
-    # One summary record per batch; the per-event outcomes are on the dedup.messages metric.
-    sequences = [view.sequence_number for view in views]
-    app.telemetry.batch(
-        consumer="payments", partition_id=partition,
-        counts={"processed": report.applied, "duplicate": report.duplicates,
-                "replay_skipped": report.replay_skipped, "parked": sum(report.parked.values())},
-        first_sequence=min(sequences), last_sequence=max(sequences),
-        duration=time.perf_counter() - started,
-        context={"accounts": report.groups, "watermark": report.watermark,
-                 **({"parked_reasons": dict(report.parked)} if report.parked else {})})
+    # One span per batch: its store calls and its summary record share one trace.
+    with batch_span("payments", partition_id=partition, events=len(views)):
+        report = await app.payments_async.process_batch(views, partition)
+        # One summary record per batch; the per-event outcomes are on the dedup.messages metric.
+        sequences = [view.sequence_number for view in views]
+        app.telemetry.batch(
+            consumer="payments", partition_id=partition,
+            counts={"processed": report.applied, "duplicate": report.duplicates,
+                    "replay_skipped": report.replay_skipped, "parked": sum(report.parked.values())},
+            first_sequence=min(sequences), last_sequence=max(sequences),
+            duration=time.perf_counter() - started,
+            context={"parked_reasons": dict(report.parked)} if report.parked else None)

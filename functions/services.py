@@ -320,7 +320,7 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
         audit=notifications("audit"),
         http_payments=HttpPaymentService(idem("dedup"), payments,
                                          caller_header=settings.http_caller_header),
-        order_status=OrderStatusService(by_role["order-status"]),
+        order_status=OrderStatusService(by_role["order-status"], telemetry=telemetry),
         maintenance=Maintenance({role: by_role[role] for role in record_roles}, parking,
                                 grace_seconds=settings.window.length.total_seconds(), clock=clock,
                                 outbox={"orders": orders_idem},  # the consumers that send

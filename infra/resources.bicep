@@ -137,7 +137,7 @@ param httpAuthClientId string = ''
 param dedupLogDuplicates bool = false
 
 @description('TRACE_SAMPLING_RATIO: share of traces (message spans and their store calls) the app exports, 0 to 1 (fixed-percentage sampler; Application Insights scales counts back up). Logs and metrics are never sampled.')
-param traceSamplingRatio string = '0.01'
+param traceSamplingRatio string = '0.001'
 
 @description('TABLE_BATCH_CODEC: lean = Table entity-group transactions through the app\'s lean $batch codec (it falls back to the SDK\'s path by itself on an SDK it does not support); sdk = always the SDK\'s submit_transaction.')
 @allowed([

@@ -165,7 +165,7 @@ class BaseIdempotency:
             self.cache.put(outcome.record)  # refuses anything not completed
         elapsed = time.perf_counter() - started
         self.telemetry.outcome(outcome, latency=elapsed - handler_seconds, backend=self.store.name,
-                               source=source, handler_latency=handler_seconds, context=context)
+                               source=source, context=context)
         return outcome
 
     def _can_send(self, writes: Writes) -> None:

@@ -10,16 +10,35 @@ works where it is not installed; a missing package with a connection string
 set is logged as a warning, never raised.
 
 The trace sampler is always set explicitly: `sampling_ratio` (else the
-`TRACE_SAMPLING_RATIO` setting, else `DEFAULT_SAMPLING_RATIO`, 1 %) goes to the
-distro's fixed-percentage sampler (`ApplicationInsightsSampler`: the decision
-follows the trace id, so every span of a sampled trace is kept, and each
-exported item carries its sample rate, so Application Insights scales counts
-back up). Without it the distro (1.8.x) would rate-limit to 5 traces per
-second, which keeps a share of messages that depends on the load. Logs are
-not sampled, and metrics never are: per-message counts and latencies live in
-the metrics (`shared.telemetry`). The standard `OTEL_TRACES_SAMPLER` /
+`TRACE_SAMPLING_RATIO` setting, else `DEFAULT_SAMPLING_RATIO`, 0.1 %) goes to
+the distro's fixed-percentage sampler (`ApplicationInsightsSampler`: the
+decision follows the trace id, so every span of a sampled trace is kept, and
+each exported item carries its sample rate, so Application Insights scales
+counts back up). Without it the distro (1.8.x) would rate-limit to 5 traces
+per second, which keeps a share of messages that depends on the load. Logs
+are not sampled, and metrics never are: per-message counts and latencies live
+in the metrics (`shared.telemetry`). The standard `OTEL_TRACES_SAMPLER` /
 `OTEL_TRACES_SAMPLER_ARG` variables, when set, still take precedence (the
 distro reads them first).
+
+Why 1 in 1,000: traces are examples of where one message's time went (its
+handler, its store calls); the counts, rates and latency distributions are
+exact on the metrics, and every record a person acts on is logged unsampled.
+A sampled message exports about 4 KB of spans, so each 0.1 % of sampling
+costs about 4 bytes per message; at 1,000 messages/s, 0.1 % is one trace a
+second (86,400 a day), still more examples than anyone reads, where 1 % would
+add about 40 bytes to every message. A low-rate app, or an investigation,
+raises `TRACE_SAMPLING_RATIO` (an app setting: no redeploy).
+
+`sdk_request()` wraps an Azure SDK request the library sends outside the
+SDK's own methods (the Table `$batch` codec's `send_request`): azure-core's
+tracing policy gives it its HTTP span, and without this the distro's `requests`
+instrumentation would record the same request a second time (the SDK's
+methods suppress it for their own calls).
+
+`batch_span()` is the span of one Event Hubs batch, so its store calls and
+its summary record share one trace: a sampled batch is one request with its
+dependencies, instead of each store call a root trace of its own.
 
 `message_span()` continues the producer's trace from the message's
 `traceparent` / `Diagnostic-Id` application property, and
@@ -42,13 +61,18 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+try:  # installed with the distro; without it nothing instruments HTTP, so nothing to suppress
+    from opentelemetry.instrumentation.utils import suppress_http_instrumentation
+except ImportError:  # pragma: no cover - the distro's dependency is in the app's lock
+    suppress_http_instrumentation = None
+
 from shared.keys import DedupKey, store_safe_id
 
 CONNECTION_STRING_SETTING = "APPLICATIONINSIGHTS_CONNECTION_STRING"
 SAMPLING_RATIO_SETTING = "TRACE_SAMPLING_RATIO"
-# Share of traces (message spans and their store dependencies) exported: 1 in 100 (10 traces/s
-# at 1,000 messages/s; a sampled message costs ~5 KB of spans, so 1 % adds ~50 bytes per message).
-DEFAULT_SAMPLING_RATIO = 0.01
+# Share of traces (message spans and their store dependencies) exported: 1 in 1,000 (one trace/s
+# at 1,000 messages/s; a sampled message costs ~4 KB of spans, so 0.1 % adds ~4 bytes per message).
+DEFAULT_SAMPLING_RATIO = 0.001
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 CORRELATION_ID_HEADER = "X-Correlation-Id"
 # Application properties that carry the producer's W3C trace context on a message.
@@ -62,11 +86,6 @@ tracer = trace.get_tracer("idempotent-consumer")
 
 _lock = threading.Lock()
 _configured = False
-
-
-def is_configured() -> bool:
-    """True once the Azure Monitor distro was configured in this process."""
-    return _configured
 
 
 def sampling_ratio_from(environ: Mapping[str, str] | None = None) -> float:
@@ -125,6 +144,17 @@ def configure_observability(*, connection_string: str | None = None,
         return True
 
 
+@contextmanager
+def sdk_request() -> Generator[None]:
+    """Around an Azure SDK request sent through a client's pipeline directly: HTTP
+    instrumentation (the distro's `requests`, `urllib3`) records no second span of it."""
+    if suppress_http_instrumentation is None:
+        yield
+        return
+    with suppress_http_instrumentation():
+        yield
+
+
 # -- trace context in -----------------------------------------------------------------
 def incoming_traceparent(properties: Mapping[str, Any] | None) -> str | None:
     """The producer's W3C traceparent from a message's application properties, if valid."""
@@ -172,6 +202,24 @@ def message_span(name: str, *, properties: Mapping[str, Any] | None = None,
         span_attributes["dedup.key"] = key.encoded
     with tracer.start_as_current_span(name, context=context_from_message(properties),
                                       kind=trace.SpanKind.CONSUMER,
+                                      attributes=span_attributes) as span:
+        yield span
+
+
+@contextmanager
+def batch_span(name: str, *, partition_id: str, events: int,
+               attributes: Mapping[str, Any] | None = None) -> Generator[trace.Span]:
+    """A CONSUMER span for one Event Hubs batch of `events` events from one partition.
+
+    The events' producer contexts are not linked: a link is about 80 bytes on
+    the exported span, per event, and each event's key and ids are on the
+    records of what a person acts on.
+    """
+    span_attributes: dict[str, Any] = {
+        "messaging.system": "eventhubs", "messaging.destination.partition.id": partition_id,
+        "messaging.batch.message_count": events,
+        **{k: v for k, v in (attributes or {}).items() if v is not None}}
+    with tracer.start_as_current_span(name, kind=trace.SpanKind.CONSUMER,
                                       attributes=span_attributes) as span:
         yield span
 

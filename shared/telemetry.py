@@ -6,7 +6,9 @@ per interval (Application Insights `customMetrics`: one row per attribute set pe
 message rate:
 
 * `dedup.messages` (counter): messages by consumer, outcome (processed,
-  duplicate, conflict, in_progress, taken_over, stale, lease_lost, parked),
+  duplicate, conflict, in_progress, taken_over, stale, lease_lost, parked,
+  dead_lettered; for a consumer that applies full-state events by version
+  without a dedup record, `stale_version` for an older version arriving late),
   backend, source (`store` or `cache`) and, for duplicates, the cause where
   known (`redelivery`: the broker delivered the same message again;
   `producer_retry`: a second copy arrived on its first delivery, a producer
@@ -16,23 +18,31 @@ message rate:
   store for one message (the handler's own time is excluded).
 * `dedup.replay_skipped` (counter): Event Hubs events skipped under the
   high-water mark, with no store request each.
-* `dedup.parked` (counter): messages parked or dead-lettered.
+* `dedup.parked` (counter): messages parked for a person (the parking table).
+* `dedup.dead_lettered` (counter): messages the app itself dead-lettered.
 * `outbox.dispatched` / `outbox.dispatch_failures` (counters): outgoing messages
   sent after their commit, and dispatch attempts that failed (by error type).
 * `outbox.oldest_pending_age` (gauge, s): the oldest outgoing message the
   sweeper found still pending (0 when none); the Bicep alert watches it.
 
-Log records, with the dedup key, the correlation id and the trace ids as
-fields (`extra`, customDimensions in Application Insights), are written only
-where someone acts: a conflict (ERROR), a stale claim or a lost lease
-(WARNING), a parked or dead-lettered message (ERROR), a recovered claim
-(`taken_over`, INFO), and one summary per Event Hubs batch (`batch`, INFO).
-A processed message is logged at DEBUG, duplicates and in-progress claims at
-DEBUG too, or at INFO with `log_duplicates=True` (the app's
-`DEDUP_LOG_DUPLICATES` setting, for an investigation). Fields are built only
-when the record's level is enabled, so the hot path pays for the metric
-points alone. The message of every record starts with a stable event name;
-the Bicep alerts and the replay tool rely on these names, do not rename them.
+Log records, with the dedup key and the message and correlation ids as fields
+(`extra`, customDimensions in Application Insights), are written only where
+someone acts: a conflict (ERROR), a stale claim or a lost lease (WARNING), a
+parked or dead-lettered message (ERROR), a recovered claim (`taken_over`,
+INFO), and one summary per Event Hubs batch (`batch`, INFO). A processed
+message is logged at DEBUG, duplicates and in-progress claims at DEBUG too, or
+at INFO with `log_duplicates=True` (the app's `DEDUP_LOG_DUPLICATES` setting,
+for an investigation). Fields are built only when the record's level is
+enabled, so the hot path pays for the metric points alone. The message of
+every record starts with a stable event name; the Bicep alerts and the replay
+tool rely on these names, do not rename them.
+
+Every exported record costs about 700 bytes before its own fields (the
+exporter's tags and envelope), so records carry what a person reads and
+nothing the metrics or the envelope already hold: no latencies, backend or
+cache source (on the metrics), no trace or span ids (the exporter writes the
+record's trace context as `operation_Id` / `operation_ParentId`), no zero
+counts, no field derivable from another.
 
 Metrics go through the OpenTelemetry API: a no-op until the app configures a
 meter provider (`shared.observability.configure_observability`, Application
@@ -45,7 +55,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from opentelemetry import metrics, trace
+from opentelemetry import metrics
 
 from shared.records import Outcome, OutcomeStatus
 
@@ -59,7 +69,12 @@ EVENT_REPLAY_SKIPPED = "ReplaySkipped"
 EVENT_SEQUENCE_RESET = "SequenceReset"
 EVENT_BATCH = "EventBatchProcessed"
 
-OUTCOME_PARKED = "parked"  # the `outcome` attribute of a parked message on dedup.messages
+# The `outcome` attribute on dedup.messages of a message set aside for a person, and of an
+# older version of a full-state event that was not applied.
+OUTCOME_PARKED = "parked"
+OUTCOME_DEAD_LETTERED = "dead_lettered"
+OUTCOME_STALE_VERSION = "stale_version"
+EVENT_STALE_VERSION = "StaleStatusRejected"
 
 CAUSE_REDELIVERY = "redelivery"
 CAUSE_PRODUCER_RETRY = "producer_retry"
@@ -69,6 +84,7 @@ METRIC_MESSAGES = "dedup.messages"
 METRIC_STORE_LATENCY = "dedup.store.latency"
 METRIC_REPLAY_SKIPPED = "dedup.replay_skipped"
 METRIC_PARKED = "dedup.parked"
+METRIC_DEAD_LETTERED = "dedup.dead_lettered"
 METRIC_DISPATCHED = "outbox.dispatched"
 METRIC_DISPATCH_FAILURES = "outbox.dispatch_failures"
 METRIC_OLDEST_PENDING = "outbox.oldest_pending_age"
@@ -95,18 +111,17 @@ _LOG_AS: dict[OutcomeStatus, tuple[str, int | None]] = {
 }
 
 
+def _present(fields: dict[str, Any]) -> dict[str, Any]:
+    """The fields that hold something: None, empty strings and empty collections are left out
+    (the exporter would write some of them as text, and an empty field tells nobody anything)."""
+    return {name: value for name, value in fields.items()
+            if value is not None and not (isinstance(value, (str, dict, list, tuple)) and not value)}
+
+
 def _safe_extra(fields: dict[str, Any]) -> dict[str, Any]:
     """`extra` for logging: caller context that collides with LogRecord attributes is prefixed."""
     return {(f"ctx_{name}" if name in _RESERVED_LOG_KEYS else name): value
             for name, value in fields.items()}
-
-
-def trace_fields() -> dict[str, str]:
-    """Ids of the current span, when there is one, so logs join traces."""
-    context = trace.get_current_span().get_span_context()
-    if not context.is_valid:
-        return {}
-    return {"trace_id": format(context.trace_id, "032x"), "span_id": format(context.span_id, "016x")}
 
 
 def duplicate_cause(*, delivery_count: Any = None, cause: str | None = None) -> str | None:
@@ -147,7 +162,10 @@ class Telemetry:
             METRIC_REPLAY_SKIPPED, unit="{event}",
             description="Event Hubs events skipped under the high-water mark")
         self.parked_events = meter.create_counter(
-            METRIC_PARKED, unit="{message}", description="Messages parked or dead-lettered")
+            METRIC_PARKED, unit="{message}", description="Messages parked for a person")
+        self.dead_lettered_messages = meter.create_counter(
+            METRIC_DEAD_LETTERED, unit="{message}",
+            description="Messages the app dead-lettered itself")
         self.dispatched_messages = meter.create_counter(
             METRIC_DISPATCHED, unit="{message}",
             description="Outgoing messages dispatched after their commit")
@@ -165,7 +183,6 @@ class Telemetry:
             description="Age of the newest event of a batch when the Event Hubs mark advanced")
 
     def outcome(self, outcome: Outcome, *, latency: float, backend: str, source: str = "store",
-                handler_latency: float | None = None,
                 context: Mapping[str, Any] | None = None) -> None:
         """Record one dedup outcome. `latency` is the store time in seconds; `context` is the
         caller's (message_id, correlation_id, delivery_count, cause, ...), logged as fields
@@ -194,39 +211,67 @@ class Telemetry:
         fields.pop("cause", None)
         fields.update({
             "event": event,
-            "dedup_key": outcome.key.key,
-            "dedup_key_encoded": outcome.key.encoded,
             "consumer": consumer,
+            "outcome": status.value,
+            "dedup_key": outcome.key.key,
             "message_id": message_id,
             "correlation_id": correlation_id,
-            "outcome": status.value,
             "duplicate_cause": cause,
             "attempt": outcome.record.attempts if outcome.record else None,
             "request_hash": outcome.request_hash,
-            "stored_hash": outcome.stored_hash,
-            "store_latency_ms": round(latency_ms, 3),
-            "handler_latency_ms": (round(handler_latency * 1000.0, 3)
-                                   if handler_latency is not None else None),
-            "backend": backend,
-            "source": source,
-            **trace_fields(),
+            # the stored hash only where it tells something: a conflict's other content
+            "stored_hash": (outcome.stored_hash if outcome.stored_hash != outcome.request_hash
+                            else None),
         })
-        logger.log(level, "%s consumer=%s outcome=%s key=%s", event, consumer,
-                   status.value, outcome.key.key, extra=_safe_extra(fields))
+        logger.log(level, "%s consumer=%s outcome=%s", event, consumer, status.value,
+                   extra=_safe_extra(_present(fields)))
 
-    def parked(self, *, consumer: str, reason: str, level: int = logging.ERROR,
-               event: str = EVENT_PARKED, context: Mapping[str, Any] | None = None) -> None:
-        """A message that could not be applied was parked or dead-lettered: alert."""
-        context = dict(context or {})
-        message_id = context.pop("message_id", None)
-        correlation_id = context.pop("correlation_id", None)
+    def parked(self, *, consumer: str, reason: str,
+               context: Mapping[str, Any] | None = None) -> None:
+        """A message that can never be applied was parked for a person: alert."""
         self.parked_events.add(1, {"consumer": consumer, "reason": reason})
         self.messages.add(1, {"consumer": consumer, "outcome": OUTCOME_PARKED, "reason": reason})
-        fields = {**context, "event": event, "consumer": consumer, "reason": reason,
-                  "outcome": OUTCOME_PARKED, "message_id": message_id,
-                  "correlation_id": correlation_id, **trace_fields()}
-        logger.log(level, "%s consumer=%s reason=%s", event, consumer, reason,
-                   extra=_safe_extra(fields))
+        self._set_aside(EVENT_PARKED, consumer=consumer, reason=reason, context=context)
+
+    def dead_lettered(self, *, consumer: str, reason: str,
+                      context: Mapping[str, Any] | None = None) -> None:
+        """A message the app dead-lettered itself (invalid, refused by the store): alert."""
+        self.dead_lettered_messages.add(1, {"consumer": consumer, "reason": reason})
+        self.messages.add(1, {"consumer": consumer, "outcome": OUTCOME_DEAD_LETTERED,
+                              "reason": reason})
+        self._set_aside(EVENT_DEAD_LETTERED, consumer=consumer, reason=reason, context=context)
+
+    def _set_aside(self, event: str, *, consumer: str, reason: str,
+                   context: Mapping[str, Any] | None) -> None:
+        """The ERROR record of a parked or dead-lettered message: the caller's context (where
+        the message came from, the error) as fields, empty ones left out."""
+        fields = {**(context or {}), "event": event, "consumer": consumer, "reason": reason}
+        logger.error("%s consumer=%s reason=%s", event, consumer, reason,
+                     extra=_safe_extra(_present(fields)))
+
+    def versioned(self, result: str, *, consumer: str, backend: str,
+                  delivery_count: int | None = None,
+                  context: Mapping[str, Any] | None = None) -> None:
+        """One full-state event applied by version, without a dedup record: `result` is
+        "applied" (counted as processed), "unchanged" (the same version again: a duplicate, by
+        cause) or "stale" (an older version arriving late, not applied: outcome
+        `stale_version`). Reordering is expected, not an action: the stale event is logged at
+        DEBUG with `context` (the versions) as fields."""
+        attributes = {"consumer": consumer, "backend": backend, "source": "store"}
+        if result == "applied":
+            self.messages.add(1, {**attributes, "outcome": OutcomeStatus.PROCESSED.value})
+        elif result == "unchanged":
+            cause = duplicate_cause(delivery_count=delivery_count)
+            self.messages.add(1, {**attributes, "outcome": OutcomeStatus.DUPLICATE.value,
+                                  **({"cause": cause} if cause else {})})
+        elif result == "stale":
+            self.messages.add(1, {**attributes, "outcome": OUTCOME_STALE_VERSION})
+            if logger.isEnabledFor(logging.DEBUG):
+                fields = {**(context or {}), "event": EVENT_STALE_VERSION, "consumer": consumer}
+                logger.debug("%s consumer=%s", EVENT_STALE_VERSION, consumer,
+                             extra=_safe_extra(_present(fields)))
+        else:
+            raise ValueError(f"result={result!r} is not applied, unchanged or stale")
 
     def replay_skipped(self, count: int, *, consumer: str, partition_id: str) -> None:
         """Events at or below the high-water mark, skipped without a store request each.
@@ -238,8 +283,7 @@ class Telemetry:
                 logger.debug("%s consumer=%s partition=%s count=%d", EVENT_REPLAY_SKIPPED, consumer,
                              partition_id, count,
                              extra=_safe_extra({"event": EVENT_REPLAY_SKIPPED, "consumer": consumer,
-                                                "partition_id": partition_id, "count": count,
-                                                "outcome": "replay_skipped", **trace_fields()}))
+                                                "partition_id": partition_id, "count": count}))
 
     def sequence_reset(self, *, consumer: str, partition_id: str, mark: int, first: int,
                        context: Mapping[str, Any] | None = None) -> None:
@@ -247,8 +291,7 @@ class Telemetry:
         events below the mark were processed through their keys and the mark moved down. Alert."""
         self.sequence_resets.add(1, {"consumer": consumer, "partition_id": partition_id})
         fields = {**(context or {}), "event": EVENT_SEQUENCE_RESET, "consumer": consumer,
-                  "partition_id": partition_id, "mark": mark, "first_sequence_number": first,
-                  **trace_fields()}
+                  "partition_id": partition_id, "mark": mark, "first_sequence_number": first}
         logger.warning("%s consumer=%s partition=%s mark=%d first=%d", EVENT_SEQUENCE_RESET,
                        consumer, partition_id, mark, first, extra=_safe_extra(fields))
 
@@ -258,23 +301,25 @@ class Telemetry:
 
     def batch(self, *, consumer: str, partition_id: str, counts: Mapping[str, int],
               first_sequence: int | None, last_sequence: int | None, duration: float,
-              level: int = logging.INFO, event: str = EVENT_BATCH,
               context: Mapping[str, Any] | None = None) -> None:
-        """One summary record per Event Hubs batch instead of one per event.
+        """One INFO summary record per Event Hubs batch instead of one per event.
 
         `counts` are the batch's events by outcome (processed, duplicate,
-        replay_skipped, parked, ...), each logged as its own field;
-        `duration` is in seconds. The per-event points are on the metrics.
+        replay_skipped, parked, ...): each non-zero one is a field, and their
+        sum is in the message. `duration` is in seconds, logged in whole ms;
+        `context` adds fields (what was parked and why). The per-event points
+        are on the metrics, so the record carries only what a person reading
+        one batch needs: partition, sequence range, outcome counts, duration.
         """
-        if not logger.isEnabledFor(level):
+        if not logger.isEnabledFor(logging.INFO):
             return
-        fields = {**(context or {}), **{name: int(value) for name, value in counts.items()},
-                  "event": event, "consumer": consumer, "partition_id": partition_id,
-                  "events": int(sum(counts.values())), "first_sequence": first_sequence,
-                  "last_sequence": last_sequence, "duration_ms": round(duration * 1000.0, 1),
-                  **trace_fields()}
-        logger.log(level, "%s consumer=%s partition=%s events=%d", event, consumer, partition_id,
-                   fields["events"], extra=_safe_extra(fields))
+        fields = {**(context or {}), "event": EVENT_BATCH, "consumer": consumer,
+                  "partition_id": partition_id, "first_sequence": first_sequence,
+                  "last_sequence": last_sequence,
+                  **{name: int(value) for name, value in counts.items() if value},
+                  "duration_ms": round(duration * 1000.0)}
+        logger.info("%s consumer=%s partition=%s events=%d", EVENT_BATCH, consumer, partition_id,
+                    int(sum(counts.values())), extra=_safe_extra(_present(fields)))
 
     def dispatched(self, count: int, *, consumer: str) -> None:
         """Outgoing messages the broker took after their commit."""
@@ -286,7 +331,7 @@ class Telemetry:
         logger.warning("%s consumer=%s messages=%d error=%s", EVENT_DISPATCH_FAILED, consumer,
                        count, type(error).__name__,
                        extra=_safe_extra({"event": EVENT_DISPATCH_FAILED, "consumer": consumer,
-                                          "count": count, "error": str(error), **trace_fields()}))
+                                          "count": count, "error": str(error)}))
 
     def outbox_swept(self, *, pending: int, dispatched: int, failed: int,
                      oldest_age: float) -> None:

@@ -8,7 +8,6 @@ import sys
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from shared import observability
 from shared.keys import DedupKey
 from shared.observability import (
     CONNECTION_STRING_SETTING,
@@ -38,7 +37,7 @@ def test_no_connection_string_is_a_no_op():
     calls = []
     assert configure_observability(environ={}, configure=lambda **kw: calls.append(kw)) is False
     assert calls == []
-    assert not observability.is_configured()
+    assert not support_observability.configured()
 
 
 def test_connection_string_configures_once():
@@ -49,7 +48,7 @@ def test_connection_string_configures_once():
     assert configure_observability(environ=env, configure=lambda **kw: calls.append(kw)) is True
     assert calls == [{"connection_string": CONN, "sampling_ratio": DEFAULT_SAMPLING_RATIO,
                       "logger_name": "shared"}]
-    assert observability.is_configured()
+    assert support_observability.configured()
 
 
 def test_the_sampler_is_always_explicit():

@@ -50,6 +50,8 @@ from azure.core.exceptions import DecodeError, HttpResponseError
 from azure.core.rest import HttpRequest
 from azure.data.tables import TableTransactionError, UpdateMode
 
+from shared.observability import sdk_request
+
 logger = logging.getLogger(__name__)
 
 #: azure-data-tables versions the codec supports: [lowest, first unsupported). Verified on
@@ -314,8 +316,10 @@ def submit_transaction(client: Any, operations: Iterable[tuple[Any, ...]], *,
     "sdk" or the codec cannot run on this SDK)."""
     if not _lean(client, codec):
         return list(client.submit_transaction(operations))
-    response = client._client.send_request(transaction_request(client, operations), stream=True)
-    response.read()
+    with sdk_request():
+        response = client._client.send_request(transaction_request(client, operations),
+                                               stream=True)
+        response.read()
     return transaction_result(response, table_name=client.table_name)
 
 
@@ -325,7 +329,8 @@ async def submit_transaction_async(client: Any, operations: Iterable[tuple[Any, 
     SDK's own, as for `submit_transaction`)."""
     if not _lean(client, codec):
         return list(await client.submit_transaction(operations))
-    response = await client._client.send_request(transaction_request(client, operations),
-                                                 stream=True)
-    await response.read()
+    with sdk_request():
+        response = await client._client.send_request(transaction_request(client, operations),
+                                                     stream=True)
+        await response.read()
     return transaction_result(response, table_name=client.table_name)

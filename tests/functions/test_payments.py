@@ -186,6 +186,44 @@ def test_batch_applies_each_event_once(services):
     assert balance(services, account) == 500
 
 
+def test_a_batch_is_one_consumer_span_and_its_summary_joins_it(services, monkeypatch, caplog):
+    """Without a span per batch each store call of a batch would be a root trace of its own,
+    sampled on its own, and the summary record would join no trace."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from shared import observability
+    from shared.telemetry import EVENT_BATCH
+
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    monkeypatch.setattr(observability, "tracer", provider.get_tracer("test"))
+    current: list[int] = []
+
+    def note_span(record: logging.LogRecord) -> bool:
+        if getattr(record, "event", None) == EVENT_BATCH:
+            current.append(trace.get_current_span().get_span_context().span_id)
+        return True
+
+    logger = logging.getLogger("shared.telemetry")
+    logger.addFilter(note_span)
+    caplog.set_level(logging.INFO, logger="shared")
+    try:
+        account = account_id()
+        run([SentEvent(structured(f"e{n}", account, 100), n) for n in range(3)], partition="2")
+    finally:
+        logger.removeFilter(note_span)
+    (span,) = spans.get_finished_spans()
+    assert (span.name, span.kind) == ("payments", trace.SpanKind.CONSUMER)
+    assert span.attributes["messaging.destination.partition.id"] == "2"
+    assert span.attributes["messaging.batch.message_count"] == 3
+    assert current == [span.context.span_id]
+    assert balance(services, account) == 300
+
+
 def test_new_events_cost_one_read_and_one_commit_per_account(counted_services, any_backend):
     counted = counted_services(any_backend)
     services = counted.services

@@ -134,7 +134,7 @@ def test_app_records_land_in_traces_with_the_event_dimension(exported):
     telemetry.outcome(Outcome(OutcomeStatus.DUPLICATE, key, "hash-a"), latency=0.001, backend="cosmos")
     telemetry.parked(consumer="payments", reason="MaxAttempts")
     telemetry.parked(consumer="notify", reason="OutcomeUnknown")
-    telemetry.parked(consumer="orders", reason="StoreRejected", event=LOG_EVENTS["deadLettered"])
+    telemetry.dead_lettered(consumer="orders", reason="StoreRejected")
     telemetry.sequence_reset(consumer="payments", partition_id="0", mark=5099, first=0)
 
     envelopes = exported()

@@ -106,6 +106,15 @@ def test_behaviour_setting_defaults():
     assert {"type": "allowed", "argument": ["cosmos", "table"]} in allowed
 
 
+def test_the_deployed_and_sample_trace_sampling_ratio_is_the_apps_default():
+    """One default for the share of traces exported: the app's, Bicep's and the local sample's."""
+    from shared.observability import DEFAULT_SAMPLING_RATIO
+
+    assert float(_setting_values()["TRACE_SAMPLING_RATIO"]) == DEFAULT_SAMPLING_RATIO
+    sample = json.loads((REPO / "local.settings.sample.json").read_text())["Values"]
+    assert float(sample["TRACE_SAMPLING_RATIO"]) == DEFAULT_SAMPLING_RATIO
+
+
 # --- The retention rule ---------------------------------------------------------------------
 def test_lock_duration_of_the_queue_and_the_setting_share_one_parameter():
     settings = app_settings()

@@ -54,7 +54,10 @@ def _tables(query: str) -> set[str]:
 
 
 def _metric_names(query: str) -> set[str]:
-    return set(re.findall(r'\bname\s*==\s*"([^"]+)"', query))
+    names = set(re.findall(r'\bwhere name\s*==\s*"([^"]+)"', query))
+    for group in re.findall(r'\bwhere name\s+in\s*\(([^)]*)\)', query):
+        names |= set(re.findall(r'"([^"]+)"', group))
+    return names
 
 
 def _event_names(query: str) -> set[str]:
@@ -134,7 +137,7 @@ def test_every_metric_query_names_a_metric_the_app_emits():
 
     # The metrics the operators asked for are all charted.
     assert {telemetry.METRIC_MESSAGES, telemetry.METRIC_STORE_LATENCY, telemetry.METRIC_PARKED,
-            telemetry.METRIC_MARK_LAG} <= seen
+            telemetry.METRIC_DEAD_LETTERED, telemetry.METRIC_MARK_LAG} <= seen
 
 
 def test_every_trace_query_names_an_event_the_app_logs():
@@ -156,12 +159,11 @@ def test_every_trace_query_names_an_event_the_app_logs():
 def exported_metrics() -> dict[str, set[str]]:
     """customDimensions keys per metric name, as the Azure Monitor exporter makes them of the app's
     own telemetry calls (every outcome, a parked and a dead-lettered message, a replay skip, the
-    mark lag)."""
+    mark lag, the results of a full-state event applied by version)."""
     from azure.monitor.opentelemetry.exporter.export.metrics._exporter import _convert_point_to_envelope
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from shared import telemetry as names
     from shared.keys import DedupKey
     from shared.records import Outcome, OutcomeStatus
     from shared.telemetry import Telemetry
@@ -174,9 +176,11 @@ def exported_metrics() -> dict[str, set[str]]:
         telemetry.outcome(Outcome(status, key, "hash"), latency=0.002, backend="cosmos",
                           context={"delivery_count": 2})
     telemetry.parked(consumer="payments", reason="MaxAttempts")
-    telemetry.parked(consumer="orders", reason="StoreRejected", event=names.EVENT_DEAD_LETTERED)
+    telemetry.dead_lettered(consumer="orders", reason="StoreRejected")
     telemetry.replay_skipped(3, consumer="payments", partition_id="0")
     telemetry.mark_lagging(1.0, consumer="payments", partition_id="0")
+    for result in ("applied", "unchanged", "stale"):
+        telemetry.versioned(result, consumer="order_status", backend="cosmos", delivery_count=2)
     found: dict[str, set[str]] = {}
     for resource_metrics in reader.get_metrics_data().resource_metrics:
         for scope_metrics in resource_metrics.scope_metrics:

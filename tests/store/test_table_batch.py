@@ -482,3 +482,43 @@ def test_the_stores_batch_codec_option_chooses_the_path(stack, table_service, mo
 def test_an_unknown_codec_is_refused():
     with pytest.raises(ValueError, match="codec"):
         submit_transaction(object(), [], codec="fast")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_http_instrumentation_records_no_second_span_of_a_transaction(stack, table_service,
+                                                                      monkeypatch, use_async):
+    """azure-core's tracing policy gives the `$batch` request its HTTP span; the SDK's own
+    methods suppress HTTP instrumentation (the distro's `requests`) around their requests, and
+    the codec, which sends through the pipeline directly, must do the same or every sampled
+    transaction is exported twice."""
+    from azure.core.pipeline.transport import AioHttpTransport, RequestsTransport
+    from opentelemetry.instrumentation.utils import is_http_instrumentation_enabled
+
+    name = f"t{uuid.uuid4().hex[:16]}"
+    table_service.create_table(name)
+    seen: list[bool] = []
+    for transport in (RequestsTransport, AioHttpTransport):
+        original = transport.send
+
+        def send(self, request, *args, _original=original, **kwargs):
+            seen.append(is_http_instrumentation_enabled())
+            return _original(self, request, *args, **kwargs)
+
+        monkeypatch.setattr(transport, "send", send)
+    try:
+        ops = [("create", {"PartitionKey": PK, "RowKey": "r1"})]
+        if use_async:
+            async def run() -> list[Any]:
+                async with AsyncTableClient.from_connection_string(
+                        stack.table_connection_string, name) as client:
+                    return await submit_transaction_async(client, ops)
+            result = asyncio.run(run())
+        else:
+            with TableClient.from_connection_string(stack.table_connection_string, name) as client:
+                assert codec_problem(client) is None
+                result = submit_transaction(client, ops)
+        assert len(result) == 1
+        assert seen == [False], seen  # the transaction, sent with instrumentation suppressed
+    finally:
+        monkeypatch.undo()
+        table_service.delete_table(name)

@@ -9,3 +9,8 @@ def reset() -> None:
     """Forget that export was configured, so a test can configure it again."""
     with observability._lock:
         observability._configured = False
+
+
+def configured() -> bool:
+    """True once export was configured in this process."""
+    return observability._configured
