@@ -52,6 +52,7 @@ from shared.exceptions import ConcurrencyRetriesExhaustedError, retry_after
 from shared.flow import Async, Dispatch, Flow, Gather, OnStore, Sleep, Sync, flowmethod
 from shared.idempotency import AsyncIdempotency, BaseIdempotency, GroupMessage, Idempotency
 from shared.keys import DedupKey
+from shared.observability import CORRELATION_ID_HEADER
 from shared.outbox import EventPosition, OutgoingMessage
 from shared.parking import AsyncParkingLot, BaseParkingLot, ParkingLot
 from shared.payload import InvalidPayloadError
@@ -375,8 +376,15 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency,
         return None
 
     def _context(self, event: E, partition_id: str) -> dict[str, Any]:
-        return {"partition_id": partition_id, "sequence_number": event.sequence_number,
-                "event_hub": self.event_hub}
+        """The event's log context; with its correlation id when the producer set one (the
+        `X-Correlation-Id` application property): the messages its group sends carry it on."""
+        context: dict[str, Any] = {"partition_id": partition_id,
+                                   "sequence_number": event.sequence_number,
+                                   "event_hub": self.event_hub}
+        correlation_id = event.properties.get(CORRELATION_ID_HEADER)
+        if correlation_id:
+            context["correlation_id"] = str(correlation_id)
+        return context
 
     def _park(self, event: E, partition_id: str, reason: str, detail: str,
               report: BatchReport) -> Flow[None]:
