@@ -13,7 +13,9 @@ etag (`RecordDispatched`); only then does the flow return, so the caller
 acknowledges the incoming message after the messages are out. A copy that finds
 the marker still carrying messages dispatches them before it is acknowledged
 (the marker read it makes anyway says so); a dispatch failure raises, leaving
-them pending for the next copy or the sweeper (`dispatch_pending`).
+them pending for the next copy or the sweeper (`dispatch_pending`). A group
+commit of Event Hubs events (`GroupMessage.position`) leaves its messages to
+the caller instead: their partition's mark records the dispatch (`shared.batch`).
 
 Each method is written once, as a flow (`shared.flow`): `Idempotency` runs it
 on a sync store, `shared.aio.Idempotency` awaits it on an async one.

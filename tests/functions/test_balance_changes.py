@@ -119,7 +119,7 @@ def test_publishing_off_sends_nothing(services_for, backend):
 @pytest.mark.parametrize("backend", ["table", "cosmos"])
 @pytest.mark.parametrize("queue", [QUEUE, ""], ids=["publishing", "not-publishing"])
 def test_publishing_adds_no_store_request_at_20_accounts_and_100_event_batches(
-        counted_services, backend, queue):
+        counted_services, backend, queue):  # noqa: F811 - the fixture
     """2,000 events in 100-event batches over 20 accounts through the function, on one instance:
     a mark read and a balance read per account in the first batch, then one transaction per
     account and one mark write per batch. 441 requests, 0.2205 per event, with or without
