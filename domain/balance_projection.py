@@ -22,11 +22,17 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from domain.messages import InboundMessage, InvalidMessageError, parse_json_object
-from shared import DedupKey, Idempotency, IdempotencyError, InvalidKeyError, request_hash, store_safe_id
+from domain.messages import (
+    InboundMessage,
+    InvalidMessageError,
+    message_context,
+    parse_json_object,
+    settle_outcome,
+)
+from shared import DedupKey, Idempotency, InvalidKeyError, request_hash, store_safe_id
 from shared.flow import Transaction
 from shared.payload import MAX_SAFE_INTEGER, exact_integer
-from shared.settlement import Action, Decision, decision_for, decision_for_error
+from shared.settlement import Decision
 
 CONSUMER = "balance_projection"
 BALANCE_CHANGED = "BalanceChanged"
@@ -84,8 +90,6 @@ class BalanceProjection:
         return None if document is None else dict(document.body)
 
     def handle(self, message: InboundMessage) -> Decision:
-        context = {"message_id": message.message_id, "correlation_id": message.correlation_id,
-                   "delivery_count": message.delivery_count}
         try:
             key = DedupKey.from_message_id(CONSUMER, message.message_id)
             change = parse_balance_changed(message)
@@ -97,20 +101,10 @@ class BalanceProjection:
         def build(tx: Transaction) -> dict[str, Any]:
             return _apply(tx, change)
 
-        try:
-            outcome = self.idempotency.run_atomic(
-                key, request_hash(change.content()), build,
-                partition=view_partition(change.account_id), context=context,
-                read_first=message.delivery_count > 1)
-        except IdempotencyError as error:
-            decision = decision_for_error(error, delivery_count=message.delivery_count)
-            if decision is None:
-                raise
-            logger.warning("%s: %s: %s", CONSUMER, "store rejected the request"
-                           if decision.action is Action.DEADLETTER
-                           else f"transient failure, {decision.action.value}", error, extra=context)
-            return decision
-        return decision_for(outcome)
+        return settle_outcome(CONSUMER, lambda: self.idempotency.run_atomic(
+            key, request_hash(change.content()), build,
+            partition=view_partition(change.account_id), context=message_context(message),
+            read_first=message.delivery_count > 1), message)
 
 
 def _apply(tx: Transaction, change: BalanceChanged) -> dict[str, Any]:
