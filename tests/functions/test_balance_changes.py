@@ -109,6 +109,23 @@ def test_a_failed_dispatch_fails_the_batch_keeps_the_mark_and_the_retry_sends_th
     assert len(sent(services)) == 2
 
 
+def test_a_group_applied_event_by_event_still_sends_before_the_mark_moves(services):
+    """A group the build refuses as a whole (one event would take the balance past what the
+    stores hold exactly) is applied event by event: each commit sends its own BalanceChanged,
+    dispatched with the batch before the mark moves; the refused event is parked."""
+    account, big = account_id(), 10**15
+    events = [SentEvent(structured(f"g{n}", account, big), n) for n in range(1, 11)]
+    run(events)
+    assert balance(services, account) == 9 * big
+    versions = [json.loads(m.body)["version"] for m in sent(services)]
+    assert versions == list(range(1, 10))  # one per event applied, in order; none for the tenth
+    assert {m.message_id for m in sent(services)} == {
+        outgoing_message_id(key_of(f"g{n}"), QUEUE, 0) for n in range(1, 10)}
+    assert services.payments.watermark.read("0").sequence_number == 10
+    run(events)  # replayed: nothing sent again
+    assert len(sent(services)) == 9
+
+
 def test_publishing_off_sends_nothing(services_for, backend):
     services = services_for(backend, BALANCE_CHANGES_QUEUE="")
     account = account_id()
