@@ -56,7 +56,7 @@ from shared.observability import CORRELATION_ID_HEADER
 from shared.outbox import EventPosition, OutgoingMessage
 from shared.parking import AsyncParkingLot, BaseParkingLot, ParkingLot
 from shared.payload import InvalidPayloadError
-from shared.records import IdempotencyRecord, Outcome, OutcomeStatus
+from shared.records import Outcome, OutcomeStatus
 from shared.settlement import TRANSIENT_ERRORS
 from shared.watermark import (
     AsyncPartitionWatermark,
@@ -161,8 +161,7 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency,
         The mark moves only after every group committed or was parked and the messages their
         markers hold, and the mark does not cover yet, were dispatched. When a group failed
         for a transient reason, the batch raises once every group has finished (after
-        waiting out a Retry-After) so the host retries it; so it does when the dispatch
-        failed.
+        waiting out a Retry-After) so the host retries it; a failed dispatch raises too.
         """
         report = BatchReport()
         watermark = self.watermark
@@ -184,7 +183,7 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency,
             tuple(self._group_flow(group, partition_id) for group in groups),
             limit=self.max_concurrency)
         failure: Exception | None = None
-        holding: list[IdempotencyRecord] = []  # markers holding messages with a position
+        holding: list[_Held] = []  # what the markers of the outcomes hold, with their positions
         for group, outcomes in zip(groups, results, strict=True):
             if isinstance(outcomes, Exception):
                 failure = failure or outcomes
@@ -193,7 +192,7 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency,
                 park = self._count(parsed, outcome, report)
                 if park is not None:
                     yield from self._park(parsed.event, partition_id, *park, report)
-                elif isinstance(outcome, Outcome) and (held := _holding(outcome)) is not None:
+                elif isinstance(outcome, Outcome) and (held := _held(outcome)) is not None:
                     holding.append(held)
         if failure is not None:
             delay = retry_after(failure)
@@ -227,9 +226,9 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency,
             telemetry.mark_lagging(self.ledger.config.clock() - max(times).timestamp(),
                                    consumer=self.consumer, partition_id=partition_id)
 
-    def _not_covered(self, holding: Sequence[IdempotencyRecord], partition_id: str,
-                     mark: Mark | None) -> Flow[list[OutgoingMessage]]:
-        """The messages of `holding`'s markers the marks do not cover yet, each id once.
+    def _not_covered(self, holding: Sequence[_Held], partition_id: str, mark: Mark | None
+                     ) -> Flow[list[OutgoingMessage]]:
+        """The messages held on markers whose positions the marks do not cover, each id once.
 
         A marker just committed holds this batch's event: never covered. A duplicate's may
         hold another partition's event (a producer's copy sent to another partition): that
@@ -239,10 +238,7 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency,
         pending: dict[str, OutgoingMessage] = {}
         marks: dict[str, Mark | None] = {partition_id: mark}
         watermark = self.watermark
-        for record in holding:
-            position = record.outbox_position
-            if position is None:
-                continue  # not one of a batch's markers: dispatched and recorded by the ledger
+        for position, messages in holding:
             covered = False
             if position.event_hub == self.event_hub:
                 if position.partition_id not in marks:
@@ -252,7 +248,7 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency,
                 covered = other is not None and other.covers(position.sequence_number,
                                                              position.enqueued_time)
             if not covered:
-                for message in record.outbox:
+                for message in messages:
                     pending.setdefault(message.message_id, message)
         return list(pending.values())
 
@@ -410,13 +406,18 @@ def _time_text(enqueued: datetime | str | None) -> str | None:
         enqueued.isoformat() if isinstance(enqueued, datetime) else str(enqueued))
 
 
-def _holding(outcome: Outcome) -> IdempotencyRecord | None:
-    """The outcome's marker when it holds messages a partition mark records (with a position)."""
+type _Held = tuple[EventPosition, tuple[OutgoingMessage, ...]]
+
+
+def _held(outcome: Outcome) -> _Held | None:
+    """The messages the outcome's marker holds for a partition mark to record (a batch's
+    marker: with its event's position); None when there are none (or they are the ledger's
+    to record: no position)."""
     record = outcome.record
-    if (outcome.status in SETTLED and outcome.status is not OutcomeStatus.CONFLICT
-            and record is not None and record.outbox and record.outbox_position is not None):
-        return record
-    return None
+    if (outcome.status is OutcomeStatus.CONFLICT or record is None or not record.outbox
+            or record.outbox_position is None):
+        return None
+    return record.outbox_position, record.outbox
 
 
 class PartitionBatchProcessor[E: BatchEvent, I](
