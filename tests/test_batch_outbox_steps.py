@@ -260,3 +260,40 @@ def test_the_single_event_entry_point_dispatches_and_records_on_its_own():
     assert sent == [outgoing_message_id(first_key("h1"), QUEUE, 0)]
     stored = stores.ledger.get_record("A", first_key("h1").encoded)
     assert stored is not None and stored.outbox == () and stored.outbox_position is None
+
+
+# -- the group commit itself, step by step ----------------------------------------------------------
+def test_a_group_commit_of_batch_events_commits_the_position_and_leaves_the_dispatch_to_the_caller():
+    from shared.flow import Build, Built, CommitGroup, Committed, RecordDispatched, Writes
+    from shared.idempotency import GroupMessage
+    from tests.test_flow_steps import Stepper
+
+    ledger = Idempotency(InMemoryIdempotencyStore(), config=IdempotencyConfig(clock=lambda: NOW),
+                         dispatcher="the caller's")
+    keys = [first_key(f"s{n}") for n in range(2)]
+    position = EventPosition(HUB, "0", 5, None)
+
+    def built(key: DedupKey) -> Built:
+        writes = Writes("A", key=key)
+        writes.send(QUEUE, {"cents": 1})
+        return Built([None, None], writes)
+
+    flow = Stepper(ledger.run_atomic_group.flow(
+        [GroupMessage(keys[0], "h", position=position), GroupMessage(keys[1], "h")],
+        lambda tx, indexes: [None] * len(indexes), partition="A"))
+    assert isinstance(flow.start(), Build)
+    step = flow.send(built(keys[0]))
+    assert isinstance(step, CommitGroup)
+    assert step.markers[0].outbox_position == position and len(step.markers[0].outbox) == 1
+    assert flow.send(Committed(step.markers)) is None  # no Dispatch, no RecordDispatched
+    assert flow.value[0].record is not None and flow.value[0].record.outbox_position == position
+
+    # Without a position (one event on its own): commit, dispatch, record, as for any message.
+    flow = Stepper(ledger.run_atomic_group.flow([GroupMessage(keys[0], "h"), GroupMessage(keys[1], "h")],
+                                                lambda tx, indexes: [None] * len(indexes),
+                                                partition="A"))
+    flow.start()
+    step = flow.send(built(keys[0]))
+    assert isinstance(step, CommitGroup) and step.markers[0].outbox_position is None
+    assert isinstance(flow.send(Committed(step.markers)), Dispatch)
+    assert isinstance(flow.send(None), RecordDispatched)
