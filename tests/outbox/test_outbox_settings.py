@@ -59,3 +59,9 @@ def test_the_async_payments_path_gets_an_async_dispatcher_on_the_same_connection
     assert stores.dispatcher() is dispatcher  # one per app
     asyncio.run(stores.aclose())
     assert isinstance(RealAsyncStores(Settings.from_env(BASE)).dispatcher(), UnconfiguredDispatcher)
+
+
+def test_balance_changes_go_to_the_named_queue_by_default_and_nowhere_when_it_is_empty():
+    assert Settings.from_env(BASE).balance_changes_queue == "balance-changes"
+    assert Settings.from_env({**BASE, "BALANCE_CHANGES_QUEUE": "bc-2"}).balance_changes_queue == "bc-2"
+    assert Settings.from_env({**BASE, "BALANCE_CHANGES_QUEUE": " "}).balance_changes_queue == ""
