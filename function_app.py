@@ -16,7 +16,15 @@ import logging
 
 import azure.functions as func
 
-from functions import http_payments, maintenance, notifications, order_status, orders, payments
+from functions import (
+    balance_projection,
+    http_payments,
+    maintenance,
+    notifications,
+    order_status,
+    orders,
+    payments,
+)
 from functions.settings import Settings
 from shared.observability import configure_observability
 
@@ -34,7 +42,7 @@ configure_observability(sampling_ratio=_settings.trace_sampling_ratio)
 
 app = func.FunctionApp()
 
-for blueprint in (orders.bp, order_status.bp, notifications.bp, payments.bp, http_payments.bp,
-                  maintenance.bp):
+for blueprint in (orders.bp, order_status.bp, notifications.bp, payments.bp, balance_projection.bp,
+                  http_payments.bp, maintenance.bp):
     app.register_functions(blueprint)
 

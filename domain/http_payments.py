@@ -191,7 +191,7 @@ class HttpPaymentService:
             # another payment, not a duplicate of the first.
             payment = payment_from(DedupKey.from_business_key(LEDGER_CONSUMER, scoped,
                                                               field="Idempotency-Key"),
-                                   str(request.get("type", "")), request)
+                                   str(request.get("type", "")), request, event_id=raw_key)
         except InvalidKeyError as error:
             return problem(400, "Invalid Idempotency-Key", str(error))
         except InvalidMessageError as error:

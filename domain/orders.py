@@ -13,15 +13,20 @@ are duplicates, and a read costs one request where a failed commit costs two.
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass
 from typing import Any
 
-from domain.messages import InboundMessage, InvalidMessageError, parse_json_object
-from shared import DedupKey, Idempotency, IdempotencyError, InvalidKeyError, request_hash, store_safe_id
+from domain.messages import (
+    InboundMessage,
+    InvalidMessageError,
+    message_context,
+    parse_json_object,
+    settle_outcome,
+)
+from shared import DedupKey, Idempotency, InvalidKeyError, request_hash, store_safe_id
 from shared.payload import exact_integer
-from shared.settlement import Action, Decision, decision_for, decision_for_error
+from shared.settlement import Decision
 
 CONSUMER = "orders"
 ORDER_ACCEPTED = "OrderAccepted"
@@ -29,7 +34,6 @@ MAX_ORDER_BYTES = 256 * 1024  # a Standard-tier Service Bus message
 MAX_LINES = 98  # one batch: order document + lines <= 100 operations
 MAX_QUANTITY = 1_000_000
 MAX_UNIT_PRICE = 1e9  # with MAX_QUANTITY and MAX_LINES, a total far inside a double's exact range
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -97,8 +101,6 @@ class OrderService:
         self.notifications_topic = notifications_topic
 
     def handle(self, message: InboundMessage) -> Decision:
-        context = {"message_id": message.message_id, "correlation_id": message.correlation_id,
-                   "delivery_count": message.delivery_count}
         try:
             key = DedupKey.from_message_id(CONSUMER, message.message_id)
             order = parse_order(message)
@@ -120,17 +122,7 @@ class OrderService:
                     properties={"type": ORDER_ACCEPTED, "orderId": order.order_id})
             return {"orderId": order.order_id, "total": order.total}
 
-        try:
-            outcome = self.idempotency.run_atomic(
-                key, digest, build, partition=document_id, marker_id=document_id,
-                marker_body=order_document, expires=False, context=context,
-                read_first=message.delivery_count > 1)
-        except IdempotencyError as error:
-            decision = decision_for_error(error, delivery_count=message.delivery_count)
-            if decision is None:
-                raise
-            logger.warning("orders: %s: %s", "store rejected the request"
-                           if decision.action is Action.DEADLETTER
-                           else f"transient failure, {decision.action.value}", error, extra=context)
-            return decision
-        return decision_for(outcome)
+        return settle_outcome(CONSUMER, lambda: self.idempotency.run_atomic(
+            key, digest, build, partition=document_id, marker_id=document_id,
+            marker_body=order_document, expires=False, context=message_context(message),
+            read_first=message.delivery_count > 1), message)

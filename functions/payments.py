@@ -3,9 +3,10 @@
 The host checkpoints after every batch even when the function raised, so the
 function raises only when the batch must run again: a store failure that
 retrying fixes (outage, throttling, lost races; never a reason to park a valid
-event), or parking itself failed. The retry policy re-runs the same batch
-before the checkpoint, and the high-water mark and per-event keys absorb what
-was done.
+event), a failed dispatch of the batch's `BalanceChanged` messages (sent
+before the mark moves), or parking itself failed. The retry policy re-runs the
+same batch before the checkpoint, and the high-water mark and per-event keys
+absorb what was done.
 
 It is an `async def` on the async API: one event loop keeps every account
 group's store request in flight, with no thread per group.

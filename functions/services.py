@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import contextvars
 import dataclasses
+import inspect
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,6 +25,7 @@ from typing import Any
 from azure.cosmos import CosmosClient, PartitionKey
 from azure.data.tables import TableServiceClient
 
+from domain.balance_projection import BalanceProjection
 from domain.http_payments import HttpPaymentService
 from domain.notifications import NotificationService, Sender, urllib_sender
 from domain.order_status import OrderStatusService
@@ -51,6 +53,7 @@ from shared import (
     IdempotencyStore,
     TableIdempotencyStore,
     aio,
+    dispatch_aio,
 )
 from shared.aio import ThreadedStore
 from shared.cache import DocumentCache
@@ -95,7 +98,8 @@ class RealAsyncStores:
     tables and containers they use.
 
     A client binds to the event loop of its first request: use them on the worker's loop
-    (`services()` does), and `aclose()` them there.
+    (`services()` does), and `aclose()` them there. `dispatcher()` is the async outbox
+    dispatcher on the same identity, closed with them.
     """
 
     def __init__(self, settings: Settings, *, budget: RetryBudget = RETRY_BUDGET,
@@ -105,6 +109,7 @@ class RealAsyncStores:
         self.budget = budget
         self.built: dict[str, Any] = {}
         self._credential: Any = None
+        self._dispatcher: Any = None
 
     def _identity(self) -> Any:
         if self._credential is None:
@@ -113,6 +118,22 @@ class RealAsyncStores:
             self._credential = DefaultAzureCredential(
                 managed_identity_client_id=self.settings.azure_client_id)
         return self._credential
+
+    def dispatcher(self) -> Any:
+        """The async Service Bus dispatcher (`shared.dispatch_aio`) for the async functions,
+        on the trigger's connection as `real_dispatcher` reads it."""
+        if self._dispatcher is None:
+            settings = self.settings
+            connection = settings.service_bus_connection
+            if connection and "endpoint=" in connection.lower():
+                self._dispatcher = dispatch_aio.ServiceBusDispatcher.from_connection_string(
+                    connection, topics=_topics(settings))
+            elif settings.service_bus_namespace:
+                self._dispatcher = dispatch_aio.ServiceBusDispatcher(
+                    settings.service_bus_namespace, self._identity(), topics=_topics(settings))
+            else:
+                self._dispatcher = UnconfiguredDispatcher()
+        return self._dispatcher
 
     def __call__(self, role: str) -> Any:
         if role not in self.built:
@@ -142,10 +163,16 @@ class RealAsyncStores:
                                           batch_codec=codec, **options)
 
     async def aclose(self) -> None:
-        """Close every store built here, then the credential (the stores do not own it)."""
+        """Close every store built here and the dispatcher, then the credential (they do not
+        own it)."""
         for store in self.built.values():
             await store.close()
         self.built.clear()
+        if self._dispatcher is not None:
+            closed = self._dispatcher.close()
+            if inspect.isawaitable(closed):
+                await closed
+            self._dispatcher = None
         if self._credential is not None:
             await self._credential.close()
             self._credential = None
@@ -163,11 +190,16 @@ class UnconfiguredDispatcher:
         pass
 
 
+def _topics(settings: Settings) -> tuple[str, ...]:
+    """The outbox destinations that are topics (the rest, balance changes, are queues)."""
+    return (settings.notifications_topic,)
+
+
 def real_dispatcher(settings: Settings) -> ServiceBusDispatcher | UnconfiguredDispatcher:
     """The outbox's dispatcher on the trigger's Service Bus connection: a connection string
     locally, the namespace and the app's identity in Azure (Data Sender on the destinations
     only). The destinations that are topics are named; the rest are queues."""
-    topics = (settings.notifications_topic,)
+    topics = _topics(settings)
     connection = settings.service_bus_connection
     if connection and "endpoint=" in connection.lower():
         return ServiceBusDispatcher.from_connection_string(connection, topics=topics)
@@ -239,11 +271,13 @@ class Services:
     audit: NotificationService
     http_payments: HttpPaymentService
     order_status: OrderStatusService
+    balance_projection: BalanceProjection
     maintenance: Maintenance
     parking: ParkingLot
     telemetry: Telemetry
     async_factory: Any = None  # what built async_stores, when it has more to close
     dispatcher: Any = None  # sends what the consumers' commits recorded (shared.dispatch)
+    async_dispatcher: Any = None  # the same for payments_async (may be a sync one)
 
     async def aclose(self) -> None:
         """Close what the async stores' factory opened (`RealAsyncStores`: clients and the
@@ -258,20 +292,27 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
                    async_stores: AsyncStoreFactory | None = None,
                    sender: Sender = urllib_sender, clock: Callable[[], float] = time.time,
                    sleep: Callable[[float], None] = time.sleep,
-                   telemetry: Telemetry | None = None, dispatcher: Any = None) -> Services:
+                   telemetry: Telemetry | None = None, dispatcher: Any = None,
+                   async_dispatcher: Any = None) -> Services:
     """Wire the domain services on the stores `stores(role)` returns (default: real ones).
 
     The async payments service runs on `async_stores(role)`; without them (tests, the
     simulator's fault-injecting stores) on the sync stores, each request on a thread.
     `dispatcher` sends the outgoing messages (default: Service Bus from settings with the
-    real stores, an `InMemoryDispatcher` with given ones).
+    real stores, an `InMemoryDispatcher` with given ones); `async_dispatcher` those of the
+    async payments service (default: `dispatcher` when one is given, else the async Service
+    Bus dispatcher of `RealAsyncStores`, else the same as the sync services).
     """
     telemetry = telemetry or Telemetry(log_duplicates=settings.log_duplicates)
     if stores is None:
         stores = real_stores(settings)
         async_stores = async_stores or RealAsyncStores(settings)
+        if async_dispatcher is None and dispatcher is None and isinstance(async_stores,
+                                                                          RealAsyncStores):
+            async_dispatcher = async_stores.dispatcher()
         dispatcher = dispatcher or real_dispatcher(settings)
     dispatcher = dispatcher if dispatcher is not None else InMemoryDispatcher()
+    async_dispatcher = async_dispatcher if async_dispatcher is not None else dispatcher
     by_role = {role: stores(role) for role in STORE_ROLES}
     config = dataclasses.replace(settings.idempotency_config(), clock=clock)
     parking = ParkingLot(by_role["parked"], telemetry=telemetry, clock=clock)
@@ -284,7 +325,8 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
     # and the balances it wrote (both re-checked by etag when it writes them next).
     mark = {"consumer": "payments", "event_hub": settings.payments_hub,
             "consumer_group": settings.payments_consumer_group, "remember": True}
-    rules = PaymentRules(settings.payments_hub, settings.missing_key_policy)
+    rules = PaymentRules(settings.payments_hub, settings.missing_key_policy,
+                         balance_changes_queue=settings.balance_changes_queue)
     options: dict[str, Any] = {"max_attempts": settings.payments_max_attempts,
                                "max_concurrency": settings.payments_max_concurrency}
     payments = payment_processor(
@@ -295,7 +337,7 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
                for role in ("ledger", "dedup", "parked")}
     payments_async = async_payment_processor(
         aio.Idempotency(on_loop["ledger"], config=config, telemetry=telemetry,
-                        documents=DocumentCache()),
+                        documents=DocumentCache(), dispatcher=async_dispatcher),
         aio.PartitionWatermark(on_loop["dedup"], **mark),
         aio.ParkingLot(on_loop["parked"], telemetry=telemetry, clock=clock),
         rules=rules, sleep=_async_sleep(sleep), **options)
@@ -321,14 +363,18 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
         http_payments=HttpPaymentService(idem("dedup"), payments,
                                          caller_header=settings.http_caller_header),
         order_status=OrderStatusService(by_role["order-status"], telemetry=telemetry),
+        balance_projection=BalanceProjection(idem("dedup")),
         maintenance=Maintenance({role: by_role[role] for role in record_roles}, parking,
                                 grace_seconds=settings.window.length.total_seconds(), clock=clock,
-                                outbox={"orders": orders_idem},  # the consumers that send
+                                # the consumers that send and record dispatches (payments: its
+                                # single events; a batch's mark records its own)
+                                outbox={"orders": orders_idem, "payments": payments.ledger},
                                 outbox_age_seconds=settings.outbox_sweep_age.total_seconds(),
                                 telemetry=telemetry),
         parking=parking,
         telemetry=telemetry,
         dispatcher=dispatcher,
+        async_dispatcher=async_dispatcher,
     )
 
 

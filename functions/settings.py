@@ -29,6 +29,7 @@ BINDING_SETTINGS = (
     "NOTIFICATIONS_TOPIC_NAME",
     "NOTIFY_SUBSCRIPTION_NAME",
     "AUDIT_SUBSCRIPTION_NAME",
+    "BALANCE_CHANGES_QUEUE",
     "PAYMENTS_HUB_NAME",
     "PAYMENTS_CONSUMER_GROUP",
     "MAINTENANCE_SCHEDULE",
@@ -56,6 +57,7 @@ APP_SETTINGS = (
     "PAYMENTS_HUB_NAME",
     "PAYMENTS_CONSUMER_GROUP",
     "NOTIFICATIONS_TOPIC_NAME",
+    "BALANCE_CHANGES_QUEUE",
     "OUTBOX_DUPLICATE_DETECTION_SECONDS",
     "OUTBOX_SWEEP_AGE_SECONDS",
     "APPLICATIONINSIGHTS_CONNECTION_STRING",
@@ -163,6 +165,9 @@ class Settings:
     payments_consumer_group: str
     azure_client_id: str | None
     notifications_topic: str = "notifications"
+    # Where payments sends BalanceChanged (a queue; balance_projection reads it). Empty: payments
+    # publishes nothing (a benchmark compares the two).
+    balance_changes_queue: str = "balance-changes"
     service_bus_connection: str | None = None  # a connection string (local runs)
     service_bus_namespace: str | None = None  # <name>.servicebus.windows.net (identity)
     outbox_duplicate_detection: timedelta = timedelta(days=2)
@@ -242,6 +247,7 @@ class Settings:
             payments_consumer_group=env.get("PAYMENTS_CONSUMER_GROUP", "$Default") or "$Default",
             azure_client_id=env.get("AZURE_CLIENT_ID") or None,
             notifications_topic=env.get("NOTIFICATIONS_TOPIC_NAME", "notifications") or "notifications",
+            balance_changes_queue=env.get("BALANCE_CHANGES_QUEUE", "balance-changes").strip(),
             service_bus_connection=(env.get(SERVICE_BUS_CONNECTION) or "").strip() or None,
             service_bus_namespace=(env.get(SERVICE_BUS_NAMESPACE) or "").strip() or None,
             outbox_duplicate_detection=timedelta(
@@ -257,6 +263,9 @@ class Settings:
 
     def check_outbox_window(self) -> None:
         """Refuse a destination duplicate-detection window shorter than the redelivery window.
+
+        The destinations are the notifications topic and the balance-changes queue; Bicep
+        gives both the window of OUTBOX_DUPLICATE_DETECTION_SECONDS.
 
         A committed message is re-sent (same id) while a copy of its incoming message can
         still arrive, and by the sweeper: inside the destination's window the broker drops

@@ -45,6 +45,9 @@ param notifySubscriptionName string = 'notify'
 @description('AUDIT_SUBSCRIPTION_NAME')
 param auditSubscriptionName string = 'audit'
 
+@description('BALANCE_CHANGES_QUEUE')
+param balanceChangesQueueName string = 'balance-changes'
+
 @description('PAYMENTS_HUB_NAME')
 param paymentsHubName string = 'payments'
 
@@ -114,7 +117,7 @@ param paymentsMaxAttempts int = 3
 @minValue(1)
 param paymentsMaxConcurrency int = 16
 
-@description('OUTBOX_DUPLICATE_DETECTION_SECONDS: duplicate-detection window of the outbox destinations (the notifications topic). The app refuses to start when it is shorter than the redelivery window (lock x deliveries + margin): a re-dispatch inside it is dropped by the broker.')
+@description('OUTBOX_DUPLICATE_DETECTION_SECONDS: duplicate-detection window of the outbox destinations (the notifications topic, the balance-changes queue). The app refuses to start when it is shorter than the redelivery window (lock x deliveries + margin): a re-dispatch inside it is dropped by the broker.')
 @minValue(20)
 @maxValue(604800)
 param outboxDuplicateDetectionSeconds int = 172800
@@ -266,6 +269,7 @@ module serviceBus 'core/servicebus.bicep' = {
     notificationsTopicName: notificationsTopicName
     notifySubscriptionName: notifySubscriptionName
     auditSubscriptionName: auditSubscriptionName
+    balanceChangesQueueName: balanceChangesQueueName
     lockDurationSeconds: serviceBusLockDurationSeconds
     maxDeliveryCount: serviceBusMaxDeliveryCount
     duplicateDetectionHistoryTimeWindow: duplicateDetectionHistoryTimeWindow
@@ -319,6 +323,7 @@ module alerts 'core/alerts.bicep' = {
       ordersQueueName
       orderStatusQueueName
       notificationsTopicName
+      balanceChangesQueueName
     ]
     alertEmailAddress: alertEmailAddress
     outboxPendingAlertSeconds: outboxPendingAlertSeconds
@@ -348,6 +353,7 @@ var appSettings = {
   NOTIFICATIONS_TOPIC_NAME: notificationsTopicName
   NOTIFY_SUBSCRIPTION_NAME: notifySubscriptionName
   AUDIT_SUBSCRIPTION_NAME: auditSubscriptionName
+  BALANCE_CHANGES_QUEUE: balanceChangesQueueName
   PAYMENTS_HUB_NAME: paymentsHubName
   PAYMENTS_CONSUMER_GROUP: paymentsConsumerGroupName
   DEDUP_BACKEND: dedupBackend

@@ -548,7 +548,7 @@ class ReplayTool:
             event = parse_cloudevent(entry.payload.encode("utf-8"), context.get("properties") or {},
                                      context.get("content_type"))
             key = DedupKey.from_cloudevent(PAYMENTS, event.source, event.id)
-            return payment_from(key, event.type, event.data)
+            return payment_from(key, event.type, event.data, event_id=event.id)
         except InvalidEventError as error:
             return f"still invalid: {error.reason}: {error.detail}"
         except InvalidKeyError as error:

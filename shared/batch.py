@@ -11,6 +11,17 @@ Retry-After; park what can never succeed (a key reused for other content, an
 event the build refuses or trips on); and advance the mark once every group
 committed or was parked.
 
+The outbox (`tx.send` in the build): the groups' transactions commit their
+messages on a marker with the event's position; once every group committed,
+the batch dispatches them all (one `Dispatch`), and only then advances the
+mark. The mark covering a marker's position is the record of its dispatch:
+no store request per group. A duplicate above the mark whose marker holds
+messages the mark does not cover (a retried batch, a replay after a crash
+between commit and dispatch) dispatches them again before the mark moves; a
+copy of an event the mark covers sends nothing. A dispatch failure is
+transient: the batch raises and the mark stays. `apply` (one event: an HTTP
+request, a replayed entry) dispatches and records per commit instead.
+
 Transient is never poison: an outage, throttling or lost races never park a
 valid event. When a group still fails after its tries, the batch raises once
 every group finished, so the host's retry policy runs it again before the
@@ -38,9 +49,11 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from shared.exceptions import ConcurrencyRetriesExhaustedError, retry_after
-from shared.flow import Async, Flow, Gather, OnStore, Sleep, Sync, flowmethod
+from shared.flow import Async, Dispatch, Flow, Gather, OnStore, Sleep, Sync, flowmethod
 from shared.idempotency import AsyncIdempotency, BaseIdempotency, GroupMessage, Idempotency
 from shared.keys import DedupKey
+from shared.observability import CORRELATION_ID_HEADER
+from shared.outbox import EventPosition, OutgoingMessage
 from shared.parking import AsyncParkingLot, BaseParkingLot, ParkingLot
 from shared.payload import InvalidPayloadError
 from shared.records import Outcome, OutcomeStatus
@@ -87,6 +100,7 @@ class BatchReport:
     parked: dict[str, int] = field(default_factory=dict[str, int])
     watermark: int | None = None
     groups: int = 0  # groups committed (one or more transactions each)
+    dispatched: int = 0  # outgoing messages sent before the mark moved (re-sends included)
 
     def park(self, reason: str) -> None:
         self.parked[reason] = self.parked.get(reason, 0) + 1
@@ -98,6 +112,7 @@ class _Parsed[E, I]:
     item: I
     key: DedupKey
     request_hash: str
+    position: EventPosition
 
 
 class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency,
@@ -143,9 +158,10 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency,
     def process_batch(self, events: Sequence[E], partition_id: str) -> Flow[BatchReport]:
         """Apply a batch from one partition: one group per partition key, groups concurrently.
 
-        The mark moves only after every group committed or was parked. When a group failed
+        The mark moves only after every group committed or was parked and the messages their
+        markers hold, and the mark does not cover yet, were dispatched. When a group failed
         for a transient reason, the batch raises once every group has finished (after
-        waiting out a Retry-After) so the host retries it.
+        waiting out a Retry-After) so the host retries it; a failed dispatch raises too.
         """
         report = BatchReport()
         watermark = self.watermark
@@ -167,6 +183,7 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency,
             tuple(self._group_flow(group, partition_id) for group in groups),
             limit=self.max_concurrency)
         failure: Exception | None = None
+        holding: list[_Held] = []  # what the markers of the outcomes hold, with their positions
         for group, outcomes in zip(groups, results, strict=True):
             if isinstance(outcomes, Exception):
                 failure = failure or outcomes
@@ -175,11 +192,17 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency,
                 park = self._count(parsed, outcome, report)
                 if park is not None:
                     yield from self._park(parsed.event, partition_id, *park, report)
+                elif isinstance(outcome, Outcome) and (held := _held(outcome)) is not None:
+                    holding.append(held)
         if failure is not None:
             delay = retry_after(failure)
             if delay:
                 yield Sleep(min(delay, self.max_retry_after))
             raise failure
+        pending = yield from self._not_covered(holding, partition_id, mark)
+        if pending:
+            yield from self._dispatch(pending)
+            report.dispatched = len(pending)
         if fresh:
             newest = fresh[-1]
             report.watermark = yield OnStore(watermark.store, watermark.advance.flow(
@@ -203,10 +226,52 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency,
             telemetry.mark_lagging(self.ledger.config.clock() - max(times).timestamp(),
                                    consumer=self.consumer, partition_id=partition_id)
 
+    def _not_covered(self, holding: Sequence[_Held], partition_id: str, mark: Mark | None
+                     ) -> Flow[list[OutgoingMessage]]:
+        """The messages held on markers whose positions the marks do not cover, each id once.
+
+        A marker just committed holds this batch's event: never covered. A duplicate's may
+        hold another partition's event (a producer's copy sent to another partition): that
+        partition's mark decides, read for it. A position of another hub is never covered
+        (sent again: the ids make that harmless).
+        """
+        pending: dict[str, OutgoingMessage] = {}
+        marks: dict[str, Mark | None] = {partition_id: mark}
+        watermark = self.watermark
+        for position, messages in holding:
+            covered = False
+            if position.event_hub == self.event_hub:
+                if position.partition_id not in marks:
+                    marks[position.partition_id] = yield OnStore(
+                        watermark.store, watermark.read.flow(position.partition_id))
+                other = marks[position.partition_id]
+                covered = other is not None and other.covers(position.sequence_number,
+                                                             position.enqueued_time)
+            if not covered:
+                for message in messages:
+                    pending.setdefault(message.message_id, message)
+        return list(pending.values())
+
+    def _dispatch(self, messages: list[OutgoingMessage]) -> Flow[None]:
+        """Send the batch's pending messages in one dispatch; a failure raises (transient:
+        the host's retry runs the batch again, the mark stays where it is)."""
+        dispatcher = self.ledger.dispatcher
+        if dispatcher is None:
+            raise TypeError(f"{len(messages)} message(s) to dispatch but the processor's "
+                            "Idempotency has no dispatcher")
+        telemetry = self.ledger.telemetry
+        try:
+            yield Dispatch(dispatcher, tuple(messages))
+        except Exception as error:
+            telemetry.dispatch_failed(len(messages), consumer=self.consumer, error=error)
+            raise
+        telemetry.dispatched(len(messages), consumer=self.consumer)
+
     @flowmethod
     def apply(self, item: I, context: Mapping[str, Any] | None = None) -> Flow[Outcome]:
         """One item on its own: its marker and writes in one transaction (the single-event
-        entry point: an HTTP request, a replayed entry)."""
+        entry point: an HTTP request, a replayed entry). What its build sends is dispatched
+        and recorded as dispatched before this returns (no partition mark records it)."""
         key, request_hash = self.identify(item)
         outcomes = yield from self._commit([GroupMessage(key, request_hash, context)], [item])
         return outcomes[0]
@@ -238,7 +303,10 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency,
                                  extra=self._context(event, partition_id))
                 invalid.append((event, "UnexpectedError", repr(error)))
                 continue
-            by_group.setdefault(group, []).append(_Parsed(event, item, key, request_hash))
+            position = EventPosition(self.event_hub, partition_id, event.sequence_number,
+                                     _time_text(event.enqueued_time))
+            by_group.setdefault(group, []).append(_Parsed(event, item, key, request_hash,
+                                                          position))
         return list(by_group.values()), invalid
 
     def _group_flow(self, group: list[_Parsed[E, I]], partition_id: str
@@ -263,8 +331,8 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency,
         items = [p.item for p in group]
         try:
             results: list[Outcome | Exception] = list((yield from self._commit(
-                [GroupMessage(p.key, p.request_hash, c) for p, c in zip(group, contexts, strict=True)],
-                items)))
+                [GroupMessage(p.key, p.request_hash, c, p.position)
+                 for p, c in zip(group, contexts, strict=True)], items)))
         except TRANSIENT_ERRORS:
             raise
         except Exception:  # not the store's availability: find the event it is about
@@ -273,7 +341,9 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency,
             results = []
             for parsed, context in zip(group, contexts, strict=True):
                 try:
-                    results.append((yield from self.apply.flow(parsed.item, context)))
+                    outcomes = yield from self._commit([GroupMessage(
+                        parsed.key, parsed.request_hash, context, parsed.position)], [parsed.item])
+                    results.append(outcomes[0])
                 except TRANSIENT_ERRORS:
                     raise
                 except Exception as error:  # refused or a bug for this event: park it, go on
@@ -302,17 +372,22 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency,
         return None
 
     def _context(self, event: E, partition_id: str) -> dict[str, Any]:
-        return {"partition_id": partition_id, "sequence_number": event.sequence_number,
-                "event_hub": self.event_hub}
+        """The event's log context; with its correlation id when the producer set one (the
+        `X-Correlation-Id` application property): the messages its group sends carry it on."""
+        context: dict[str, Any] = {"partition_id": partition_id,
+                                   "sequence_number": event.sequence_number,
+                                   "event_hub": self.event_hub}
+        correlation_id = event.properties.get(CORRELATION_ID_HEADER)
+        if correlation_id:
+            context["correlation_id"] = str(correlation_id)
+        return context
 
     def _park(self, event: E, partition_id: str, reason: str, detail: str,
               report: BatchReport) -> Flow[None]:
         """Durably park; if even that fails, raise so the host's retry policy re-runs the batch."""
         parking = self.parking
         entry_id = f"{self.event_hub}/{partition_id}/{event.sequence_number}"
-        enqueued = event.enqueued_time
-        identity = None if enqueued is None else (
-            enqueued.isoformat() if isinstance(enqueued, datetime) else str(enqueued))
+        identity = _time_text(event.enqueued_time)
         # The sequence number alone does not identify an event across a hub's lifetime (it
         # restarts when the hub is recreated or fails over): the enqueued time keeps a new
         # incarnation's parked event from replacing an old one's.
@@ -323,6 +398,26 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency,
                 "offset": event.offset, "enqueued_time": identity,
                 "properties": {str(k): str(v) for k, v in event.properties.items()}}))
         report.park(reason)
+
+
+def _time_text(enqueued: datetime | str | None) -> str | None:
+    """An enqueued time as text (as the trigger sends it), to store."""
+    return None if enqueued is None else (
+        enqueued.isoformat() if isinstance(enqueued, datetime) else str(enqueued))
+
+
+type _Held = tuple[EventPosition, tuple[OutgoingMessage, ...]]
+
+
+def _held(outcome: Outcome) -> _Held | None:
+    """The messages the outcome's marker holds for a partition mark to record (a batch's
+    marker: with its event's position); None when there are none (or they are the ledger's
+    to record: no position)."""
+    record = outcome.record
+    if (outcome.status is OutcomeStatus.CONFLICT or record is None or not record.outbox
+            or record.outbox_position is None):
+        return None
+    return record.outbox_position, record.outbox
 
 
 class PartitionBatchProcessor[E: BatchEvent, I](

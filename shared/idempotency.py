@@ -13,7 +13,9 @@ etag (`RecordDispatched`); only then does the flow return, so the caller
 acknowledges the incoming message after the messages are out. A copy that finds
 the marker still carrying messages dispatches them before it is acknowledged
 (the marker read it makes anyway says so); a dispatch failure raises, leaving
-them pending for the next copy or the sweeper (`dispatch_pending`).
+them pending for the next copy or the sweeper (`dispatch_pending`). A group
+commit of Event Hubs events (`GroupMessage.position`) leaves its messages to
+the caller instead: their partition's mark records the dispatch (`shared.batch`).
 
 Each method is written once, as a flow (`shared.flow`): `Idempotency` runs it
 on a sync store, `shared.aio.Idempotency` awaits it on an async one.
@@ -65,6 +67,7 @@ from shared.flow import (
 )
 from shared.keys import DedupKey, same_request
 from shared.keys import request_hash as hash_request
+from shared.outbox import EventPosition
 from shared.records import IdempotencyRecord, Outcome, OutcomeStatus, RecordState, encode_result
 from shared.stores.base import MAX_TRANSACTION_OPERATIONS, RACE_STATUSES
 from shared.telemetry import Telemetry
@@ -76,11 +79,18 @@ Context = Mapping[str, Any]
 
 @dataclass(frozen=True)
 class GroupMessage:
-    """One message of a group commit: its key, request hash and log context."""
+    """One message of a group commit: its key, request hash and log context.
+
+    `position`: the Event Hubs event it is, when the caller's partition mark records the
+    dispatch (`shared.batch`): the messages its transaction sends are committed with that
+    position and left for the caller to dispatch, and a duplicate whose marker carries such
+    messages is returned as found (the caller judges them against its mark).
+    """
 
     key: DedupKey
     request_hash: str
     context: Context | None = None
+    position: EventPosition | None = None
 
 
 def identify(key: Callable[..., DedupKey], payload: Callable[..., Any] | None,
@@ -418,7 +428,10 @@ class BaseIdempotency:
 
         Messages `build` sends go on the first marker of their transaction (their ids derive
         from its key) and are dispatched and recorded after that transaction commits; a
-        duplicate whose marker still carries messages dispatches them.
+        duplicate whose marker still carries messages dispatches them. When that first
+        message has a `position`, they are committed with it and neither dispatched nor
+        recorded here: the caller dispatches them before its mark covers the position (so
+        is a duplicate's marker holding such messages, returned with them).
         """
         started = time.perf_counter()
         decided: dict[int, tuple[Outcome, str]] = {}  # message index -> (outcome, source)
@@ -448,7 +461,10 @@ class BaseIdempotency:
                                          partition=partition, over=expired.get(i)
                                          ).evolve(result=result)
                             for i, result in zip(chunk, results, strict=True))
-            markers = (markers[0].evolve(outbox=tuple(writes.outgoing)), *markers[1:])
+            position = messages[chunk[0]].position
+            markers = (markers[0].evolve(outbox=tuple(writes.outgoing),
+                                         outbox_position=position if writes.outgoing else None),
+                       *markers[1:])
             try:
                 committed: Committed = yield CommitGroup(markers, writes)
             except (RecordExistsError, RecordChangedError) as error:
@@ -461,7 +477,10 @@ class BaseIdempotency:
                     lost_race(index)
                     continue
                 if isinstance(found, Outcome):
-                    decided[index] = ((yield from self._settled(found)), "store")
+                    deferred = (messages[index].position is not None and found.record is not None
+                                and found.record.outbox_position is not None)
+                    decided[index] = (found if deferred else (yield from self._settled(found)),
+                                      "store")
                     todo.remove(index)
                 else:
                     expired[index] = found
@@ -473,7 +492,9 @@ class BaseIdempotency:
                 reads.lost_race()  # a business document changed since it was read
                 lost_race(-1)
                 continue
-            first = yield from self.dispatch_pending.flow(committed.markers[0])
+            first = committed.markers[0]
+            if position is None:
+                first = yield from self.dispatch_pending.flow(first)
             for index, marker, result in zip(chunk, (first, *committed.markers[1:]), results,
                                              strict=True):
                 decided[index] = (Outcome(OutcomeStatus.PROCESSED, marker.key, marker.request_hash,

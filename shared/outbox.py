@@ -18,6 +18,11 @@ a store or a broker:
   at most 32 Ki UTF-16 characters; Cosmos keeps them as JSON strings), to be
   written on the marker itself, so a duplicate's marker read already says
   whether anything is still pending.
+* `EventPosition`: where the Event Hubs event sits whose commit recorded the
+  messages. An Event Hubs batch records no dispatch per marker: its
+  partition's high-water mark moves only after the batch's messages went out,
+  so a marker's messages are pending exactly while the mark does not cover
+  its position (no `outboxPendingSince`: the sweeper never sees them).
 
 Sizes are checked when a message is recorded, never at dispatch: a body over
 `MAX_BODY_BYTES` or a key's messages over `MAX_PENDING_BYTES` raise
@@ -55,6 +60,9 @@ PENDING_COUNT = "outboxChunks"
 # When the messages became pending (epoch seconds); present only while some are: the
 # sweeper's query (an indexed path on Cosmos DB) finds pending markers by it.
 PENDING_SINCE = "outboxPendingSince"
+# Instead of PENDING_SINCE on a marker of an Event Hubs batch: the position of its event; its
+# messages are pending while the partition's mark does not cover it.
+POSITION = "outboxPosition"
 _PENDING_CHUNK = "outbox{}"
 
 # Fixed namespace of the ids derived here (uuid5 of key, destination, ordinal).
@@ -97,6 +105,35 @@ class OutgoingMessage:
         if self.scheduled_enqueue_time is not None and self.scheduled_enqueue_time.tzinfo is None:
             raise ValueError("scheduled_enqueue_time must be timezone-aware")
         object.__setattr__(self, "properties", MappingProxyType(dict(self.properties)))
+
+
+@dataclass(frozen=True, slots=True)
+class EventPosition:
+    """An event's place in its hub: `event_hub`, `partition_id`, `sequence_number` and
+    `enqueued_time` (ISO text as the trigger gives it; None when it gave none).
+
+    Kept on a marker of an Event Hubs batch next to its messages. The partition's mark
+    covering this position (`shared.watermark.Mark.covers`) is the record that they were
+    dispatched: the batch processor moves the mark only after dispatching them.
+    """
+
+    event_hub: str
+    partition_id: str
+    sequence_number: int
+    enqueued_time: str | None = None
+
+    def encode(self) -> str:
+        return json.dumps([self.event_hub, self.partition_id, self.sequence_number,
+                           self.enqueued_time], ensure_ascii=True, separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, text: object) -> EventPosition | None:
+        """The position `encode` wrote; None for an empty or absent value (cleared)."""
+        if not text:
+            return None
+        hub, partition, sequence, enqueued = json.loads(str(text))
+        return cls(str(hub), str(partition), int(sequence),
+                   None if enqueued is None else str(enqueued))
 
 
 def outgoing_message_id(key: DedupKey, destination: str, ordinal: int) -> str:
@@ -200,10 +237,11 @@ def cleared_pending(fields: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def pending_field_names(fields: Mapping[str, Any]) -> list[str]:
-    """The names of the pending-message properties `fields` holds (chunks and the time)."""
+    """The names of the pending-message properties `fields` holds (chunks, and the time or
+    the event position)."""
     count = int(fields.get(PENDING_COUNT) or 0)
     names = [_PENDING_CHUNK.format(n) for n in range(count)]
-    return [*names, PENDING_SINCE] if PENDING_SINCE in fields else names
+    return [*names, *(name for name in (PENDING_SINCE, POSITION) if name in fields)]
 
 
 def pending_chunk_names(count: int) -> list[str]:
@@ -231,7 +269,9 @@ __all__ = [
     "MAX_PENDING_BYTES",
     "PENDING_COUNT",
     "PENDING_SINCE",
+    "POSITION",
     "TABLE_CHUNK_CHARS",
+    "EventPosition",
     "OutgoingMessage",
     "check_pending_size",
     "cleared_pending",

@@ -9,7 +9,7 @@ from typing import Any
 
 from shared.exceptions import ResultTooLargeError
 from shared.keys import DedupKey
-from shared.outbox import OutgoingMessage
+from shared.outbox import EventPosition, OutgoingMessage
 
 
 class RecordState(enum.StrEnum):
@@ -49,6 +49,10 @@ class IdempotencyRecord:
     # Messages the committed effect sends, not yet recorded as dispatched: they travel on the
     # marker, so whoever reads it (a duplicate, the sweeper) knows what is still to send.
     outbox: tuple[OutgoingMessage, ...] = ()
+    # Set on a marker of an Event Hubs batch: its event's position. Its messages are then
+    # pending while the partition's mark does not cover it (the mark records the dispatch);
+    # None: pending until recorded as dispatched (`outboxPendingSince`, the sweeper's).
+    outbox_position: EventPosition | None = None
 
     def __post_init__(self) -> None:
         # request_hash() answers a str subclass that can also judge a previous-form hash; a

@@ -139,6 +139,7 @@ def app_settings(config: ScenarioConfig, endpoints: Endpoints) -> dict[str, str]
         "NOTIFICATIONS_TOPIC_NAME": "notifications",
         "NOTIFY_SUBSCRIPTION_NAME": "notify",
         "AUDIT_SUBSCRIPTION_NAME": "audit",
+        "BALANCE_CHANGES_QUEUE": "",  # payments publishes nothing: the simulated hop comes later
         "PAYMENTS_HUB_NAME": f"payments-{run}",
         "PAYMENTS_CONSUMER_GROUP": "payments-processor",
         "SERVICEBUS_LOCK_DURATION_SECONDS": str(config.lock_duration),

@@ -4,6 +4,8 @@
 //  * `order-status` queue: status events carrying a version, applied as idempotent upserts.
 //  * `notifications` topic with the `notify` and `audit` subscriptions (two independent
 //    consumers, each tracking completion on its own).
+//  * `balance-changes` queue: payments publishes BalanceChanged there through its outbox;
+//    balance_projection reads it (the second hop).
 // Every entity shares the same lock duration and max delivery count, because the app's dedup
 // retention (DEDUP_TTL_SECONDS) is derived from exactly these two values.
 // Local (SAS) auth is disabled; the app receives with its managed identity. Role assignments are
@@ -33,6 +35,9 @@ param notifySubscriptionName string
 
 @description('Subscription of the audit consumer.')
 param auditSubscriptionName string
+
+@description('Queue carrying BalanceChanged (payments publishes, balance_projection reads).')
+param balanceChangesQueueName string
 
 @description('Peek-lock duration in seconds (Service Bus allows 5..300). The same value feeds SERVICEBUS_LOCK_DURATION_SECONDS.')
 @minValue(5)
@@ -120,6 +125,48 @@ resource orderStatusQueue 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = 
   }
 }
 
+// An outbox destination: payments publishes BalanceChanged here after each account's commit,
+// and re-sends (same MessageId) while a batch is retried or replayed; the window is the
+// outbox's, like the topic's. balance_projection reads it: the delivery settings of a trigger
+// entity.
+resource balanceChangesQueue 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = {
+  parent: namespace
+  name: balanceChangesQueueName
+  properties: {
+    requiresDuplicateDetection: true
+    duplicateDetectionHistoryTimeWindow: 'PT${outboxDuplicateDetectionSeconds}S'
+    lockDuration: lockDuration
+    maxDeliveryCount: maxDeliveryCount
+    deadLetteringOnMessageExpiration: true
+    defaultMessageTimeToLive: defaultMessageTimeToLive
+    requiresSession: false
+    enablePartitioning: false
+  }
+}
+
+// Data Sender (payments' outbox) and Data Owner (balance_projection's trigger: the Manage claim
+// target-based scaling needs, see below) on this queue alone. The sender grant states the
+// outbox rule on its own: it holds if the consumer moves to another app.
+resource appBalanceChangesDataSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(balanceChangesQueue.id, appPrincipalId, roles.serviceBusDataSender)
+  scope: balanceChangesQueue
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataSender)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource appBalanceChangesDataOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(balanceChangesQueue.id, appPrincipalId, roles.serviceBusDataOwner)
+  scope: balanceChangesQueue
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataOwner)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
 // The outbox destination: orders publishes OrderAccepted here after its commit, and re-sends
 // (same MessageId) while its redeliveries can come; the window covers that horizon.
 resource notificationsTopic 'Microsoft.ServiceBus/namespaces/topics@2024-01-01' = {
@@ -168,9 +215,9 @@ resource auditSubscription 'Microsoft.ServiceBus/namespaces/topics/subscriptions
 // back to incremental scaling (one instance at a time, guessed from the first message's age).
 // The only built-in role carrying Manage is Azure Service Bus Data Owner, and a custom role would
 // not be narrower (the Manage claim itself allows entity management). So: Data Owner, scoped to
-// exactly the four entities the triggers read; no role on the namespace or any other entity.
-// Data Sender only on the outbox destination (the notifications topic: orders publishes there
-// through its outbox), see infra/README.md, "Role assignments".
+// exactly the five entities the triggers read; no role on the namespace or any other entity.
+// Data Sender only on the outbox destinations (the notifications topic: orders publishes there;
+// the balance-changes queue, above: payments does), see infra/README.md, "Role assignments".
 resource appNotificationsDataSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   name: guid(notificationsTopic.id, appPrincipalId, roles.serviceBusDataSender)
   scope: notificationsTopic
@@ -250,3 +297,4 @@ output fullyQualifiedNamespace string = '${namespace.name}.servicebus.windows.ne
 output ordersQueueName string = ordersQueue.name
 output orderStatusQueueName string = orderStatusQueue.name
 output notificationsTopicName string = notificationsTopic.name
+output balanceChangesQueueName string = balanceChangesQueue.name

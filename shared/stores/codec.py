@@ -11,17 +11,27 @@ import json
 from typing import Any
 
 from shared.keys import DedupKey
-from shared.outbox import PENDING_COUNT, PENDING_SINCE, TABLE_CHUNK_CHARS, decode_pending, encode_pending
+from shared.outbox import (
+    PENDING_COUNT,
+    PENDING_SINCE,
+    POSITION,
+    TABLE_CHUNK_CHARS,
+    EventPosition,
+    decode_pending,
+    encode_pending,
+)
 from shared.records import IdempotencyRecord, RecordState
 
 RESERVED = ("idemConsumer", "idemKey", "idemState", "idemRequestHash", "idemResult",
             "idemCreatedAt", "idemUpdatedAt", "idemExpiresAt", "idemLeaseExpiresAt",
-            "idemAttempts", PENDING_COUNT, PENDING_SINCE)
+            "idemAttempts", PENDING_COUNT, PENDING_SINCE, POSITION)
 
 
 def record_fields(record: IdempotencyRecord, *, chunk_chars: int = TABLE_CHUNK_CHARS) -> dict[str, Any]:
     """The record's properties; its pending outgoing messages (if any) as chunked strings of at
-    most `chunk_chars` characters and the time they became pending (what the sweeper queries)."""
+    most `chunk_chars` characters, with the time they became pending (what the sweeper
+    queries) or, on a marker of an Event Hubs batch, its event's position instead (pending
+    while the partition's mark does not cover it: never the sweeper's)."""
     fields: dict[str, Any] = {
         "idemConsumer": record.key.consumer,
         "idemKey": record.key.key,
@@ -38,7 +48,10 @@ def record_fields(record: IdempotencyRecord, *, chunk_chars: int = TABLE_CHUNK_C
         fields["idemLeaseExpiresAt"] = float(record.lease_expires_at)
     if record.outbox:
         fields.update(encode_pending(record.outbox, chunk_chars=chunk_chars))
-        fields[PENDING_SINCE] = float(record.updated_at)
+        if record.outbox_position is None:
+            fields[PENDING_SINCE] = float(record.updated_at)
+        else:
+            fields[POSITION] = record.outbox_position.encode()
     return fields
 
 
@@ -49,7 +62,7 @@ def pending_names(record: IdempotencyRecord, *, chunk_chars: int = TABLE_CHUNK_C
         return []
     chunks = [name for name in encode_pending(record.outbox, chunk_chars=chunk_chars)
               if name != PENDING_COUNT]
-    return [*chunks, PENDING_SINCE]
+    return [*chunks, PENDING_SINCE if record.outbox_position is None else POSITION]
 
 
 def is_record(properties: dict[str, Any]) -> bool:
@@ -74,7 +87,8 @@ def record_from_fields(properties: dict[str, Any], *, record_id: str, partition:
         partition=None if partition == key.encoded else partition,
         record_id=None if record_id == key.encoded else record_id,
         etag=etag,
-        outbox=tuple(decode_pending(properties)),
+        outbox=(outbox := tuple(decode_pending(properties))),
+        outbox_position=EventPosition.decode(properties.get(POSITION)) if outbox else None,
     )
 
 

@@ -15,7 +15,7 @@ def trigger(name: str) -> dict:
 
 def test_every_function_is_registered():
     assert set(bindings()) == {"orders", "order_status", "notify", "audit", "payments",
-                               "http_payments", "maintenance"}
+                               "balance_projection", "http_payments", "maintenance"}
 
 
 def test_service_bus_triggers_settle_explicitly_on_named_entities():
@@ -26,6 +26,7 @@ def test_service_bus_triggers_settle_explicitly_on_named_entities():
                    "subscriptionName": "%NOTIFY_SUBSCRIPTION_NAME%"},
         "audit": {"topicName": "%NOTIFICATIONS_TOPIC_NAME%",
                   "subscriptionName": "%AUDIT_SUBSCRIPTION_NAME%"},
+        "balance_projection": {"queueName": "%BALANCE_CHANGES_QUEUE%"},
     }
     for name, names in expected.items():
         binding = trigger(name)

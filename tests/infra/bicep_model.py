@@ -29,6 +29,7 @@ ENTITY_SETTINGS = {
     "NOTIFICATIONS_TOPIC_NAME": "notifications",
     "NOTIFY_SUBSCRIPTION_NAME": "notify",
     "AUDIT_SUBSCRIPTION_NAME": "audit",
+    "BALANCE_CHANGES_QUEUE": "balance-changes",
     "PAYMENTS_HUB_NAME": "payments",
     "PAYMENTS_CONSUMER_GROUP": "payments-processor",
 }

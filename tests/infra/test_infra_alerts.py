@@ -327,7 +327,8 @@ def test_dead_letter_metric_alert_covers_queues_and_topic():
     scope = scope_of("resources.bicep")
     entities = evaluate(module_params("resources.bicep", "alerts")["deadLetterEntityNames"], scope)
     assert set(entities) == {ENTITY_SETTINGS["ORDERS_QUEUE_NAME"], ENTITY_SETTINGS["ORDER_STATUS_QUEUE_NAME"],
-                             ENTITY_SETTINGS["NOTIFICATIONS_TOPIC_NAME"]}
+                             ENTITY_SETTINGS["NOTIFICATIONS_TOPIC_NAME"],
+                             ENTITY_SETTINGS["BALANCE_CHANGES_QUEUE"]}
     assert alert["properties"]["scopes"] == ["serviceBusNamespaceId"]
 
 

@@ -179,7 +179,8 @@ def test_triggers_read_the_granted_entities(code):
     """Each broker trigger names its entity through the contract settings (granted in infra/)."""
     _, bindings = code
     allowed = {
-        "serviceBusTrigger": {"queueName": {"ORDERS_QUEUE_NAME", "ORDER_STATUS_QUEUE_NAME"},
+        "serviceBusTrigger": {"queueName": {"ORDERS_QUEUE_NAME", "ORDER_STATUS_QUEUE_NAME",
+                                            "BALANCE_CHANGES_QUEUE"},
                               "topicName": {"NOTIFICATIONS_TOPIC_NAME"},
                               "subscriptionName": {"NOTIFY_SUBSCRIPTION_NAME", "AUDIT_SUBSCRIPTION_NAME"}},
         "eventHubTrigger": {"eventHubName": {"PAYMENTS_HUB_NAME"},

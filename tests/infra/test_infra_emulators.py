@@ -46,7 +46,8 @@ def test_service_bus_emulator_declares_the_contract_entities():
     namespace = _sb()
     assert namespace["Name"] == "sbemulatorns", "the emulator accepts this namespace name only"
     queues = {q["Name"] for q in namespace["Queues"]}
-    assert queues == {ENTITY_SETTINGS["ORDERS_QUEUE_NAME"], ENTITY_SETTINGS["ORDER_STATUS_QUEUE_NAME"]}
+    assert queues == {ENTITY_SETTINGS["ORDERS_QUEUE_NAME"], ENTITY_SETTINGS["ORDER_STATUS_QUEUE_NAME"],
+                      ENTITY_SETTINGS["BALANCE_CHANGES_QUEUE"]}
     (topic,) = namespace["Topics"]
     assert topic["Name"] == ENTITY_SETTINGS["NOTIFICATIONS_TOPIC_NAME"]
     assert {s["Name"] for s in topic["Subscriptions"]} == {

@@ -53,13 +53,13 @@ def test_every_disabled_switch_names_a_real_function():
     assert names, "no AzureWebJobs.<function>.Disabled entries"
     assert names <= functions, f"no such function: {sorted(names - functions)}"
     # Every broker-triggered function has its switch (one emulator runs at a time).
-    assert {"orders", "order_status", "notify", "audit", "payments"} <= names
+    assert {"orders", "order_status", "notify", "audit", "payments", "balance_projection"} <= names
 
 
 def test_sample_runs_the_service_bus_profile_as_is():
     sample = _sample()
     assert sample["AzureWebJobs.payments.Disabled"] == "true"
-    for name in ("orders", "order_status", "notify", "audit"):
+    for name in ("orders", "order_status", "notify", "audit", "balance_projection"):
         assert sample[f"AzureWebJobs.{name}.Disabled"] == "false"
 
 

@@ -11,6 +11,7 @@ from tests.infra.bicep_model import (
     ENTITY_SETTINGS,
     TABLES,
     Unresolved,
+    app_settings,
     body,
     evaluate,
     module_params,
@@ -57,7 +58,8 @@ def test_service_bus_entities_have_the_contract_names():
     queues = _named(SB, "Microsoft.ServiceBus/namespaces/queues", scope)
     topics = _named(SB, "Microsoft.ServiceBus/namespaces/topics", scope)
     subs = _named(SB, "Microsoft.ServiceBus/namespaces/topics/subscriptions", scope)
-    assert set(queues) == {ENTITY_SETTINGS["ORDERS_QUEUE_NAME"], ENTITY_SETTINGS["ORDER_STATUS_QUEUE_NAME"]}
+    assert set(queues) == {ENTITY_SETTINGS["ORDERS_QUEUE_NAME"], ENTITY_SETTINGS["ORDER_STATUS_QUEUE_NAME"],
+                           ENTITY_SETTINGS["BALANCE_CHANGES_QUEUE"]}
     assert set(topics) == {ENTITY_SETTINGS["NOTIFICATIONS_TOPIC_NAME"]}
     assert set(subs) == {ENTITY_SETTINGS["NOTIFY_SUBSCRIPTION_NAME"],
                          ENTITY_SETTINGS["AUDIT_SUBSCRIPTION_NAME"]}
@@ -71,6 +73,28 @@ def test_orders_queue_has_parameterized_duplicate_detection():
     assert orders["duplicateDetectionHistoryTimeWindow"] == "duplicateDetectionHistoryTimeWindow"
     assert "duplicateDetectionHistoryTimeWindow" in param_defaults("resources.bicep")
     assert scope["duplicateDetectionHistoryTimeWindow"] == "PT10M"
+
+
+def test_outbox_destinations_detect_duplicates_over_the_outbox_window():
+    """The notifications topic and the balance-changes queue: duplicate detection with the
+    window of OUTBOX_DUPLICATE_DETECTION_SECONDS (the app checks it against the redelivery
+    window at startup), from the one parameter that also sets that app setting."""
+    scope = _sb_scope()
+    destinations = {
+        **_named(SB, "Microsoft.ServiceBus/namespaces/topics", scope),
+        ENTITY_SETTINGS["BALANCE_CHANGES_QUEUE"]: _named(
+            SB, "Microsoft.ServiceBus/namespaces/queues", scope)[ENTITY_SETTINGS["BALANCE_CHANGES_QUEUE"]],
+    }
+    assert set(destinations) == {ENTITY_SETTINGS["NOTIFICATIONS_TOPIC_NAME"],
+                                 ENTITY_SETTINGS["BALANCE_CHANGES_QUEUE"]}
+    for name, entity in destinations.items():
+        props = entity["properties"]
+        assert props["requiresDuplicateDetection"] is True, name
+        assert props["duplicateDetectionHistoryTimeWindow"] == "PT${outboxDuplicateDetectionSeconds}S", name
+    assert module_params("resources.bicep", "serviceBus")["outboxDuplicateDetectionSeconds"] == (
+        "outboxDuplicateDetectionSeconds")
+    assert app_settings()["OUTBOX_DUPLICATE_DETECTION_SECONDS"]["function"]["parameters"][
+        "value_to_convert"] == "outboxDuplicateDetectionSeconds"
 
 
 def test_every_receiving_entity_dead_letters_and_shares_lock_and_delivery_count():

@@ -44,8 +44,11 @@ EXPECTED_APP_ROLES = {
     "core/servicebus.bicep": {
         ("serviceBusDataOwner", "Microsoft.ServiceBus/namespaces/queues"),
         ("serviceBusDataOwner", "Microsoft.ServiceBus/namespaces/topics/subscriptions"),
-        # The outbox destination (orders publishes OrderAccepted there): send, nothing else.
+        # The outbox destinations: send, nothing else (orders publishes OrderAccepted to the
+        # topic; payments publishes BalanceChanged to a queue, which also holds a trigger's
+        # Data Owner above).
         ("serviceBusDataSender", "Microsoft.ServiceBus/namespaces/topics"),
+        ("serviceBusDataSender", "Microsoft.ServiceBus/namespaces/queues"),
     },
     "core/eventhubs.bicep": {
         ("eventHubsDataReceiver", "Microsoft.EventHub/namespaces/eventhubs"),
@@ -69,6 +72,7 @@ RECEIVING_ENTITIES = {
     "ORDER_STATUS_QUEUE_NAME": "serviceBusDataOwner",
     "NOTIFY_SUBSCRIPTION_NAME": "serviceBusDataOwner",
     "AUDIT_SUBSCRIPTION_NAME": "serviceBusDataOwner",
+    "BALANCE_CHANGES_QUEUE": "serviceBusDataOwner",
     "PAYMENTS_HUB_NAME": "eventHubsDataReceiver",
 }
 SERVICE_BUS_TRIGGER_ENTITIES = {s for s, role in RECEIVING_ENTITIES.items() if role == "serviceBusDataOwner"}
@@ -99,12 +103,31 @@ def test_role_assignments_live_next_to_their_resources():
             assert scope["existing"] is False, f"{relative}:{assignment['name']} scopes an existing resource"
 
 
+# The entities the app's outbox publishes to: setting -> who publishes there.
+OUTBOX_DESTINATIONS = {"NOTIFICATIONS_TOPIC_NAME": "orders", "BALANCE_CHANGES_QUEUE": "payments"}
+
+
 def test_app_sends_only_to_the_outbox_destinations():
-    """Data Sender on exactly the entities the outbox publishes to (the notifications topic)."""
-    senders = [a for a in role_assignments("core/servicebus.bicep")
+    """Data Sender on exactly the entities the outbox publishes to (the notifications topic,
+    the balance-changes queue), each the entity its setting names."""
+    senders = {a["scope"] for a in role_assignments("core/servicebus.bicep")
                if a["principal"] == APP_PRINCIPAL
-               and ROLE_NAME.get(a["role"], a["role"]) == "serviceBusDataSender"]
-    assert [a["scope"] for a in senders] == ["notificationsTopic"]
+               and ROLE_NAME.get(a["role"], a["role"]) == "serviceBusDataSender"}
+    assert senders == {entity_resource(setting)[2] for setting in OUTBOX_DESTINATIONS}
+    assert senders == {"notificationsTopic", "balanceChangesQueue"}
+
+
+def test_the_outbox_destinations_are_the_ones_the_app_sends_to():
+    """What the app's dispatcher is told are topics, and the queue payments sends to, are the
+    entities holding the Data Sender role (by their settings)."""
+    from functions.services import _topics
+    from functions.settings import Settings
+
+    settings = Settings.from_env({"TABLE_CONNECTION_STRING": "UseDevelopmentStorage=true",
+                                  "COSMOS_ENDPOINT": "https://localhost:8081/",
+                                  "NOTIFICATION_API_URL": "https://notifications.example/send"})
+    assert set(_topics(settings)) == {settings.notifications_topic}
+    assert settings.balance_changes_queue == "balance-changes"
 
 
 def test_app_identity_never_gets_send_owner_or_management_roles():
@@ -207,7 +230,7 @@ def test_service_bus_data_owner_only_on_the_entities_the_triggers_read():
 
 
 def test_app_holds_no_redundant_receiver_role_next_to_data_owner():
-    """Data Owner on what the triggers read, Data Sender on the outbox destination: no
+    """Data Owner on what the triggers read, Data Sender on the outbox destinations: no
     Data Receiver next to either."""
     for a in role_assignments("core/servicebus.bicep"):
         if a["principal"] == APP_PRINCIPAL:

@@ -81,6 +81,7 @@ def test_entity_settings_and_broker_entities_come_from_the_same_parameters():
     assert settings["NOTIFICATIONS_TOPIC_NAME"] == sb["notificationsTopicName"]
     assert settings["NOTIFY_SUBSCRIPTION_NAME"] == sb["notifySubscriptionName"]
     assert settings["AUDIT_SUBSCRIPTION_NAME"] == sb["auditSubscriptionName"]
+    assert settings["BALANCE_CHANGES_QUEUE"] == sb["balanceChangesQueueName"]
     assert settings["PAYMENTS_HUB_NAME"] == eh["paymentsHubName"]
     assert settings["PAYMENTS_CONSUMER_GROUP"] == eh["paymentsConsumerGroupName"]
 

@@ -113,3 +113,41 @@ def test_async_stores_commit_dispatch_and_record(open_store):  # noqa: F811 - th
     assert again.status is OutcomeStatus.DUPLICATE
     assert after.outbox == ()
     assert len(dispatcher.sent) == 2
+
+
+def test_a_batch_marker_keeps_its_events_position_instead_of_a_pending_time(store):
+    """On an Event Hubs batch's marker the messages ride with the event's position and no
+    `outboxPendingSince`: the sweeper's query never finds it (the partition mark records the
+    dispatch). Recording it dispatched anyway (the replay tool's single-event path) clears
+    both on each server."""
+    from shared.outbox import EventPosition
+
+    dispatcher = InMemoryDispatcher()
+    idempotency = Idempotency(store, dispatcher=dispatcher)
+    keys = [DedupKey("payments", f"ev-{n}") for n in range(2)]
+    position = EventPosition("payments", "3", 41, "2026-03-01T12:00:00+00:00")
+
+    def group_build(tx: Any, indexes: list[int]) -> list[None]:
+        tx.create("balance", {"cents": 100})
+        tx.send("balance-changes", {"account": "A", "cents": 100})
+        return [None] * len(indexes)
+
+    outcomes = idempotency.run_atomic_group(
+        [GroupMessage(keys[0], "h", position=position), GroupMessage(keys[1], "h")], group_build,
+        partition="A")
+    assert [o.status for o in outcomes] == [OutcomeStatus.PROCESSED] * 2
+    assert dispatcher.sent == []  # the caller's to dispatch
+    marker = store.get_record("A", keys[0].encoded)
+    assert marker is not None and marker.outbox_position == position
+    assert [m.message_id for m in marker.outbox] == [outgoing_message_id(keys[0], "balance-changes", 0)]
+    assert list(store.iter_pending(since_before=ALWAYS)) == []
+
+    again = idempotency.run_atomic_group([GroupMessage(keys[0], "h", position=position)],
+                                         group_build, partition="A")
+    assert again[0].status is OutcomeStatus.DUPLICATE and dispatcher.sent == []
+    assert again[0].record is not None and again[0].record.outbox_position == position
+
+    cleared = store.record_dispatched(marker)
+    assert cleared.outbox == ()
+    stored = store.get_record("A", keys[0].encoded)
+    assert stored is not None and stored.outbox == () and stored.outbox_position is None

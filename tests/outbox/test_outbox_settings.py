@@ -41,3 +41,27 @@ def test_the_dispatcher_follows_the_trigger_connection():
     assert isinstance(unconfigured, UnconfiguredDispatcher)
     with pytest.raises(DispatchRejectedError):
         unconfigured.dispatch([])
+
+
+def test_the_async_payments_path_gets_an_async_dispatcher_on_the_same_connection():
+    """`payments` runs on the event loop: its dispatcher is the aio one (sends awaited), on the
+    trigger's connection like the sync one, built and closed with the async stores."""
+    import asyncio
+
+    from functions.services import RealAsyncStores
+    from shared import dispatch_aio
+
+    local = Settings.from_env({**BASE, "ServiceBusConnection": (
+        "Endpoint=sb://localhost;SharedAccessKeyName=k;SharedAccessKey=v;UseDevelopmentEmulator=true;")})
+    stores = RealAsyncStores(local)
+    dispatcher = stores.dispatcher()
+    assert isinstance(dispatcher, dispatch_aio.ServiceBusDispatcher)
+    assert stores.dispatcher() is dispatcher  # one per app
+    asyncio.run(stores.aclose())
+    assert isinstance(RealAsyncStores(Settings.from_env(BASE)).dispatcher(), UnconfiguredDispatcher)
+
+
+def test_balance_changes_go_to_the_named_queue_by_default_and_nowhere_when_it_is_empty():
+    assert Settings.from_env(BASE).balance_changes_queue == "balance-changes"
+    assert Settings.from_env({**BASE, "BALANCE_CHANGES_QUEUE": "bc-2"}).balance_changes_queue == "bc-2"
+    assert Settings.from_env({**BASE, "BALANCE_CHANGES_QUEUE": " "}).balance_changes_queue == ""

@@ -17,9 +17,11 @@ import pytest
 from local_stack.worker import sample_settings
 from tests.support.worker_probe import ROOT, probe
 
-FUNCTIONS = {"orders", "order_status", "notify", "audit", "payments", "http_payments", "maintenance"}
+FUNCTIONS = {"orders", "order_status", "notify", "audit", "payments", "balance_projection",
+             "http_payments", "maintenance"}
 SERVICE_BUS = {"orders": {"queueName": "%ORDERS_QUEUE_NAME%"},
                "order_status": {"queueName": "%ORDER_STATUS_QUEUE_NAME%"},
+               "balance_projection": {"queueName": "%BALANCE_CHANGES_QUEUE%"},
                "notify": {"topicName": "%NOTIFICATIONS_TOPIC_NAME%",
                           "subscriptionName": "%NOTIFY_SUBSCRIPTION_NAME%"},
                "audit": {"topicName": "%NOTIFICATIONS_TOPIC_NAME%",

@@ -10,6 +10,7 @@ and are asserted as it received them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import uuid
@@ -260,6 +261,101 @@ def test_payments_batch_reads_per_event_metadata_and_a_replay_changes_nothing(wo
     replay = worker.invoke_event_hub_batch("payments", batch, partition_id=partition,
                                            retry_count=1, max_retry_count=-1)
     assert replay.ok and balance(services, account) == 500
+
+
+class AsyncRecordingServiceBusClient:
+    """The azure.servicebus.aio client surface the async dispatcher uses; keeps the real
+    `ServiceBusMessage` objects each sender was given, by (kind, entity)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, object]] = []
+
+    def get_topic_sender(self, topic_name: str) -> AsyncRecordingSender:
+        return AsyncRecordingSender(self, "topic", topic_name)
+
+    def get_queue_sender(self, queue_name: str) -> AsyncRecordingSender:
+        return AsyncRecordingSender(self, "queue", queue_name)
+
+    async def close(self) -> None:
+        pass
+
+
+class AsyncRecordingSender:
+    def __init__(self, client: AsyncRecordingServiceBusClient, kind: str, entity: str) -> None:
+        self.client, self.kind, self.entity = client, kind, entity
+
+    async def __aenter__(self) -> AsyncRecordingSender:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        pass
+
+    async def send_messages(self, messages: list) -> None:
+        self.client.sent.extend((self.kind, self.entity, m) for m in messages)
+
+
+@pytest.mark.parametrize("backend", ["cosmos", "table"])
+def test_payments_sends_balance_changed_through_the_async_sender_and_the_projection_applies_it(
+        worker, stack, api, clock, backend):
+    """Both hops through the real worker: `payments` on the real async stores publishes one
+    BalanceChanged per account through the aio Service Bus dispatcher (a real
+    ServiceBusMessage, with its derived id and the propagated key) before the mark moves;
+    `balance_projection`, fed that message as Service Bus delivers it, writes the view once."""
+    from azure.servicebus import ServiceBusMessage
+
+    from shared.dispatch_aio import ServiceBusDispatcher
+    from shared.outbox import outgoing_message_id
+
+    settings = settings_for(stack, backend)
+    client = AsyncRecordingServiceBusClient()
+    services = build_services(settings, stores=real_stores(settings),
+                              async_stores=RealAsyncStores(settings), sender=api, clock=clock,
+                              sleep=lambda _: None,
+                              async_dispatcher=ServiceBusDispatcher.from_client(
+                                  client, topics=[settings.notifications_topic]))
+    scope = contextlib.ExitStack()
+    scope.enter_context(use_services(services))
+    try:
+        account, partition = f"acct-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex[:6]
+        batch = [SentEvent(structured(f"bc{n}", account, 100 * n), n,
+                           properties={"X-Correlation-Id": "corr-eh"}) for n in range(1, 4)]
+        result = worker.invoke_event_hub_batch("payments", batch, partition_id=partition)
+        assert result.ok, result.exception
+        (kind, entity, message), = client.sent
+        assert (kind, entity) == ("queue", settings.balance_changes_queue)
+        assert isinstance(message, ServiceBusMessage)
+        key = DedupKey.from_cloudevent("payments", SOURCE, "bc1")
+        assert message.message_id == outgoing_message_id(key, entity, 0)
+        properties = {str(k): v for k, v in (message.application_properties or {}).items()}
+        assert str(properties["Idempotency-Key"]).startswith(key.encoded)
+        assert properties["X-Correlation-Id"] == "corr-eh" and message.correlation_id == "corr-eh"
+        assert properties["type"] == "BalanceChanged"
+        body = json.loads(b"".join(message.body))
+        assert body == {"type": "BalanceChanged", "accountId": account, "balanceCents": 600,
+                        "version": 3, "eventIds": ["bc1", "bc2", "bc3"]}
+        assert services.payments.watermark.read(partition).sequence_number == 3
+        replay = worker.invoke_event_hub_batch("payments", batch, partition_id=partition,
+                                               retry_count=1, max_retry_count=-1)
+        assert replay.ok and len(client.sent) == 1  # covered by the mark: nothing sent again
+
+        delivered = SentMessage(b"".join(message.body), message_id=message.message_id,
+                                correlation_id=message.correlation_id,
+                                application_properties=properties)
+        recorder = SettlementRecorder()
+        result = worker.invoke_service_bus("balance_projection", delivered, settle=recorder)
+        assert result.ok, result.exception
+        assert recorder.last[0] == "complete"
+        assert services.balance_projection.view(account) == {
+            "accountId": account, "balanceCents": 600, "version": 3, "kind": "balance-view"}
+        again = SettlementRecorder()
+        assert worker.invoke_service_bus("balance_projection", delivered, delivery_count=2,
+                                         settle=again).ok
+        assert again.last[0] == "complete"
+        (action, reason, _), _ = deliver(worker, "balance_projection", b"{broken", "bad-1")
+        assert (action, reason) == ("deadletter", "MalformedJson")
+    finally:
+        scope.close()
+        worker.run(services.aclose())
 
 
 # -- HTTP ----------------------------------------------------------------------------------
