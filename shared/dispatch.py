@@ -22,6 +22,7 @@ pending.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Collection, Sequence
@@ -95,7 +96,13 @@ def translate_service_bus_error(error: BaseException, destination: str) -> Excep
 class ServiceBusSenders:
     """What the sync and the async Service Bus dispatchers share: the client and its senders.
 
-    Subclasses name the SDK client class (`_client_class`); the sends are theirs.
+    A sender is an AMQP link: opening one costs round trips to the broker (attach and,
+    with a token credential, its authorisation), so senders are kept and reused, each by
+    one dispatch at a time (a sender is not safe to share between concurrent sends). A
+    dispatch takes an idle sender of its destination or opens one, and gives it back when
+    its sends succeeded; a sender whose send failed is closed and dropped, since its link
+    may be the broken part. Subclasses name the SDK client class (`_client_class`); the
+    sends are theirs.
     """
 
     def __init__(self, fully_qualified_namespace: str, credential: Any = None, *,
@@ -105,6 +112,8 @@ class ServiceBusSenders:
         if client is None:
             client = self._client_class()(fully_qualified_namespace, credential, **client_options)
         self._client = client
+        # Idle senders by destination (list append/pop are atomic: threads may share them).
+        self._idle: dict[str, list[Any]] = {}
 
     @staticmethod
     def _client_class() -> Any:
@@ -122,10 +131,22 @@ class ServiceBusSenders:
     def from_client(cls, client: Any, *, topics: Collection[str] = ()) -> Self:
         return cls("", topics=topics, client=client)
 
-    def _sender(self, destination: str) -> Any:
+    def _take(self, destination: str) -> Any:
+        """An idle sender of `destination`, or a new one."""
+        with contextlib.suppress(IndexError):
+            return self._idle.get(destination, []).pop()
         if destination in self._topics:
             return self._client.get_topic_sender(topic_name=destination)
         return self._client.get_queue_sender(queue_name=destination)
+
+    def _give_back(self, destination: str, sender: Any) -> None:
+        self._idle.setdefault(destination, []).append(sender)
+
+    def _drain(self) -> list[Any]:
+        """Every idle sender, forgotten (to close them)."""
+        senders = [sender for idle in self._idle.values() for sender in idle]
+        self._idle.clear()
+        return senders
 
 
 class ServiceBusDispatcher(ServiceBusSenders):
@@ -148,13 +169,22 @@ class ServiceBusDispatcher(ServiceBusSenders):
     def dispatch(self, messages: Sequence[OutgoingMessage]) -> None:
         for destination, group in by_destination(messages):
             try:
-                with self._sender(destination) as sender:
+                sender = self._take(destination)
+                try:
                     for send in send_plan(group):
                         sender.send_messages([service_bus_message(m) for m in send])
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        sender.close()
+                    raise
+                self._give_back(destination, sender)
             except Exception as error:
                 raise translate_service_bus_error(error, destination) from error
 
     def close(self) -> None:
+        for sender in self._drain():
+            with contextlib.suppress(Exception):
+                sender.close()
         if self._owned:
             self._client.close()
 

@@ -7,6 +7,7 @@ only the sends are awaited.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
@@ -46,13 +47,22 @@ class ServiceBusDispatcher(ServiceBusSenders):
     async def dispatch(self, messages: Sequence[OutgoingMessage]) -> None:
         for destination, group in by_destination(messages):
             try:
-                async with self._sender(destination) as sender:
+                sender = self._take(destination)
+                try:
                     for send in send_plan(group):
                         await sender.send_messages([service_bus_message(m) for m in send])
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        await sender.close()
+                    raise
+                self._give_back(destination, sender)
             except Exception as error:
                 raise translate_service_bus_error(error, destination) from error
 
     async def close(self) -> None:
+        for sender in self._drain():
+            with contextlib.suppress(Exception):
+                await sender.close()
         if self._owned:
             await self._client.close()
 

@@ -49,6 +49,7 @@ class _BrokerClientBase:
         self.namespace = namespace
         self.fail = fail or []
         self.sends: list[tuple[str, str, list[Any]]] = []  # (kind, entity, ServiceBusMessages)
+        self.opened: list[Sender] = []  # every sender link opened, in order
         self.closed = False
 
     def get_queue_sender(self, queue_name: str) -> Sender:
@@ -64,20 +65,20 @@ class BrokerClient(_BrokerClientBase):
 
 
 class Sender:
+    """A sender link: the client counts the ones opened; `close` is awaited on the aio client."""
+
     def __init__(self, client: _BrokerClientBase, kind: str, entity: str) -> None:
         self.client, self.kind, self.entity = client, kind, entity
+        self.closed = False
+        client.opened.append(self)
 
-    def __enter__(self) -> Sender:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        pass
-
-    async def __aenter__(self) -> Sender:
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        pass
+    def close(self) -> Any:
+        self.closed = True
+        if isinstance(self.client, AsyncBrokerClient):
+            async def closed() -> None:
+                pass
+            return closed()
+        return None
 
     def _send(self, messages: list[Any]) -> None:
         if self.client.fail:
@@ -169,6 +170,33 @@ def test_a_re_dispatch_is_absorbed_by_the_destinations_duplicate_detection(names
     run(dispatcher, messages())  # e.g. the answer was lost and the copy re-sent it
     assert namespace.dropped_duplicates == 3
     assert sum(e.available_count for e in namespace.entities) == 5
+
+
+def close(dispatcher: Any) -> None:
+    result = dispatcher.close()
+    if asyncio.iscoroutine(result):
+        asyncio.run(result)
+
+
+def test_senders_are_reused_and_a_failed_one_is_dropped(namespace, flavour):
+    """A sender link costs round trips to open: dispatches to one destination reuse it; a
+    sender whose send failed is closed and replaced; closing the dispatcher closes the idle."""
+    client = client_for(flavour, namespace, fail=[])
+    dispatcher = service_bus(flavour, client)
+    batch = messages()
+    run(dispatcher, batch)
+    run(dispatcher, batch)
+    opened = len(client.opened)
+    assert opened == len({m.destination for m in batch})  # one per destination, not per call
+    client.fail.append(ConnectionError("link detached"))
+    with pytest.raises(DispatchUnavailableError):
+        run(dispatcher, batch[:1])
+    broken = [sender for sender in client.opened if sender.closed]
+    assert len(broken) == 1 and broken[0].entity == batch[0].destination
+    run(dispatcher, batch[:1])
+    assert len(client.opened) == opened + 1  # the broken link was replaced
+    close(dispatcher)
+    assert all(sender.closed for sender in client.opened)
 
 
 @pytest.mark.parametrize(("error", "kind"), [

@@ -117,6 +117,9 @@ class Sender:
     def __exit__(self, *exc: Any) -> None:
         pass
 
+    def close(self) -> None:
+        pass
+
     def send_messages(self, message: Any) -> None:
         self.client.sent.append(message)
         body = b"".join(message.body)

@@ -89,10 +89,7 @@ class RecordingSender:
     def __init__(self, client: RecordingServiceBusClient, kind: str, entity: str) -> None:
         self.client, self.kind, self.entity = client, kind, entity
 
-    def __enter__(self) -> RecordingSender:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
+    def close(self) -> None:
         pass
 
     def send_messages(self, messages: list) -> None:
@@ -284,10 +281,7 @@ class AsyncRecordingSender:
     def __init__(self, client: AsyncRecordingServiceBusClient, kind: str, entity: str) -> None:
         self.client, self.kind, self.entity = client, kind, entity
 
-    async def __aenter__(self) -> AsyncRecordingSender:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
+    async def close(self) -> None:
         pass
 
     async def send_messages(self, messages: list) -> None:
