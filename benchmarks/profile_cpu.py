@@ -4,8 +4,10 @@
 
 Runs the latency benchmark's scenario (relays, counted clients, the same workload) for one
 variant and one backend under cProfile, then prints self time grouped by package (the SDK's
-request pipeline, the transport, this project's code, json, ...) and the top functions.
-Self times are cProfile's (it inflates call-heavy code); the grouping is what to compare.
+request pipeline, the transport, this project's code, json, ...) and the top functions by
+self and by cumulative time. Only the measured batches are profiled (not the setup, the
+warm-up or the checks). Self times are cProfile's (it inflates call-heavy code); the
+grouping is what to compare.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import pstats
 import time
 import warnings
 from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
 
 from benchmarks import latency
 from benchmarks.harness import Endpoints
@@ -65,9 +69,15 @@ def report(stats: pstats.Stats, events: int, top: int) -> str:
              "profiled)", "", "| Group | Self s | Share | ms/event |", "|---|---|---|---|"]
     for label, seconds in sorted(by_group.items(), key=lambda kv: -kv[1]):
         lines.append(f"| {label} | {seconds:.2f} | {seconds / total:.0%} | {seconds * 1000 / events:.3f} |")
-    lines += ["", "| Self s | Calls | Cum s | Function |", "|---|---|---|---|"]
+    lines += ["", "| Self us/event | Calls/event | Cum us/event | Function |", "|---|---|---|---|"]
     for tottime, calls, cumtime, where in sorted(rows, reverse=True)[:top]:
-        lines.append(f"| {tottime:.3f} | {calls} | {cumtime:.3f} | {where} |")
+        lines.append(f"| {tottime * 1e6 / events:.1f} | {calls / events:.2f} | "
+                     f"{cumtime * 1e6 / events:.1f} | {where} |")
+    lines += ["", "By cumulative time:", "",
+              "| Cum us/event | Self us/event | Calls/event | Function |", "|---|---|---|---|"]
+    for tottime, calls, cumtime, where in sorted(rows, key=lambda r: -r[2])[:top]:
+        lines.append(f"| {cumtime * 1e6 / events:.1f} | {tottime * 1e6 / events:.1f} | "
+                     f"{calls / events:.2f} | {where} |")
     return "\n".join(lines)
 
 
@@ -99,11 +109,21 @@ def main(argv: list[str] | None = None) -> int:
         endpoints = Endpoints(stack.table_connection_string, stack.cosmos_endpoint, COSMOS_LOCAL_KEY,
                               cosmos_verify=False)
         profiler = cProfile.Profile(time.process_time)  # CPU, not wall time spent waiting
-        if not args.no_cprofile:
-            profiler.enable()
+        measure = latency._measure
+
+        def profiled(slot: Any, action: Callable[[], None]) -> tuple[int, int, float, float]:
+            def run() -> None:
+                profiler.enable()
+                try:
+                    action()
+                finally:
+                    profiler.disable()
+            return measure(slot, run)
+
+        if not args.no_cprofile:  # the measured batches only
+            latency._measure = profiled
         run = run_latency(endpoints, sizes, (args.rtt_ms,), backends=(args.backend,),
                           variants=(args.variant,))
-        profiler.disable()
     if args.dump:
         profiler.dump_stats(args.dump)
     result = run.results[0]
@@ -112,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{result.cpu_seconds * 1000 / result.events:.3f} ms CPU/event"
           + ("" if args.no_cprofile else " (under cProfile)"))
     if not args.no_cprofile:
-        # Setup, warm-up and the replay are in the profile too; small next to the batches.
+        # The replay after the restart is in the profile too; small next to the batches.
         print(report(pstats.Stats(profiler), result.events, args.top))
     return 0
 
