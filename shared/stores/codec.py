@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from shared.jsontext import compact_encoder
 from shared.keys import DedupKey
 from shared.outbox import PENDING_COUNT, PENDING_SINCE, TABLE_CHUNK_CHARS, decode_pending, encode_pending
 from shared.records import IdempotencyRecord, RecordState
@@ -17,6 +18,9 @@ from shared.records import IdempotencyRecord, RecordState
 RESERVED = ("idemConsumer", "idemKey", "idemState", "idemRequestHash", "idemResult",
             "idemCreatedAt", "idemUpdatedAt", "idemExpiresAt", "idemLeaseExpiresAt",
             "idemAttempts", PENDING_COUNT, PENDING_SINCE)
+
+
+_result_json = compact_encoder(allow_nan=True)  # json.dumps(separators=(",", ":"), ensure_ascii=False)
 
 
 def record_fields(record: IdempotencyRecord, *, chunk_chars: int = TABLE_CHUNK_CHARS) -> dict[str, Any]:
@@ -27,7 +31,7 @@ def record_fields(record: IdempotencyRecord, *, chunk_chars: int = TABLE_CHUNK_C
         "idemKey": record.key.key,
         "idemState": record.state.value,
         "idemRequestHash": str(record.request_hash),  # plain text, never a RequestHash (Table SDK)
-        "idemResult": json.dumps(record.result, separators=(",", ":"), ensure_ascii=False),
+        "idemResult": _result_json(record.result),
         "idemCreatedAt": float(record.created_at),
         "idemUpdatedAt": float(record.updated_at),
         "idemAttempts": int(record.attempts),
