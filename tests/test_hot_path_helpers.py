@@ -10,13 +10,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared import jsontext
 from shared.jsontext import compact_encoder
 from shared.keys import DedupKey, encode_component
 from shared.records import IdempotencyRecord, RecordState
+from shared.stores.codec import record_fields, record_from_fields
 
 
 def reference_encoding(value: str) -> str:
@@ -79,6 +80,7 @@ ENCODERS = {(c, sort): compact_encoder(sort_keys=sort) if c else python_encoder(
 
 @pytest.mark.parametrize("c_encoder", [True, False], ids=["c-encoder", "python-encoder"])
 @pytest.mark.parametrize("sort_keys", [False, True])
+@settings(deadline=None)  # the first examples build Hypothesis' own caches; slow on a busy machine
 @given(value=JSON_VALUES)
 def test_compact_encoder_writes_what_json_dumps_writes(c_encoder, sort_keys, value):
     assert ENCODERS[c_encoder, sort_keys](value) == json.dumps(
@@ -95,3 +97,12 @@ def test_compact_encoder_refuses_what_json_dumps_refuses():
     cyclic.append(cyclic)
     with pytest.raises(RecursionError):
         compact_encoder()(cyclic)
+
+
+@pytest.mark.parametrize("attempts", [1, 2, 7])
+def test_a_first_attempt_is_not_written_and_reads_back_as_one(attempts):
+    record = RECORD.evolve(attempts=attempts, etag=None)
+    fields = record_fields(record)
+    assert ("idemAttempts" in fields) is (attempts != 1)
+    assert record_from_fields(fields, record_id=record.id, partition=record.partition_key,
+                              etag=None) == record

@@ -34,8 +34,9 @@ def record_fields(record: IdempotencyRecord, *, chunk_chars: int = TABLE_CHUNK_C
         "idemResult": _result_json(record.result),
         "idemCreatedAt": float(record.created_at),
         "idemUpdatedAt": float(record.updated_at),
-        "idemAttempts": int(record.attempts),
     }
+    if record.attempts != 1:  # the first attempt is what an absent count reads as: not written
+        fields["idemAttempts"] = int(record.attempts)
     if record.expires_at is not None:
         fields["idemExpiresAt"] = float(record.expires_at)
     if record.lease_expires_at is not None:
