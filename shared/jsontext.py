@@ -28,14 +28,22 @@ def compact_encoder(*, sort_keys: bool = False, allow_nan: bool = False) -> Call
     TypeError for a value JSON cannot hold, ValueError for NaN or an infinity when
     `allow_nan` is False, RecursionError for a cycle or too deep a value.
     """
-    options = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, sort_keys=sort_keys,
-                               allow_nan=allow_nan, check_circular=False)
+    return json_encoder(separators=(",", ":"), ensure_ascii=False, sort_keys=sort_keys,
+                        allow_nan=allow_nan)
+
+
+def json_encoder(*, separators: tuple[str, str] = (", ", ": "), ensure_ascii: bool = True,
+                 sort_keys: bool = False, allow_nan: bool = True) -> Callable[[Any], str]:
+    """`lambda value: json.dumps(value, check_circular=False, **options)`, built once
+    (`json.dumps`'s defaults unless given)."""
+    options = json.JSONEncoder(separators=separators, ensure_ascii=ensure_ascii,
+                               sort_keys=sort_keys, allow_nan=allow_nan, check_circular=False)
     if _C_MAKE_ENCODER is None:  # no C accelerator: the pure-Python encoder, configured once
         return options.encode
     # The arguments JSONEncoder.iterencode passes to the C encoder for a one-shot encode.
-    encode = _C_MAKE_ENCODER(None, options.default, _encoder.encode_basestring, None,
-                             options.key_separator, options.item_separator, sort_keys,
-                             options.skipkeys, allow_nan)
+    strings = _encoder.encode_basestring_ascii if ensure_ascii else _encoder.encode_basestring
+    encode = _C_MAKE_ENCODER(None, options.default, strings, None, options.key_separator,
+                             options.item_separator, sort_keys, options.skipkeys, allow_nan)
 
     def dumps(value: Any) -> str:
         return "".join(encode(value, 0))
