@@ -400,9 +400,13 @@ IF_UNCHANGED = MatchConditions.IfNotModified
 KEYS = st.text(min_size=1, max_size=12)
 PLAIN = st.one_of(st.text(max_size=20), st.booleans(), st.none(),
                   st.integers(min_value=-(2**31), max_value=2**31 - 1),
-                  st.floats(allow_nan=False, allow_infinity=False))
+                  st.floats(allow_nan=False, allow_infinity=False),
+                  st.builds(lambda n: EntityProperty(n, EdmType.INT64),
+                            st.integers(min_value=-(2**63), max_value=2**63 - 1)))
 NOT_PLAIN = st.one_of(st.integers(min_value=2**31, max_value=2**62), st.just(math.nan),
-                      st.just(math.inf), st.just(EntityProperty(5, EdmType.INT64)),
+                      st.just(math.inf), st.just(EntityProperty(5, EdmType.INT32)),
+                      st.just(EntityProperty(2**63, EdmType.INT64)),
+                      st.just(EntityProperty("5", EdmType.INT64)),
                       st.just(datetime(2026, 12, 3, tzinfo=UTC)), st.just(b"\x00"),
                       st.just(uuid.UUID(int=3)), st.just(UpdateMode.MERGE))
 OPTIONS = {  # the operations the stores send (the codec writes them), and others (the SDK does)
