@@ -5,9 +5,9 @@
 Runs the latency benchmark's scenario (relays, counted clients, the same workload) for one
 variant and one backend under cProfile, then prints self time grouped by package (the SDK's
 request pipeline, the transport, this project's code, json, ...) and the top functions by
-self and by cumulative time. Only the measured batches are profiled (not the setup, the
-warm-up or the checks). Self times are cProfile's (it inflates call-heavy code); the
-grouping is what to compare.
+self and by cumulative time, per event. Only the variant's batches are profiled (not the
+setup, the warm-up batch, the RTT checks or the harness between batches). Self times are
+cProfile's (it inflates call-heavy code); the grouping is what to compare.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import pstats
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Callable
 from typing import Any
 
 from benchmarks import latency
@@ -109,21 +108,25 @@ def main(argv: list[str] | None = None) -> int:
         endpoints = Endpoints(stack.table_connection_string, stack.cosmos_endpoint, COSMOS_LOCAL_KEY,
                               cosmos_verify=False)
         profiler = cProfile.Profile(time.process_time)  # CPU, not wall time spent waiting
-        measure = latency._measure
+        variant = LATENCY_VARIANTS[args.variant]
+        process = variant.process
 
-        def profiled(slot: Any, action: Callable[[], None]) -> tuple[int, int, float, float]:
-            def run() -> None:
-                profiler.enable()
-                try:
-                    action()
-                finally:
-                    profiler.disable()
-            return measure(slot, run)
+        def profiled(self: Any, events: Any, partition_id: str) -> None:
+            if partition_id == "warmup":  # the warm-up batch on its own partition: not measured
+                return process(self, events, partition_id)
+            profiler.enable()
+            try:
+                return process(self, events, partition_id)
+            finally:
+                profiler.disable()
 
-        if not args.no_cprofile:  # the measured batches only
-            latency._measure = profiled
-        run = run_latency(endpoints, sizes, (args.rtt_ms,), backends=(args.backend,),
-                          variants=(args.variant,))
+        if not args.no_cprofile:  # the variant's batches only (and the replay after the restart)
+            variant.process = profiled  # restored below
+        try:
+            run = run_latency(endpoints, sizes, (args.rtt_ms,), backends=(args.backend,),
+                              variants=(args.variant,))
+        finally:
+            variant.process = process  # the class's own again
     if args.dump:
         profiler.dump_stats(args.dump)
     result = run.results[0]
