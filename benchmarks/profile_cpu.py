@@ -4,8 +4,10 @@
 
 Runs the latency benchmark's scenario (relays, counted clients, the same workload) for one
 variant and one backend under cProfile, then prints self time grouped by package (the SDK's
-request pipeline, the transport, this project's code, json, ...) and the top functions.
-Self times are cProfile's (it inflates call-heavy code); the grouping is what to compare.
+request pipeline, the transport, this project's code, json, ...) and the top functions by
+self and by cumulative time, per event. Only the variant's batches are profiled (not the
+setup, the warm-up batch, the RTT checks or the harness between batches). Self times are
+cProfile's (it inflates call-heavy code); the grouping is what to compare.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pstats
 import time
 import warnings
 from collections import defaultdict
+from typing import Any
 
 from benchmarks import rtt
 from benchmarks.counting import Endpoints
@@ -66,9 +69,15 @@ def report(stats: pstats.Stats, events: int, top: int) -> str:
              "profiled)", "", "| Group | Self s | Share | ms/event |", "|---|---|---|---|"]
     for label, seconds in sorted(by_group.items(), key=lambda kv: -kv[1]):
         lines.append(f"| {label} | {seconds:.2f} | {seconds / total:.0%} | {seconds * 1000 / events:.3f} |")
-    lines += ["", "| Self s | Calls | Cum s | Function |", "|---|---|---|---|"]
+    lines += ["", "| Self us/event | Calls/event | Cum us/event | Function |", "|---|---|---|---|"]
     for tottime, calls, cumtime, where in sorted(rows, reverse=True)[:top]:
-        lines.append(f"| {tottime:.3f} | {calls} | {cumtime:.3f} | {where} |")
+        lines.append(f"| {tottime * 1e6 / events:.1f} | {calls / events:.2f} | "
+                     f"{cumtime * 1e6 / events:.1f} | {where} |")
+    lines += ["", "By cumulative time:", "",
+              "| Cum us/event | Self us/event | Calls/event | Function |", "|---|---|---|---|"]
+    for tottime, calls, cumtime, where in sorted(rows, key=lambda r: -r[2])[:top]:
+        lines.append(f"| {cumtime * 1e6 / events:.1f} | {tottime * 1e6 / events:.1f} | "
+                     f"{calls / events:.2f} | {where} |")
     return "\n".join(lines)
 
 
@@ -100,11 +109,25 @@ def main(argv: list[str] | None = None) -> int:
         endpoints = Endpoints(stack.table_connection_string, stack.cosmos_endpoint, COSMOS_LOCAL_KEY,
                               cosmos_verify=False)
         profiler = cProfile.Profile(time.process_time)  # CPU, not wall time spent waiting
-        if not args.no_cprofile:
+        variant = LATENCY_VARIANTS[args.variant]
+        process = variant.process
+
+        def profiled(self: Any, events: Any, partition_id: str) -> None:
+            if partition_id == "warmup":  # the warm-up batch on its own partition: not measured
+                return process(self, events, partition_id)
             profiler.enable()
-        run = run_latency(endpoints, sizes, (args.rtt_ms,), backends=(args.backend,),
-                          variants=(args.variant,))
-        profiler.disable()
+            try:
+                return process(self, events, partition_id)
+            finally:
+                profiler.disable()
+
+        if not args.no_cprofile:  # the variant's batches only (and the replay after the restart)
+            variant.process = profiled  # restored below
+        try:
+            run = run_latency(endpoints, sizes, (args.rtt_ms,), backends=(args.backend,),
+                              variants=(args.variant,))
+        finally:
+            variant.process = process  # the class's own again
     if args.dump:
         profiler.dump_stats(args.dump)
     result = run.results[0]
@@ -113,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{result.cpu_seconds * 1000 / result.events:.3f} ms CPU/event"
           + ("" if args.no_cprofile else " (under cProfile)"))
     if not args.no_cprofile:
-        # Setup, warm-up and the replay are in the profile too; small next to the batches.
+        # The replay after the restart is in the profile too; small next to the batches.
         print(report(pstats.Stats(profiler), result.events, args.top))
     return 0
 

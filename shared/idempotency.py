@@ -122,7 +122,7 @@ class BaseIdempotency:
 
     def _new_record(self, key: DedupKey, request_hash: str, state: RecordState, *,
                     partition: str | None = None, record_id: str | None = None,
-                    expires: bool = True) -> IdempotencyRecord:
+                    expires: bool = True, result: Any = None) -> IdempotencyRecord:
         now = self._now()
         # str(): a record holds plain text (the Table SDK maps values by exact type), not the
         # RequestHash with its payload.
@@ -131,7 +131,7 @@ class BaseIdempotency:
             expires_at=now + self.config.ttl.total_seconds() if expires else None,
             lease_expires_at=(now + self.config.lease.total_seconds()
                               if state is RecordState.IN_PROGRESS else None),
-            partition=partition, record_id=record_id,
+            partition=partition, record_id=record_id, result=result,
         )
 
     def _judge(self, existing: IdempotencyRecord, request_hash: str, key: DedupKey) -> Outcome:
@@ -144,10 +144,11 @@ class BaseIdempotency:
 
     def _marker(self, key: DedupKey, request_hash: str, *, partition: str | None,
                 record_id: str | None = None, expires: bool = True,
-                over: IdempotencyRecord | None = None) -> IdempotencyRecord:
-        """A completed marker to commit; `over` is an expired one it replaces under its etag."""
+                over: IdempotencyRecord | None = None, result: Any = None) -> IdempotencyRecord:
+        """A completed marker to commit, holding `result`; `over` is an expired one it replaces
+        under its etag."""
         marker = self._new_record(key, request_hash, RecordState.COMPLETED, partition=partition,
-                                  record_id=record_id, expires=expires)
+                                  record_id=record_id, expires=expires, result=result)
         if over is None:
             return marker
         return marker.evolve(etag=over.etag, attempts=over.attempts + 1)
@@ -458,8 +459,7 @@ class BaseIdempotency:
             chunk, results, writes = yield from self._build_chunk(partition, todo, build, reads,
                                                                   messages)
             markers = tuple(self._marker(messages[i].key, messages[i].request_hash,
-                                         partition=partition, over=expired.get(i)
-                                         ).evolve(result=result)
+                                         partition=partition, over=expired.get(i), result=result)
                             for i, result in zip(chunk, results, strict=True))
             position = messages[chunk[0]].position
             markers = (markers[0].evolve(outbox=tuple(writes.outgoing),

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import re
 from dataclasses import dataclass
 from typing import Any, cast
 
 from shared.exceptions import InvalidKeyError
+from shared.jsontext import compact_encoder
 
 # Characters kept as they are; everything else becomes "!XX" per UTF-8 byte.
 _UNSAFE_RUN = re.compile(r"[^A-Za-z0-9\-_.:@]+")
@@ -31,6 +31,10 @@ _HASHED = "~"  # never produced by encode_component
 MAX_ENCODED_LENGTH = 250  # Cosmos id <= 255 chars; Table keys <= 1 KiB
 MAX_RAW_KEY_BYTES = 16 * 1024
 _CONSUMER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+# json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False), without and
+# with sort_keys, built once (shared.jsontext): a CloudEvent key, the canonical form's first pass.
+_compact_json = compact_encoder()
+_sorted_json = compact_encoder(sort_keys=True)
 
 # Broker-generated values that change on redelivery or group many messages.
 TRANSPORT_FIELDS = frozenset({
@@ -131,7 +135,7 @@ class DedupKey:
         if not event_id or not isinstance(event_id, str):
             raise InvalidKeyError("CloudEvent has no 'id'")
         # A JSON pair keeps ("a b", "c") and ("a", "b c") apart and stays readable.
-        raw = json.dumps([source, event_id], ensure_ascii=False, separators=(",", ":"))
+        raw = _compact_json([source, event_id])
         return cls(consumer, _check_text(raw, "CloudEvent source+id"))
 
 
@@ -215,11 +219,9 @@ def canonical_json(value: Any) -> bytes:
     above U+E000; only then are keys re-sorted first, and only floats are rewritten.
     """
     try:
-        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                          allow_nan=False)
+        text = _sorted_json(value)
         if not text.isascii() and _UTF16_ORDER_MATTERS.search(text):
-            text = json.dumps(_utf16_ordered(value), separators=(",", ":"), ensure_ascii=False,
-                              allow_nan=False)
+            text = _compact_json(_utf16_ordered(value))
         if _FLOAT_HINT.search(text):
             text = _rewrite_floats(text)
         return text.encode("utf-8")
@@ -230,9 +232,8 @@ def canonical_json(value: Any) -> bytes:
 def _legacy_canonical_json(value: Any) -> bytes:
     """The previous canonical form (sorted keys, Python's number text), for stored hashes."""
     try:
-        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                          allow_nan=False)
-    except (TypeError, ValueError) as error:
+        text = _sorted_json(value)
+    except (TypeError, ValueError, RecursionError) as error:
         raise ValueError(f"payload is not canonical JSON: {error}") from error
     return text.encode("utf-8")
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import enum
-import json
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from shared.exceptions import ResultTooLargeError
+from shared.jsontext import compact_encoder
 from shared.keys import DedupKey
 from shared.outbox import EventPosition, OutgoingMessage
 
@@ -97,11 +97,14 @@ class IdempotencyRecord:
 _RECORD_FIELDS = frozenset(f.name for f in fields(IdempotencyRecord))
 
 
+_result_json = compact_encoder()  # json.dumps(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def encode_result(result: Any, max_bytes: int) -> str:
     """The result as JSON text, refused with a clear error when too large to store."""
     try:
-        text = json.dumps(result, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as error:
+        text = _result_json(result)
+    except (TypeError, ValueError, RecursionError) as error:
         raise ResultTooLargeError(f"handler result is not JSON-serializable: {error}") from error
     size = len(text.encode("utf-8"))
     if size > max_bytes:

@@ -1,15 +1,23 @@
-"""Per-message helpers made cheaper keep their exact results (key escaping, record copies)."""
+"""Per-message helpers made cheaper keep their exact results (key escaping, record copies,
+JSON text from encoders built once)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+from collections.abc import Callable
+from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shared import jsontext
+from shared.jsontext import compact_encoder
 from shared.keys import DedupKey, encode_component
 from shared.records import IdempotencyRecord, RecordState
+from shared.stores.codec import record_fields, record_from_fields
 
 
 def reference_encoding(value: str) -> str:
@@ -48,3 +56,53 @@ def test_evolve_equals_dataclasses_replace(changes):
 def test_evolve_refuses_an_unknown_field():
     with pytest.raises(TypeError):
         RECORD.evolve(colour="red")
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                 max_size=4),
+    max_leaves=12)
+
+
+def python_encoder(*, sort_keys: bool) -> Callable[[Any], str]:
+    """`compact_encoder` where the C accelerator is missing."""
+    built, jsontext._C_MAKE_ENCODER = jsontext._C_MAKE_ENCODER, None
+    try:
+        return compact_encoder(sort_keys=sort_keys)
+    finally:
+        jsontext._C_MAKE_ENCODER = built
+
+
+ENCODERS = {(c, sort): compact_encoder(sort_keys=sort) if c else python_encoder(sort_keys=sort)
+            for c in (True, False) for sort in (False, True)}
+
+
+@pytest.mark.parametrize("c_encoder", [True, False], ids=["c-encoder", "python-encoder"])
+@pytest.mark.parametrize("sort_keys", [False, True])
+@settings(deadline=None)  # the first examples build Hypothesis' own caches; slow on a busy machine
+@given(value=JSON_VALUES)
+def test_compact_encoder_writes_what_json_dumps_writes(c_encoder, sort_keys, value):
+    assert ENCODERS[c_encoder, sort_keys](value) == json.dumps(
+        value, separators=(",", ":"), ensure_ascii=False, sort_keys=sort_keys, allow_nan=False)
+
+
+def test_compact_encoder_refuses_what_json_dumps_refuses():
+    with pytest.raises(ValueError):
+        compact_encoder()(math.nan)
+    assert compact_encoder(allow_nan=True)([math.nan, math.inf]) == "[NaN,Infinity]"
+    with pytest.raises(TypeError):
+        compact_encoder()({"a": object()})
+    cyclic: list[object] = []
+    cyclic.append(cyclic)
+    with pytest.raises(RecursionError):
+        compact_encoder()(cyclic)
+
+
+@pytest.mark.parametrize("attempts", [1, 2, 7])
+def test_a_first_attempt_is_not_written_and_reads_back_as_one(attempts):
+    record = RECORD.evolve(attempts=attempts, etag=None)
+    fields = record_fields(record)
+    assert ("idemAttempts" in fields) is (attempts != 1)
+    assert record_from_fields(fields, record_id=record.id, partition=record.partition_key,
+                              etag=None) == record

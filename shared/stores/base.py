@@ -204,7 +204,7 @@ class DocumentStore(abc.ABC):
             if failure is None:
                 raise
             raise failure from error
-        return [committed, *(marker.evolve(etag=None) for marker in markers[1:])]
+        return [committed, *_without_etags(markers[1:])]
 
 
 def written_documents(partition: str, operations: Sequence[WriteOp],
@@ -223,6 +223,12 @@ def group_commit(markers: Sequence[IdempotencyRecord], operations: Sequence[Writ
     if any(marker.partition_key != first.partition_key for marker in rest):
         raise ValueError("a group commit holds the markers of one partition")
     return first, [*(WriteOp.marker(m) for m in rest), *operations]
+
+
+def _without_etags(markers: Sequence[IdempotencyRecord]) -> list[IdempotencyRecord]:
+    """A group's further markers as committed: their new etags are unknown (a new marker has
+    none to drop, so it is kept as it is)."""
+    return [marker if marker.etag is None else marker.evolve(etag=None) for marker in markers]
 
 
 def group_commit_error(error: OperationFailedError, markers: Sequence[IdempotencyRecord]
@@ -264,7 +270,7 @@ class AsyncDocumentStore:
             if failure is None:
                 raise
             raise failure from error
-        return [committed, *(marker.evolve(etag=None) for marker in markers[1:])]
+        return [committed, *_without_etags(markers[1:])]
 
 
 class IdempotencyStore(RecordStore, DocumentStore, abc.ABC):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from shared.jsontext import compact_encoder
 from shared.keys import DedupKey
 from shared.outbox import (
     PENDING_COUNT,
@@ -27,6 +28,9 @@ RESERVED = ("idemConsumer", "idemKey", "idemState", "idemRequestHash", "idemResu
             "idemAttempts", PENDING_COUNT, PENDING_SINCE, POSITION)
 
 
+_result_json = compact_encoder(allow_nan=True)  # json.dumps(separators=(",", ":"), ensure_ascii=False)
+
+
 def record_fields(record: IdempotencyRecord, *, chunk_chars: int = TABLE_CHUNK_CHARS) -> dict[str, Any]:
     """The record's properties; its pending outgoing messages (if any) as chunked strings of at
     most `chunk_chars` characters, with the time they became pending (what the sweeper
@@ -37,11 +41,12 @@ def record_fields(record: IdempotencyRecord, *, chunk_chars: int = TABLE_CHUNK_C
         "idemKey": record.key.key,
         "idemState": record.state.value,
         "idemRequestHash": str(record.request_hash),  # plain text, never a RequestHash (Table SDK)
-        "idemResult": json.dumps(record.result, separators=(",", ":"), ensure_ascii=False),
+        "idemResult": _result_json(record.result),
         "idemCreatedAt": float(record.created_at),
         "idemUpdatedAt": float(record.updated_at),
-        "idemAttempts": int(record.attempts),
     }
+    if record.attempts != 1:  # the first attempt is what an absent count reads as: not written
+        fields["idemAttempts"] = int(record.attempts)
     if record.expires_at is not None:
         fields["idemExpiresAt"] = float(record.expires_at)
     if record.lease_expires_at is not None:

@@ -63,8 +63,11 @@ class CosmosMapping:
 
     def _record_document(self, record: IdempotencyRecord,
                          body: dict[str, Any] | None = None) -> dict[str, Any]:
-        document = {**(body or {}), **record_fields(record, chunk_chars=PENDING_CHUNK_CHARS),
-                    "id": record.id, self._pk_field: record.partition_key}
+        document = record_fields(record, chunk_chars=PENDING_CHUNK_CHARS)  # a new dict: ours
+        if body:
+            document = {**body, **document}
+        document["id"] = record.id
+        document[self._pk_field] = record.partition_key
         if record.expires_at is not None:
             now = record.updated_at
             document["ttl"] = max(1, math.ceil(record.expires_at - now))
@@ -76,7 +79,10 @@ class CosmosMapping:
 
     def _business_document(self, partition: str, op: WriteOp) -> dict[str, Any]:
         if op.record is not None:  # a further marker of a group commit, with its ttl
-            return {**self._record_document(op.record), "id": op.id, self._pk_field: partition}
+            document = self._record_document(op.record)  # a new dict: ours
+            document["id"] = op.id
+            document[self._pk_field] = partition
+            return document
         check_flat(op.body)
         return {**op.body, "id": op.id, self._pk_field: partition}
 

@@ -119,8 +119,13 @@ class TableMapping:
     @staticmethod
     def _record_entity(record: IdempotencyRecord,
                        body: dict[str, Any] | None = None) -> dict[str, Any]:
-        return _typed({**(body or {}), **record_fields(record),
-                       "PartitionKey": record.partition_key, "RowKey": record.id})
+        # The record's own fields are text, floats and small counts: only a body needs _typed.
+        entity = record_fields(record)  # a new dict: ours
+        if body:
+            entity = {**_typed(body), **entity}
+        entity["PartitionKey"] = record.partition_key
+        entity["RowKey"] = record.id
+        return entity
 
     @staticmethod
     def _to_record(entity: Any) -> IdempotencyRecord:
@@ -130,7 +135,9 @@ class TableMapping:
     @classmethod
     def _transaction_op(cls, partition: str, op: WriteOp) -> tuple[Any, ...]:
         if op.record is not None:  # a further marker of a group commit
-            entity = {**cls._record_entity(op.record), "PartitionKey": partition, "RowKey": op.id}
+            entity = cls._record_entity(op.record)  # a new dict: ours
+            entity["PartitionKey"] = partition
+            entity["RowKey"] = op.id
         else:
             check_flat(op.body)
             entity = _typed({**op.body, "PartitionKey": partition, "RowKey": op.id})

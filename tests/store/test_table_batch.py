@@ -18,6 +18,7 @@ import asyncio
 import email
 import email.policy
 import json
+import math
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -31,13 +32,17 @@ from azure.core.exceptions import DecodeError, HttpResponseError
 from azure.core.pipeline.transport import HttpTransport
 from azure.data.tables import EdmType, EntityProperty, TableClient, UpdateMode
 from azure.data.tables.aio import TableClient as AsyncTableClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shared.stores import TableIdempotencyStore, WriteOp, table_batch
 from shared.stores.table_batch import (
     CodecGuard,
+    Part,
     codec_problem,
     decode_changeset,
     encode_changeset,
+    lean_part,
     operation_error,
     submit_transaction,
     submit_transaction_async,
@@ -388,6 +393,77 @@ def test_every_part_carries_the_headers_the_sdks_parts_carry():
         sdk.headers["Content-Type"], sdk.body)
     outer = ("x-ms-version", "DataServiceVersion", "MaxDataServiceVersion", "Accept")
     assert {h: lean.headers[h] for h in outer} == {h: sdk.headers[h] for h in outer}
+
+
+# -- the parts the codec writes itself, against the SDK's builder -------------------------------
+IF_UNCHANGED = MatchConditions.IfNotModified
+KEYS = st.text(min_size=1, max_size=12)
+PLAIN = st.one_of(st.text(max_size=20), st.booleans(), st.none(),
+                  st.integers(min_value=-(2**31), max_value=2**31 - 1),
+                  st.floats(allow_nan=False, allow_infinity=False),
+                  st.builds(lambda n: EntityProperty(n, EdmType.INT64),
+                            st.integers(min_value=-(2**63), max_value=2**63 - 1)))
+NOT_PLAIN = st.one_of(st.integers(min_value=2**31, max_value=2**62), st.just(math.nan),
+                      st.just(math.inf), st.just(EntityProperty(5, EdmType.INT32)),
+                      st.just(EntityProperty(2**63, EdmType.INT64)),
+                      st.just(EntityProperty("5", EdmType.INT64)),
+                      st.just(datetime(2026, 12, 3, tzinfo=UTC)), st.just(b"\x00"),
+                      st.just(uuid.UUID(int=3)), st.just(UpdateMode.MERGE))
+OPTIONS = {  # the operations the stores send (the codec writes them), and others (the SDK does)
+    "create": ({}, {"mode": UpdateMode.REPLACE}),
+    "upsert": ({"mode": UpdateMode.REPLACE}, {"mode": UpdateMode.MERGE}),
+    "update": ({"mode": UpdateMode.REPLACE, "etag": 'W/"1"', "match_condition": IF_UNCHANGED},
+               {"mode": UpdateMode.MERGE, "etag": 'W/"1"', "match_condition": IF_UNCHANGED}),
+    "delete": ({"etag": 'W/"2\'x"', "match_condition": IF_UNCHANGED}, {}),
+}
+
+
+def _sdk_part(operation: tuple[Any, ...]) -> Part:
+    client = TableClient.from_connection_string("UseDevelopmentStorage=true", "codec")
+    batch = sdk_batch.TableBatchOperations(
+        config=client._client._config, endpoint=f"{client.scheme}://{client._primary_hostname}",
+        table_name=client.table_name, is_cosmos_endpoint=False)
+    batch.add_operation(operation)
+    [request] = batch.requests
+    return Part(request.method, request.url, dict(request.headers.items()), request.content)
+
+
+def _lean(operation: tuple[Any, ...]) -> Part | None:
+    client = TableClient.from_connection_string("UseDevelopmentStorage=true", "codec")
+    return lean_part(operation, base=f"{client.scheme}://{client._primary_hostname}/codec",
+                     version=client._client._config.version)
+
+
+@settings(max_examples=300, deadline=None)
+@given(kind=st.sampled_from(sorted(OPTIONS)), partition=KEYS, row=KEYS,
+       body=st.dictionaries(st.text(max_size=10).filter(lambda k: k not in ("PartitionKey", "RowKey")),
+                            PLAIN, max_size=6))
+def test_a_part_of_plain_values_is_byte_for_byte_the_sdks(kind, partition, row, body):
+    operation = (kind, {**body, "PartitionKey": partition, "RowKey": row}, OPTIONS[kind][0])
+    part = _lean(operation)
+    assert part is not None
+    assert part == _sdk_part(operation)
+
+
+@settings(max_examples=100, deadline=None)
+@given(kind=st.sampled_from(sorted(OPTIONS)), value=NOT_PLAIN, plain_options=st.booleans())
+def test_anything_else_is_left_to_the_sdk(kind, value, plain_options):
+    entity = {"PartitionKey": PK, "RowKey": "r", "v": value}
+    options = OPTIONS[kind][0 if plain_options else 1]
+    if kind == "delete" and plain_options:  # a delete sends no body: only its options matter
+        options = {**options, "match_condition": MatchConditions.IfPresent}
+    assert _lean((kind, entity, options)) is None
+
+
+def test_a_batch_keeps_the_sdks_partition_checks(table_service):
+    client = table_service.get_table_client("codec")
+    with pytest.raises(ValueError, match="must all be the same"):
+        transaction_request(client, [("create", {"PartitionKey": "a", "RowKey": "1"}),
+                                     ("create", {"PartitionKey": "b", "RowKey": "2", "big": 2**40})])
+    with pytest.raises(ValueError, match="were not provided"):
+        transaction_request(client, [("create", {"PartitionKey": "a"})])
+    with pytest.raises(ValueError, match="Unrecognized operation"):
+        transaction_request(client, [("merge", {"PartitionKey": "a", "RowKey": "1"})])
 
 
 # -- the guard: fall back to the SDK when its internals do not fit ------------------------------

@@ -1,0 +1,51 @@
+"""Compact JSON text from encoders built once.
+
+`json.dumps` with any option builds a `JSONEncoder` and then its C encoder on
+every call, which costs more than encoding what the hot path encodes (a
+request's fields, a handler's result, a key's parts). `compact_encoder` builds
+the same C encoder once, so its text is `json.dumps`'s with the same options,
+byte for byte. It keeps no per-call state (the circular check needs some, so
+there is none): one encoder serves every thread, and a cyclic value raises
+RecursionError where `json.dumps` raises ValueError.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from json import encoder as _encoder
+from typing import Any
+
+#: Builds the C encoder `json.dumps` uses (None where the C accelerator is missing).
+_C_MAKE_ENCODER: Callable[..., Callable[[Any, int], Any]] | None = getattr(
+    _encoder, "c_make_encoder", None)
+
+
+def compact_encoder(*, sort_keys: bool = False, allow_nan: bool = False) -> Callable[[Any], str]:
+    """`lambda value: json.dumps(value, separators=(",", ":"), ensure_ascii=False,
+    sort_keys=sort_keys, allow_nan=allow_nan, check_circular=False)`, built once.
+
+    TypeError for a value JSON cannot hold, ValueError for NaN or an infinity when
+    `allow_nan` is False, RecursionError for a cycle or too deep a value.
+    """
+    return json_encoder(separators=(",", ":"), ensure_ascii=False, sort_keys=sort_keys,
+                        allow_nan=allow_nan)
+
+
+def json_encoder(*, separators: tuple[str, str] = (", ", ": "), ensure_ascii: bool = True,
+                 sort_keys: bool = False, allow_nan: bool = True) -> Callable[[Any], str]:
+    """`lambda value: json.dumps(value, check_circular=False, **options)`, built once
+    (`json.dumps`'s defaults unless given)."""
+    options = json.JSONEncoder(separators=separators, ensure_ascii=ensure_ascii,
+                               sort_keys=sort_keys, allow_nan=allow_nan, check_circular=False)
+    if _C_MAKE_ENCODER is None:  # no C accelerator: the pure-Python encoder, configured once
+        return options.encode
+    # The arguments JSONEncoder.iterencode passes to the C encoder for a one-shot encode.
+    strings = _encoder.encode_basestring_ascii if ensure_ascii else _encoder.encode_basestring
+    encode = _C_MAKE_ENCODER(None, options.default, strings, None, options.key_separator,
+                             options.item_separator, sort_keys, options.skipkeys, allow_nan)
+
+    def dumps(value: Any) -> str:
+        return "".join(encode(value, 0))
+
+    return dumps
