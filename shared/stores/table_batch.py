@@ -59,7 +59,6 @@ from azure.core.rest import HttpRequest
 from azure.data.tables import EdmType, EntityProperty, TableTransactionError, UpdateMode
 
 from shared.jsontext import json_encoder
-
 from shared.observability import sdk_request
 
 logger = logging.getLogger(__name__)
