@@ -89,6 +89,9 @@ class Evidence:
     # committed order's OrderAccepted must show in `api_calls` (False: a test's own dispatcher).
     outbox_delivered: bool = False
     outbox_orders: dict[str, str] = field(default_factory=dict)  # message id -> order id
+    # Every message the outbox's dispatcher sent, by id: (destination, body) (None where the
+    # harness cannot see: real brokers).
+    published: dict[str, tuple[str, bytes]] | None = None
     # -- the run: what was sent, and where its effects are ------------------------------
     items: list[Item] = field(default_factory=list)
     stores: Stores | None = None
