@@ -10,22 +10,30 @@ import pytest
 
 from simulator.faults import OUTBOX_FAULTS
 from simulator.report import format_report
-from simulator.scenario import ScenarioConfig, run_scenario
+from simulator.scenario import ScenarioConfig, ScenarioResult, run_scenario
 
 PAYMENTS_HOP = "payments -> balance_projection"
+
+
+def through_dispatch_faults(stacks, seed, backend, *, messages: int, events: int, tag: str
+                            ) -> tuple[ScenarioResult, str]:
+    """A run at fault rate 0.6 without outages or hostile input: every invariant holds and
+    each of the outbox's fault kinds fired."""
+    config = ScenarioConfig(backend=backend, seed=seed, messages=messages, events=events,
+                            fault_rate=0.6, outages=0, hostile=False, oversize_bytes=0, tag=tag)
+    result = run_scenario(config, stacks[backend])
+    report = format_report(result)
+    assert result.ok, report
+    for kind in OUTBOX_FAULTS:
+        assert result.faults.get(kind.value, 0) > 0, (kind, report)
+    return result, report
 
 
 @pytest.mark.parametrize("backend", ["table", "cosmos"])
 def test_every_committed_order_is_announced_once_per_subscription_through_dispatch_faults(
         chaos_stacks, seed, backend):
-    config = ScenarioConfig(backend=backend, seed=seed, messages=400, events=60,
-                            fault_rate=0.6, outages=0, hostile=False, oversize_bytes=0,
-                            tag="ob1")
-    result = run_scenario(config, chaos_stacks[backend])
-    report = format_report(result)
-    assert result.ok, report
-    for kind in OUTBOX_FAULTS:
-        assert result.faults.get(kind.value, 0) > 0, (kind, report)
+    result, report = through_dispatch_faults(chaos_stacks, seed, backend, messages=400,
+                                             events=60, tag="ob1")
     check = result.check
     orders = check.effects["order"]
     assert orders > 0
@@ -62,13 +70,8 @@ def test_every_committed_balance_change_reaches_the_projection_once_through_disp
     """Events only: every dispatch fault that fires hits an Event Hubs batch's one dispatch
     (after its groups committed, before its mark moves), and the batch is retried or replayed
     from the checkpoint."""
-    config = ScenarioConfig(backend=backend, seed=seed, messages=0, events=800, fault_rate=0.6,
-                            outages=0, hostile=False, oversize_bytes=0, tag="ob4")
-    result = run_scenario(config, chaos_stacks[backend])
-    report = format_report(result)
-    assert result.ok, report
-    for kind in OUTBOX_FAULTS:
-        assert result.faults.get(kind.value, 0) > 0, (kind, report)
+    result, report = through_dispatch_faults(chaos_stacks, seed, backend, messages=0,
+                                             events=800, tag="ob4")
     check = result.check
     committed = check.logical["BalanceChanged"]
     assert committed > 0 and check.effects["BalanceChanged"] == committed, report
