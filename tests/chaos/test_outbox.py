@@ -90,9 +90,11 @@ def test_balance_changes_published_without_the_outbox_are_caught(chaos_stacks, s
     doubles. Right after the commit, not recorded: a crash in between loses the message and
     the retry, a duplicate, has nothing to send. Mark before dispatch: a crash in between
     loses it, the replay finding its events under the mark."""
-    config = ScenarioConfig(backend=backend, seed=seed, messages=0, events=400, fault_rate=0.3,
-                            outages=0, hostile=False, oversize_bytes=0, publish=mode,
-                            tag=f"ob{mode[:2]}")
+    # 20-event batches: 60 to 110 of them, so dispatch faults land on several (a loss needs one
+    # in the right place; with 100-event batches a run could see none).
+    config = ScenarioConfig(backend=backend, seed=seed, messages=0, events=600, fault_rate=0.3,
+                            max_batch=20, outages=0, hostile=False, oversize_bytes=0,
+                            publish=mode, tag=f"ob{mode[:2]}")
     result = run_scenario(config, chaos_stacks[backend])
     report = format_report(result)
     assert not result.ok, report
