@@ -34,7 +34,10 @@ as it would in production.
 Harness-only variants prove the checks can fail: `DedupOffStore` (every
 claim looks new), `NonAtomicStore` (marker and effect in separate steps) and
 `FaultyStore(transient_as_permanent=True)` (a store client that reports a
-transient failure as a permanent rejection, so the app refuses valid messages).
+transient failure as a permanent rejection, so the app refuses valid messages),
+`OutboxBypassStore` (the commit's messages published before it, or right after it
+without the outbox) and `MarkFirstDispatch` (an Event Hubs batch's mark moved
+before its dispatch).
 """
 
 from __future__ import annotations

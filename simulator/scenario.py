@@ -221,7 +221,7 @@ def generate_workload(config: ScenarioConfig, env: dict[str, str]) -> Workload:
 
 def build_app(config: ScenarioConfig, settings: Settings, rig: Rig) -> Services:
     """The app's services on the real stores, each wrapped for fault injection (and, for a
-    counter-proof, in a dedup-off, non-atomic or outbox-bypassing variant)."""
+    counter-proof, in a dedup-off, non-atomic, outbox-bypassing or mark-first variant)."""
     real = real_stores(settings, **CLIENT_OPTIONS)
     dispatcher: SimulatedDispatcher | MarkFirstDispatch = rig.dispatcher
     if config.publish == "mark-first":
