@@ -73,6 +73,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="marker and effect written in separate steps, with crashes in between")
     proofs.add_argument("--api-ignores-idempotency-key", action="store_true",
                         help="the fake notification API does not deduplicate by Idempotency-Key")
+    proofs.add_argument("--publish", choices=("before-commit", "after-commit", "mark-first"),
+                        help="publish without the outbox: before the commit, right after it "
+                             "(not recorded), or (payments) with the mark moved before the "
+                             "dispatch: the checks must report phantoms, doubles or losses")
     proofs.add_argument("--transient-as-permanent", action="store_true",
                         help="the store client reports a transient failure (429/503) as a permanent "
                              "rejection: the checks must report valid messages not effected")
@@ -222,7 +226,9 @@ def collect(updates: Any, backends: list[str], workers: list[Any], bars: _Bars) 
 
 def final_report(args: argparse.Namespace, backends: list[str], results: Results, *, ok: bool,
                  elapsed: float, log_dir: str) -> str:
-    """Each backend's report, one line of its numbers each, the wall time and the verdict."""
+    """Each backend's report, its numbers (and each outbox hop's), the wall time and the verdict."""
+    from simulator.report import hop_line
+
     report: list[str] = []
     for backend in backends:
         report += [results[backend][0], ""]
@@ -235,6 +241,7 @@ def final_report(args: argparse.Namespace, backends: list[str], results: Results
                           + (f" (+ {numbers['validAlsoRefused']} effected but also dead-lettered/parked)"
                              if numbers["validAlsoRefused"] else "")
                           + f", invalid input not rejected {sum(numbers['invalidNotRejected'].values())}")
+            report.append(f"  {backend} outbox hops: {hop_line(numbers['hops'])}")
     mode = " in parallel" if not args.serial and len(backends) > 1 else ""
     report.append(f"Total wall time {elapsed:.0f} s ({', '.join(backends)}{mode}, including server start "
                   f"and checks). App logs: {log_dir}")

@@ -19,7 +19,8 @@ def scenario_config(args: argparse.Namespace, backend: str) -> Any:
         non_atomic=args.non_atomic, api_honours_key=not args.api_ignores_idempotency_key,
         outage_seconds=args.outage_seconds,
         outage_mode=args.outage_mode,
-        transient_as_permanent=args.transient_as_permanent)
+        transient_as_permanent=args.transient_as_permanent,
+        publish=getattr(args, "publish", None) or "outbox")
 
 
 def _quiet_logs(path: str) -> None:

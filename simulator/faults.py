@@ -34,7 +34,10 @@ as it would in production.
 Harness-only variants prove the checks can fail: `DedupOffStore` (every
 claim looks new), `NonAtomicStore` (marker and effect in separate steps) and
 `FaultyStore(transient_as_permanent=True)` (a store client that reports a
-transient failure as a permanent rejection, so the app refuses valid messages).
+transient failure as a permanent rejection, so the app refuses valid messages),
+`OutboxBypassStore` (the commit's messages published before it, or right after it
+without the outbox) and `MarkFirstDispatch` (an Event Hubs batch's mark moved
+before its dispatch).
 """
 
 from __future__ import annotations
@@ -83,6 +86,11 @@ class FaultKind(enum.StrEnum):
     CRASH_MID_DISPATCH = "crash after some of the outgoing messages were sent"
     DISPATCH_TIMEOUT = "send timed out after the broker accepted it"
     BROKER_OUTAGE = "broker outage during dispatch"
+
+
+#: Every way a dispatch after the commit can fail: the outbox's fault kinds.
+OUTBOX_FAULTS = (FaultKind.CRASH_BEFORE_DISPATCH, FaultKind.CRASH_MID_DISPATCH,
+                 FaultKind.DISPATCH_TIMEOUT, FaultKind.BROKER_OUTAGE)
 
 
 def stable_seed(*parts: object) -> int:
@@ -148,20 +156,23 @@ class FaultPlan:
             faults += [FaultKind.CRASH_AFTER_EFFECT, FaultKind.SENDER_ERROR,
                        FaultKind.SENDER_TIMEOUT]
         if style == "outbox":  # a commit that sends: every way the dispatch can fail
-            faults += [FaultKind.CRASH_BEFORE_DISPATCH, FaultKind.CRASH_MID_DISPATCH,
-                       FaultKind.DISPATCH_TIMEOUT, FaultKind.BROKER_OUTAGE]
+            faults += OUTBOX_FAULTS
         # Redelivery (a lost ack) and concurrent copies (a lost lock) are duplicate sources.
         return self._table(faults, [(FaultKind.CRASH_BEFORE_ACK, 0.15),
                                     (FaultKind.LOCK_EXPIRY, 0.15)])
 
     def event_hubs(self) -> list[tuple[FaultKind, float]]:
-        """Weights for one Event Hubs batch (many store calls: three times the per-call rate)."""
+        """Weights for one Event Hubs batch (many store calls: three times the per-call rate;
+        the outbox's kinds on top, at the same rate per kind)."""
         faults = [FaultKind.CRASH_BEFORE_CLAIM, FaultKind.CRASH_MID_BATCH, FaultKind.TRANSIENT,
                   FaultKind.TIMEOUT]
+        # The batch's one dispatch (after every group committed, before the mark moves) can
+        # fail in every way an orders dispatch can, each kind as likely as a store fault.
+        faults += OUTBOX_FAULTS
         # Checkpoint replays: a crash before the checkpoint, or a rebalance mid-batch.
         return self._table(faults, [(FaultKind.CRASH_BEFORE_ACK, 0.15),
                                     (FaultKind.REBALANCE, 0.15)],
-                           fault_rate=min(0.3, self.fault_rate * 3))
+                           fault_rate=min(0.3, self.fault_rate * 3) * 2)
 
     def draw(self, key: str, table: list[tuple[FaultKind, float]], *, calls: int = 2
              ) -> Fault | None:
@@ -183,6 +194,8 @@ class Invocation:
     fault: Fault | None
     log: FaultLog
     lock_expiry: Callable[[], None] | None = None
+    batch: bool = False  # an Event Hubs batch (else one Service Bus message)
+    held: list[Any] = field(default_factory=list)  # messages a counter-proof holds back
     dead: bool = False
     calls: int = 0
     writes: int = 0
@@ -643,6 +656,7 @@ class SimulatedDispatcher:
         self.namespace: Any = None
         self.sent: Counter[str] = Counter()  # message id -> sends the broker took or dropped
         self.orders: dict[str, str] = {}  # message id -> the order an OrderAccepted announces
+        self.bodies: dict[str, tuple[str, bytes]] = {}  # message id -> (destination, body)
         self._lock = threading.Lock()
 
     def _send(self, message: Any) -> None:
@@ -658,6 +672,7 @@ class SimulatedDispatcher:
             body = None
         with self._lock:
             self.sent[message.message_id] += 1
+            self.bodies.setdefault(message.message_id, (message.destination, message.body))
             if isinstance(body, dict) and body.get("type") == "OrderAccepted":
                 self.orders[message.message_id] = str(body.get("orderId"))
         self.namespace.send(message.destination, sent, Origin(f"outbox:{message.message_id}"))
@@ -696,6 +711,11 @@ class OutboxBypassStore(_Forwarding):
     fails, or a copy that turns out a duplicate, has published anyway. `after-commit`:
     published right after the commit, not recorded with it: a crash between the two loses
     them, and the redelivery, a duplicate, has nothing to send.
+
+    A marker of an Event Hubs batch (its messages carry their event's position) keeps them
+    in the store as the checker's record of what committed, hidden from the app: the commit
+    answers, and a read returns, the marker without them, so the batch never dispatches
+    them and no sweep ever sees them.
     """
 
     def __init__(self, inner: IdempotencyStore, mode: str, dispatcher: Any) -> None:
@@ -705,17 +725,73 @@ class OutboxBypassStore(_Forwarding):
         self.mode = mode
         self.dispatcher = dispatcher
 
+    @staticmethod
+    def _hidden(record: IdempotencyRecord) -> IdempotencyRecord:
+        if record.outbox_position is None:
+            return record
+        return record.evolve(outbox=(), outbox_position=None)
+
     def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
                marker_body: dict[str, Any] | None = None,
                written: list[Document] | None = None) -> IdempotencyRecord:
         messages = marker.outbox
-        marker = marker.evolve(outbox=())
+        if marker.outbox_position is None:
+            marker = marker.evolve(outbox=())
         if messages and self.mode == "before-commit":
             self.dispatcher.dispatch([replace(m, message_id=str(uuid.uuid4())) for m in messages])
         committed = self.inner.commit(marker, operations, marker_body=marker_body, written=written)
         if messages and self.mode == "after-commit":
             self.dispatcher.dispatch(messages)
-        return committed
+        return self._hidden(committed)
+
+    def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
+        record = self.inner.get_record(partition, record_id)
+        return None if record is None else self._hidden(record)
+
+
+class MarkFirstDispatch:
+    """Counter-proof of the Event Hubs outbox: the partition's mark moves before the batch's
+    messages are sent. `dispatch` holds what an Event Hubs invocation dispatches; the mark's
+    write, through `store(...)`, sends it right after it succeeded: a crash in between (a
+    dispatch fault) loses it, since the replay finds its events under the mark. Everything
+    else is dispatched at once."""
+
+    def __init__(self, dispatcher: Any) -> None:
+        self.inner = dispatcher
+
+    def dispatch(self, messages: Sequence[Any]) -> None:
+        inv = current()
+        if inv is None or not inv.batch:
+            self.inner.dispatch(messages)
+            return
+        inv.held.extend(messages)
+
+    def marked(self) -> None:
+        """The current invocation's mark was written: send what it held."""
+        inv = current()
+        if inv is not None and inv.held:
+            held, inv.held = list(inv.held), []
+            self.inner.dispatch(held)
+
+    def store(self, inner: IdempotencyStore) -> IdempotencyStore:
+        return _MarkThenDispatch(inner, self)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _MarkThenDispatch(_Forwarding):
+    """The mark's store for `MarkFirstDispatch`: after a mark is written, the held messages go."""
+
+    def __init__(self, inner: IdempotencyStore, proof: MarkFirstDispatch) -> None:
+        super().__init__(inner)
+        self.proof = proof
+
+    def write_documents(self, partition: str, operations: Sequence[WriteOp]) -> list[Document]:
+        written = self.inner.write_documents(partition, operations)
+        if partition.startswith(HWM_PREFIX):
+            self.proof.marked()
+        return written
 
 
 class FaultySender:

@@ -624,7 +624,7 @@ class SimulatedHost:
                 self.log.start(fn.name, event.origin, host_retry=attempt > 1,
                                position=(f"{event.partition_id}@{event.incarnation}",
                                          event.sequence_number))
-            inv = Invocation(fn.name, fault if attempt == 1 else None, self.faults)
+            inv = Invocation(fn.name, fault if attempt == 1 else None, self.faults, batch=True)
             invocation_id = str(uuid.uuid4())
             policy = fn.retry
             started = time.perf_counter()

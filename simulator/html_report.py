@@ -2,7 +2,8 @@
 
 One self-contained page per run, one section per backend: deliveries and duplicates by cause over
 virtual time, faults injected (over time and by kind), outcomes per consumer, latency
-distributions, and the invariants with PASS/FAIL. Built from `simulator.report.summary` dicts, so
+distributions, each outbox hop's figures (effected, double, lost, phantom, pending), and the
+invariants with PASS/FAIL. Built from `simulator.report.summary` dicts, so
 the page shows exactly what the text report and `--json` say. The SVG is drawn by the small helpers
 below: every chart is a `<figure class="chart">` carrying `data-total` (the sum of what it plots),
 which the tests read to prove no chart is empty.
@@ -166,6 +167,21 @@ def _invariants(rows: Sequence[Mapping[str, Any]]) -> str:
             f"<tbody>{body}</tbody></table>")
 
 
+def _hops(hops: Mapping[str, Mapping[str, int]], view_mismatches: int) -> str:
+    """Each outbox hop's figures (double, lost, phantom, pending, effected) as a table."""
+    columns = ("effected", "double", "lost", "phantom", "pending")
+    body = "".join(
+        f'<tr class="{"pass" if not any(h[c] for c in columns[1:]) else "fail"}" '
+        f'data-hop="{_e(hop)}"><td>{_e(hop)}</td>'
+        + "".join(f'<td data-{c}="{h[c]}">{h[c]:,}</td>' for c in columns) + "</tr>"
+        for hop, h in hops.items())
+    total = sum(h[c] for h in hops.values() for c in columns)
+    return (f'<table class="hops" data-total="{total}"><thead><tr><th>Outbox hop</th>'
+            + "".join(f"<th>{c}</th>" for c in columns) + f"</tr></thead><tbody>{body}</tbody>"
+            f"</table><p>Balance views differing from their balance document: "
+            f"{view_mismatches:,}</p>")
+
+
 def backend_section(s: Mapping[str, Any], text_report: str = "") -> str:
     """Charts and invariants of one backend's run."""
     timeline = s["timeline"]
@@ -188,7 +204,8 @@ def backend_section(s: Mapping[str, Any], text_report: str = "") -> str:
         charts.append(histogram(f"Latency distribution: {kind}", hist["edges"], hist["counts"]))
     ok = all(row["ok"] for row in s["invariants"])
     kpis = (f'<p class="kpis"><b class="{"pass" if ok else "fail"}">{"PASS" if ok else "FAIL"}</b> '
-            f"double effects {s['doubleEffects']:,} · lost {s['lost']:,} · valid not effected "
+            f"double effects {s['doubleEffects']:,} · lost {s['lost']:,} · phantom "
+            f"{s.get('phantoms', 0):,} · pending {s.get('outboxPending', 0):,} · valid not effected "
             f"{s['validNotEffected']:,} · duplicates absorbed {s['duplicatesAbsorbed']:,} · "
             f"deliveries {s['deliveriesTotal']:,} · {s['virtualSeconds'] / 60:.1f} min virtual, "
             f"{s['runSeconds']:.1f} s wall</p>")
@@ -196,7 +213,8 @@ def backend_section(s: Mapping[str, Any], text_report: str = "") -> str:
                if text_report else "")
     return (f'<section class="backend" data-backend="{_e(s["backend"])}"><h2>{_e(s["backend"])} backend '
             f"(seed {s['seed']}, {s['messagesSent']:,} messages, {s['eventsSent']:,} events)</h2>"
-            f'{kpis}<div class="charts">{"".join(charts)}</div><h3>Invariants</h3>'
+            f'{kpis}<div class="charts">{"".join(charts)}</div><h3>Outbox hops</h3>'
+            f"{_hops(s.get('hops', {}), s.get('viewMismatches', 0))}<h3>Invariants</h3>"
             f"{_invariants(s['invariants'])}{details}</section>")
 
 

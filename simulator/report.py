@@ -105,6 +105,7 @@ def summary(result: ScenarioResult) -> dict[str, Any]:
         "effects": dict(check.effects),
         "doubleEffects": doubles, "lost": sum(check.lost.values()),
         "phantoms": sum(check.phantoms.values()), "outboxPending": check.outbox_pending,
+        "hops": check.hops(), "viewMismatches": len(check.view_mismatches),
         "partialEffects": sum(check.partial.values()),
         "balanceMismatches": len(check.balance_mismatches),
         "validNotEffected": sum(check.valid_not_effected.values()),
@@ -137,6 +138,12 @@ def summary(result: ScenarioResult) -> dict[str, Any]:
     }
 
 
+def hop_line(hops: dict[str, dict[str, int]]) -> str:
+    """Each outbox hop's double / lost / phantom / pending figures, on one line."""
+    return "; ".join(f"{hop}: double {_n(h['double'])}, lost {_n(h['lost'])}, phantom "
+                     f"{_n(h['phantom'])}, pending {_n(h['pending'])}" for hop, h in hops.items())
+
+
 def format_report(result: ScenarioResult) -> str:
     s = summary(result)
     return "\n".join([*_traffic(result, s), *_effects(result, s), *_refusals(result, s),
@@ -151,7 +158,9 @@ def _traffic(result: ScenarioResult, s: dict[str, Any]) -> list[str]:
              f"{config.consumers} consumers, duplicate rate {config.duplicate_rate:g}, "
              f"fault rate {config.fault_rate:g}"
              + (", DEDUP OFF" if config.dedup_off else "")
-             + (f", NON-ATOMIC {config.non_atomic}" if config.non_atomic else "") + ") =="]
+             + (f", NON-ATOMIC {config.non_atomic}" if config.non_atomic else "")
+             + (f", PUBLISH {config.publish.upper()}" if config.publish != "outbox" else "")
+             + ") =="]
     lines.append(f"Sent: {_n(s['messagesSent'])} Service Bus messages (orders {_n(kinds['order'])}, "
                  f"order status {_n(kinds['order_status'])}, notifications "
                  f"{_n(kinds['notification'])} x 2 subscriptions) and {_n(s['eventsSent'])} "
@@ -187,6 +196,8 @@ def _effects(result: ScenarioResult, s: dict[str, Any]) -> list[str]:
                  f"partial effects: {_n(s['partialEffects'])}   balance mismatches: "
                  f"{_n(s['balanceMismatches'])}   PHANTOM: {_n(s['phantoms'])}   "
                  f"PENDING: {_n(s['outboxPending'])}")
+    lines.append("Outbox hops: " + hop_line(s["hops"])
+                 + f"; balance views differing from their balance: {_n(s['viewMismatches'])}")
     lines.append(valid_line(check, api_honours_key=result.config.api_honours_key))
     for reason, n in sorted({**check.valid_not_effected, **check.valid_also_refused}.items(),
                             key=lambda kv: -kv[1]):

@@ -33,6 +33,7 @@ from simulator.faults import (
     FaultPlan,
     FaultySender,
     FaultyStore,
+    MarkFirstDispatch,
     NonAtomicStore,
     OutageController,
     OutboxBypassStore,
@@ -71,7 +72,8 @@ class ScenarioConfig:
     non_atomic: str | None = None  # effect-first | marker-first
     api_honours_key: bool = True
     transient_as_permanent: bool = False  # counter-proof: 429/503 surface as a permanent 400
-    # outbox (the app as it is) | before-commit | after-commit: the outbox counter-proofs
+    # outbox (the app as it is) | before-commit | after-commit | mark-first: the outbox
+    # counter-proofs (mark-first: an Event Hubs batch's mark moves before its dispatch)
     publish: str = "outbox"
     lock_duration: int = 60
     max_delivery_count: int = 10
@@ -139,7 +141,7 @@ def app_settings(config: ScenarioConfig, endpoints: Endpoints) -> dict[str, str]
         "NOTIFICATIONS_TOPIC_NAME": "notifications",
         "NOTIFY_SUBSCRIPTION_NAME": "notify",
         "AUDIT_SUBSCRIPTION_NAME": "audit",
-        "BALANCE_CHANGES_QUEUE": "",  # payments publishes nothing: the simulated hop comes later
+        "BALANCE_CHANGES_QUEUE": "balance-changes",
         "PAYMENTS_HUB_NAME": f"payments-{run}",
         "PAYMENTS_CONSUMER_GROUP": "payments-processor",
         "SERVICEBUS_LOCK_DURATION_SECONDS": str(config.lock_duration),
@@ -219,8 +221,11 @@ def generate_workload(config: ScenarioConfig, env: dict[str, str]) -> Workload:
 
 def build_app(config: ScenarioConfig, settings: Settings, rig: Rig) -> Services:
     """The app's services on the real stores, each wrapped for fault injection (and, for a
-    counter-proof, in a dedup-off, non-atomic or outbox-bypassing variant)."""
+    counter-proof, in a dedup-off, non-atomic, outbox-bypassing or mark-first variant)."""
     real = real_stores(settings, **CLIENT_OPTIONS)
+    dispatcher: SimulatedDispatcher | MarkFirstDispatch = rig.dispatcher
+    if config.publish == "mark-first":
+        dispatcher = MarkFirstDispatch(rig.dispatcher)
 
     def faulty(role: str) -> IdempotencyStore:
         store = inner = real(role)
@@ -228,14 +233,16 @@ def build_app(config: ScenarioConfig, settings: Settings, rig: Rig) -> Services:
             inner = DedupOffStore(inner)
         if config.non_atomic:
             inner = NonAtomicStore(inner, config.non_atomic)
-        if config.publish != "outbox":
+        if isinstance(dispatcher, MarkFirstDispatch):
+            inner = dispatcher.store(inner)
+        elif config.publish != "outbox":
             inner = OutboxBypassStore(inner, config.publish, rig.dispatcher)
         return FaultyStore(inner, label=_label(store, role), server=_server_of(store),
                            outages=rig.outages,
                            transient_as_permanent=config.transient_as_permanent)
 
     return build_services(settings, stores=faulty, sender=FaultySender(rig.api), clock=rig.clock,
-                          sleep=rig.clock.sleep, dispatcher=rig.dispatcher)
+                          sleep=rig.clock.sleep, dispatcher=dispatcher)
 
 
 def start_host(config: ScenarioConfig, workload: Workload, env: dict[str, str], rig: Rig,
@@ -301,7 +308,8 @@ def observe(config: ScenarioConfig, workload: Workload, host: SimulatedHost,
         broker_dropped={(item.logical, item.variant) for item in workload.service_bus_items
                         if (item.logical, item.variant) not in host.accepted},
         outcomes=dict(outcomes), stalled_batches=stats.gave_up, faulted_deliveries=faulted,
-        outbox_delivered=True, outbox_orders=dict(rig.dispatcher.orders))
+        outbox_delivered=True, outbox_orders=dict(rig.dispatcher.orders),
+        published=dict(rig.dispatcher.bodies))
 
 
 def checkpoint_lag(hub: EventHub) -> int:

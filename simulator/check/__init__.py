@@ -30,7 +30,11 @@ Invariants:
   Event Hubs batch retried until the host gave up (in production its partition
   would stall: the retry policy is unbounded);
 * every key conflict (same id, other content) is dead-lettered or parked;
-* no dedup record left in progress (after reconciliation).
+* no dedup record left in progress (after reconciliation);
+* the outbox's hops (orders -> notify/audit, payments -> balance_projection): every
+  committed effect's messages effected exactly once downstream, none published for an
+  effect that did not commit (phantoms), none left pending after reconciliation, and each
+  account's balance view equal to its balance document.
 
 `OutcomeUnknown` is the notifications' honest "the call may or may not have
 landed" when the API does not honour Idempotency-Key and a timeout hid the
@@ -41,7 +45,8 @@ the key the app can always re-send safely, so an `OutcomeUnknown` counts as
 not effected like any other reason.
 
 One `Evidence` (evidence.py) holds what the checks read; each consumer's checks are
-a module (orders, order_status, payments, notifications, outbox, invalid_input, host),
+a module (orders, order_status, payments, notifications, outbox, balance_changes,
+invalid_input, host),
 a function from the evidence to its invariants that also adds to the shared tallies
 (`CheckResult`); checker.py runs them and states the invariants across consumers.
 `python -m simulator.check` (cli.py) runs them against a real deployment.

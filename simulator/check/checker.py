@@ -6,7 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from simulator.check import host, invalid_input, notifications, order_status, orders, outbox, payments
+from simulator.check import (
+    balance_changes,
+    host,
+    invalid_input,
+    notifications,
+    order_status,
+    orders,
+    outbox,
+    payments,
+)
 from simulator.check.evidence import Evidence, gather
 from simulator.check.result import CheckResult, Invariant, valid_detail
 from simulator.check.stores import Stores
@@ -17,7 +26,8 @@ Check = Callable[[Evidence, CheckResult], list[Invariant]]
 #: Every consumer's (and hop's) checks, in report order: adding a consumer's checks is one
 #: module with a `check(evidence, result)` and its entry here.
 CHECKS: tuple[Check, ...] = (orders.check, order_status.check, payments.check,
-                             notifications.check, outbox.check, invalid_input.check, host.check)
+                             notifications.check, outbox.check, balance_changes.check,
+                             invalid_input.check, host.check)
 
 
 def run_checks(evidence: Evidence, *, check_in_progress: bool = True) -> CheckResult:

@@ -79,8 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.sent, encoding="utf-8") as handle:
         meta, items = load_ledger(json.load(handle))
     stores, hub = stores_from_settings()
+    # A deployment's outbox sends through its broker to the consumers (the notification API's
+    # log is not read: OrderAccepted goes unchecked; balance_projection's markers are read).
     evidence = Evidence(api_honours_key=os.environ.get(
-        "NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY", "true").strip().lower() not in ("false", "0", "no"))
+        "NOTIFICATION_API_HONOURS_IDEMPOTENCY_KEY", "true").strip().lower() not in ("false", "0", "no"),
+        outbox_delivered=True)
     if args.servicebus_connection or args.servicebus_namespace:
         from azure.servicebus import ServiceBusClient
 

@@ -85,10 +85,14 @@ class Evidence:
     # for which the harness drew a fault). All of them faulted = the broker's max delivery
     # count was run out by the fault injector, not by a decision of the app.
     faulted_deliveries: dict[tuple[str, str, int, int], tuple[int, int]] | None = None
-    # What orders published went through the (simulated) broker to notify and audit, so each
-    # committed order's OrderAccepted must show in `api_calls` (False: a test's own dispatcher).
+    # What the outbox published went through a broker to its consumers (orders: notify and
+    # audit, so each committed order's OrderAccepted must show in `api_calls`; payments:
+    # balance_projection). False: a test's own dispatcher kept it.
     outbox_delivered: bool = False
     outbox_orders: dict[str, str] = field(default_factory=dict)  # message id -> order id
+    # Every message the outbox's dispatcher sent, by id: (destination, body) (None where the
+    # harness cannot see: real brokers).
+    published: dict[str, tuple[str, bytes]] | None = None
     # -- the run: what was sent, and where its effects are ------------------------------
     items: list[Item] = field(default_factory=list)
     stores: Stores | None = None

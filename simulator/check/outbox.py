@@ -11,19 +11,21 @@ from simulator.check.evidence import CHANNELS, DeadLetter, Evidence
 from simulator.check.result import CheckResult, Invariant
 from simulator.faults import ApiCall
 
+KIND = "OrderAccepted"  # the tallies' key prefix for this hop
+
 
 def check(evidence: Evidence, result: CheckResult) -> list[Invariant]:
     committed = _committed(evidence, result)
     if evidence.api_calls is not None and evidence.outbox_delivered:
         _delivered(evidence, result, committed, evidence.api_calls)
+    phantoms = {k: n for k, n in result.phantoms.items() if k.startswith(KIND)}
+    pending = result.pending[KIND]
     return [
-        Invariant("no message published for an effect that did not commit (no phantoms)",
-                  not result.phantoms,
-                  f"{sum(result.phantoms.values())} phantoms {dict(result.phantoms)}"
-                  if result.phantoms else ""),
-        Invariant("no outgoing message left pending after reconciliation",
-                  result.outbox_pending == 0,
-                  f"{result.outbox_pending} orders still pending" if result.outbox_pending else ""),
+        Invariant("no OrderAccepted for an order that did not commit (no phantoms)",
+                  not phantoms,
+                  f"{sum(phantoms.values())} phantoms {phantoms}" if phantoms else ""),
+        Invariant("no OrderAccepted left pending after reconciliation",
+                  pending == 0, f"{pending} orders still pending" if pending else ""),
     ]
 
 
@@ -37,7 +39,7 @@ def _committed(evidence: Evidence, result: CheckResult) -> dict[str, str]:
         committed[order_id] = json.dumps([round(float(row.get("total") or 0), 2),
                                           row.get("lineCount")])
         if int(row.get("outboxChunks") or 0) > 0:
-            result.outbox_pending += 1
+            result.pending[KIND] += 1
             result.example("pending", f"order {order_id} still carries its messages")
     return committed
 

@@ -6,6 +6,13 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+#: The outbox hops, each by the kind of message it carries (the prefix of its tallies' keys).
+HOPS = {"orders -> notify/audit": "OrderAccepted", "payments -> balance_projection": "BalanceChanged"}
+
+
+def _prefixed(counter: Counter[str], kind: str) -> int:
+    return sum(n for key, n in counter.items() if key.startswith(kind))
+
 
 @dataclass
 class Invariant:
@@ -50,10 +57,28 @@ class CheckResult:
     accounts_checked: int = 0
     in_progress: int = 0
     phantoms: Counter[str] = field(default_factory=Counter)  # published for no committed effect
-    outbox_pending: int = 0  # markers still carrying outgoing messages after reconciliation
+    # Committed messages still pending after reconciliation, by message kind (a marker still
+    # carrying them; an Event Hubs marker: its event above the partition's mark).
+    pending: Counter[str] = field(default_factory=Counter)
+    view_mismatches: list[dict[str, Any]] = field(default_factory=list)  # balance views
+    views_checked: int = 0
     unverified: Counter[str] = field(default_factory=Counter)
     examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     invariants: list[Invariant] = field(default_factory=list)
+
+    @property
+    def outbox_pending(self) -> int:
+        """Committed messages still pending after reconciliation, every hop."""
+        return sum(self.pending.values())
+
+    def hops(self) -> dict[str, dict[str, int]]:
+        """Each outbox hop's figures: double effects, lost, phantoms, pending downstream."""
+        return {hop: {"double": _prefixed(self.double_effects, kind),
+                      "lost": _prefixed(self.lost, kind),
+                      "phantom": _prefixed(self.phantoms, kind),
+                      "pending": _prefixed(self.pending, kind),
+                      "effected": _prefixed(self.effects, kind)}
+                for hop, kind in HOPS.items()}
 
     def example(self, what: str, text: str) -> None:
         if len(self.examples[what]) < 5:
@@ -80,6 +105,8 @@ class CheckResult:
             "hostExceptions": dict(self.host_exceptions), "stalledBatches": self.stalled_batches,
             "inProgress": self.in_progress, "unverified": dict(self.unverified),
             "phantoms": dict(self.phantoms), "outboxPending": self.outbox_pending,
+            "pending": dict(self.pending), "hops": self.hops(),
+            "viewMismatches": self.view_mismatches[:20], "viewsChecked": self.views_checked,
             "accountsChecked": self.accounts_checked,
             "examples": dict(self.examples),
             "invariants": [{"name": i.name, "ok": i.ok, "detail": i.detail} for i in self.invariants],

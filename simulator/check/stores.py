@@ -8,6 +8,7 @@ from typing import Any
 
 from shared import IdempotencyStore
 from shared.stores import CosmosIdempotencyStore, TableIdempotencyStore
+from shared.stores.memory import InMemoryIdempotencyStore
 from simulator.faults import innermost
 
 Row = dict[str, Any]  # an entity or document, flattened, with `_id` and `_partition`
@@ -60,6 +61,12 @@ def scan(store: IdempotencyStore, partition_prefix: str | None = None) -> list[R
         for item in items:
             rows.append({**item, "_id": item["id"], "_partition": item.get(field_name)})
         return rows
+    if isinstance(inner, InMemoryIdempotencyStore):  # unit tests of the checks
+        with inner._lock:  # the test double keeps its rows private; read them as they are
+            stored = list(inner._rows.items())
+        return [{**dict(properties), "_id": row_id, "_partition": partition}
+                for (partition, row_id), (properties, _) in stored
+                if not partition_prefix or partition.startswith(partition_prefix)]
     raise TypeError(f"cannot scan a {type(inner).__name__}")
 
 

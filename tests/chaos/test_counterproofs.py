@@ -64,3 +64,19 @@ def test_transient_failures_read_as_permanent_leave_valid_messages_not_effected(
     assert "[FAIL] every valid message effected" in out and "[PASS] nothing lost" in out
     assert f"valid messages not effected: {summary['validNotEffected']}" in out
     assert "INVARIANT BROKEN" in out
+
+
+def test_the_demo_moving_the_mark_before_the_dispatch_reports_lost_balance_changes(seed, tmp_path,
+                                                                                    capsys):
+    """`--publish mark-first`: an Event Hubs batch's mark moves before its BalanceChanged go
+    out, so a dispatch fault after the mark loses them (the replay finds the events covered)."""
+    report = tmp_path / "report.json"
+    code = demo_main(["--backend", "cosmos", "--messages", "0", "--events", "1200", "--seed",
+                      str(seed), "--fault-rate", "0.3", "--publish", "mark-first", "--serial",
+                      "--no-progress", "--json", str(report), "--report-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    hop = json.loads(report.read_text())["backends"]["cosmos"]["hops"]["payments -> balance_projection"]
+    assert hop["lost"] > 0 and hop["double"] == hop["phantom"] == 0, out
+    assert "PUBLISH MARK-FIRST" in out and "[FAIL] nothing lost" in out
+    assert "cosmos outbox hops: " in out and "INVARIANT BROKEN" in out

@@ -42,6 +42,8 @@ class _Page(HTMLParser):
         self.errors: list[str] = []
         self.charts: list[dict[str, Any]] = []
         self.rows: list[list[str]] = []
+        self.hops: dict[str, dict[str, int]] = {}  # the outbox hops table: hop -> figures
+        self._table_classes: list[str] = []
         self._in_caption = False
         self._row: list[str] | None = None
         self._cell = False
@@ -60,8 +62,16 @@ class _Page(HTMLParser):
                 self.charts[-1]["marks"] += 1
         if tag == "figcaption":
             self._in_caption = True
-        if tag == "tr" and "invariants" in self._tables():
+        if tag == "table":
+            self._table_classes.append(values.get("class") or "")
+        if tag == "tr" and self._tables() == "invariants":
             self._row = []
+        if tag == "tr" and self._tables() == "hops" and values.get("data-hop"):
+            self.hops[str(values["data-hop"])] = {}
+        if tag == "td" and self._tables() == "hops" and self.hops:
+            for name, value in values.items():
+                if name.startswith("data-") and value is not None:
+                    self.hops[next(reversed(self.hops))][name[5:]] = int(value)
         if tag == "td":
             self._cell = True
             if self._row is not None:
@@ -81,6 +91,8 @@ class _Page(HTMLParser):
             self.errors.append(f"</{tag}> closes {self.stack[-1:] or 'nothing'}")
             return
         self.stack.pop()
+        if tag == "table":
+            self._table_classes.pop()
         if tag == "figcaption":
             self._in_caption = False
         if tag == "td":
@@ -97,7 +109,8 @@ class _Page(HTMLParser):
             self._row[-1] += data
 
     def _tables(self) -> str:
-        return "invariants" if "table" in self.stack else ""
+        """The class of the innermost table open here ("" outside tables)."""
+        return self._table_classes[-1] if self._table_classes else ""
 
 
 def parse(page: str) -> _Page:
@@ -169,6 +182,10 @@ def test_the_charts_show_the_runs_own_numbers(demo_run):
     assert totals["Outcomes per consumer (function)"] == outcomes == numbers["deliveriesTotal"]
     rows = [(row[0], row[1]) for row in page.rows]
     assert rows == [("PASS" if inv["ok"] else "FAIL", inv["name"]) for inv in numbers["invariants"]]
+    # Both outbox hops, with the run's own figures: each committed message effected downstream.
+    assert page.hops == numbers["hops"]
+    assert set(page.hops) == {"orders -> notify/audit", "payments -> balance_projection"}
+    assert all(hop["effected"] > 0 for hop in page.hops.values()), page.hops
 
 
 def test_chromium_renders_the_report_headless(demo_run, chromium, tmp_path):
@@ -218,3 +235,15 @@ def test_counter_proof_an_empty_series_is_seen_as_an_empty_chart():
     page = parse(render({"cosmos": _summary(faultsInjected={})}))
     faults = next(c for c in page.charts if c["caption"] == "Faults injected, by kind")
     assert faults["total"] == 0 and faults["marks"] == 0
+
+
+def test_each_outbox_hop_is_a_row_and_a_broken_one_shows_as_fail():
+    hops = {"orders -> notify/audit": {"double": 0, "lost": 0, "phantom": 0, "pending": 0,
+                                       "effected": 4},
+            "payments -> balance_projection": {"double": 0, "lost": 1, "phantom": 0, "pending": 0,
+                                               "effected": 3}}
+    page = render({"cosmos": _summary(hops=hops, viewMismatches=1)})
+    assert parse(page).hops == hops
+    assert '<tr class="pass" data-hop="orders -&gt; notify/audit">' in page
+    assert '<tr class="fail" data-hop="payments -&gt; balance_projection">' in page
+    assert "Balance views differing from their balance document: 1" in page
