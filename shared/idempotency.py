@@ -553,8 +553,8 @@ class Idempotency(BaseIdempotency, Sync):
         def decorate(function: Callable[P, Any]) -> Callable[P, Outcome]:
             @functools.wraps(function)
             def wrapper(*args: P.args, **kwargs: P.kwargs) -> Outcome:
-                dedup_key, digest = identify(key, payload, fields, args, kwargs)
-                return self.run(dedup_key, digest, lambda: function(*args, **kwargs))
+                dedup_key, request_hash = identify(key, payload, fields, args, kwargs)
+                return self.run(dedup_key, request_hash, lambda: function(*args, **kwargs))
             return wrapper
         return decorate
 
@@ -571,7 +571,7 @@ class AsyncIdempotency(BaseIdempotency, Async):
         def decorate(function: Callable[P, Any]) -> Callable[P, Awaitable[Outcome]]:
             @functools.wraps(function)
             async def wrapper(*args: P.args, **kwargs: P.kwargs) -> Outcome:
-                dedup_key, digest = identify(key, payload, fields, args, kwargs)
-                return await self.run(dedup_key, digest, lambda: function(*args, **kwargs))
+                dedup_key, request_hash = identify(key, payload, fields, args, kwargs)
+                return await self.run(dedup_key, request_hash, lambda: function(*args, **kwargs))
             return wrapper
         return decorate

@@ -266,17 +266,17 @@ class RequestHash(str):
             return None
 
 
-def same_request(stored: str | None, digest: str) -> bool:
+def same_request(stored: str | None, hashed: str) -> bool:
     """Whether a stored request hash is this message's: equal, or a hash in the previous JSON
     form that this payload also has (records written before the canonical form; some, like
     markers that never expire, outlive any retention window, so the previous form is accepted
     for as long as such records exist; it costs nothing until one is met)."""
-    if stored == digest:
+    if stored == hashed:
         return True
-    if (stored is None or not stored.startswith(LEGACY_PREFIX) or not isinstance(digest, RequestHash)
-            or digest.startswith(LEGACY_PREFIX)):
+    if (stored is None or not stored.startswith(LEGACY_PREFIX) or not isinstance(hashed, RequestHash)
+            or hashed.startswith(LEGACY_PREFIX)):
         return False
-    return digest.legacy() == stored
+    return hashed.legacy() == stored
 
 
 def request_hash(payload: Any, *, fields: tuple[str, ...] | None = None) -> RequestHash:

@@ -273,12 +273,14 @@ class OutageController:
     wrapped stores for `duration` wall seconds (the chaos runs' short outages);
     `pause` insists on pausing the process; `fail-fast` fails every call to the
     server's stores at once with 503 for `duration` seconds of `clock` (the
-    simulation's virtual clock).
+    simulation's virtual clock). `meets`: an outage asked for starts at the next
+    store call of that function instead of at once, so it is sure to meet that
+    consumer (a paused store otherwise holds every thread in other calls).
     """
 
     def __init__(self, log: FaultLog, *, processes: dict[str, int] | None = None,
                  duration: float = 2.5, mode: str = "auto",
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, meets: str | None = None) -> None:
         if mode not in OUTAGE_MODES:
             raise ValueError(f"unknown outage mode {mode!r}; one of {OUTAGE_MODES}")
         self.log = log
@@ -286,6 +288,8 @@ class OutageController:
         self.duration = duration
         self.mode = mode
         self.clock = clock
+        self.meets = meets
+        self._armed: set[str] = set()  # servers whose outage waits for a call of `meets`
         self._until: dict[str, tuple[Callable[[], float], float]] = {}  # fail fast until
         self._paused_until: dict[str, float] = {}  # monotonic
         self._threads: list[threading.Thread] = []
@@ -325,6 +329,23 @@ class OutageController:
         return True
 
     def start(self, server: str) -> None:
+        if self.meets is not None:
+            with self._lock:
+                self._armed.add(server)
+            return
+        self._begin(server)
+
+    def on_call(self, server: str, function: str) -> None:
+        """A store call of `function` on `server` is about to be made: an armed outage begins."""
+        if function != self.meets or server not in self._armed:
+            return
+        with self._lock:
+            if server not in self._armed:
+                return
+            self._armed.discard(server)
+        self._begin(server)
+
+    def _begin(self, server: str) -> None:
         self.log.fired(FaultKind.OUTAGE)
         pid = self.processes.get(server)
         if self.mode == "fail-fast":
@@ -341,16 +362,18 @@ class OutageController:
             clock = self.clock if mode == "fail-fast" and self.clock is not None else time.monotonic
             self._until[server] = (clock, clock() + self.duration)
             return
+        assert pid is not None  # _alive
+        # SIGSTOP the server's process group now (it keeps its data): the next call is held.
+        group = os.getpgid(pid)
         self._paused_until[server] = time.monotonic() + self.duration
-        thread = threading.Thread(target=self._pause, args=(pid,), daemon=True,
+        os.killpg(group, signal.SIGSTOP)
+        thread = threading.Thread(target=self._resume, args=(group,), daemon=True,
                                   name=f"outage-{server}")
         self._threads.append(thread)
         thread.start()
 
-    def _pause(self, pid: int) -> None:
-        """SIGSTOP the server's process group (it keeps its data), SIGCONT after the stretch."""
-        group = os.getpgid(pid)
-        os.killpg(group, signal.SIGSTOP)
+    def _resume(self, group: int) -> None:
+        """SIGCONT the paused process group after the stretch."""
         try:
             time.sleep(self.duration)
         finally:
@@ -457,6 +480,8 @@ class FaultyStore(_Forwarding):
             if inv.lock_expiry is not None:
                 inv.lock_expiry()
         outages = self.outages
+        if outages is not None:
+            outages.on_call(self.server, inv.name)
         during = outages is not None and outages.active(self.server)
         if outages is not None and outages.blocked(self.server):
             outages.record_failure(self.server, inv.name)

@@ -65,6 +65,7 @@ class ScenarioConfig:
     # answers 503 for outage_seconds of virtual time (see simulator.faults.OutageController).
     outage_mode: str = "auto"
     outage_servers: tuple[str, ...] | None = None  # default: the backend's store, then Azurite
+    outage_meets: str | None = None  # start each outage at this function's next store call
     hub_failovers: int = 0  # the event hub recreated / failed over (sequence numbers restart)
     hostile: bool = True  # the hostile-input cases in the workload (see simulator.workload)
     oversize_bytes: int = 10 * 1024 * 1024  # one order and one payment event this large (0: none)
@@ -171,7 +172,7 @@ class Rig:
                                  non_atomic=config.non_atomic is not None)
         outages = OutageController(faults, processes=endpoints.processes,
                                    duration=config.outage_seconds, mode=config.outage_mode,
-                                   clock=clock)
+                                   clock=clock, meets=config.outage_meets)
         return cls(clock, FakeNotificationApi(honours_key=config.api_honours_key), faults, plan,
                    outages, SimulatedDispatcher())
 

@@ -20,6 +20,9 @@ parked), Azurite on the table backend (everything down, parking included).
   thread, and a batch against a paused store holds its thread for the SDK's timeouts: with
   as many instances as partitions, every thread would sit in a batch for the whole pause.
   Six instances share two partitions, so four of them keep receiving Service Bus messages.
+  The pause begins at the first `payments` store call after its send point: begun at the
+  send point itself, it could find every thread in a Service Bus call and end before any
+  batch met it.
 """
 
 from __future__ import annotations
@@ -54,7 +57,9 @@ def outage_runs(chaos_stacks, seed, tmp_path_factory):
             backend=backend, seed=seed, messages=messages, events=events, duplicate_rate=0.1,
             consumers=consumers, partitions=partitions,
             fault_rate=0, outages=1, outage_seconds=OUTAGE_SECONDS, outage_mode=mode,
-            outage_servers=(server_of(backend),), duration=60.0, hostile=False, oversize_bytes=0,
+            outage_servers=(server_of(backend),),
+            outage_meets="payments" if mode == "pause" else None,
+            duration=60.0, hostile=False, oversize_bytes=0,
             tag=f"o{list(RUNS).index(name)}") for backend in BACKENDS}
         for backend, result in run_in_workers(configs, chaos_stacks, logs).items():
             results[(name, backend)] = result

@@ -144,6 +144,20 @@ def test_fail_fast_outage_lasts_its_stretch_of_the_simulations_clock(store):
     assert not outages.active("cosmos")
 
 
+def test_an_outage_that_meets_a_function_begins_at_its_next_store_call(store):
+    log = FaultLog()
+    outages = OutageController(log, duration=60, meets="payments")
+    wrapped = FaultyStore(store, label="t", server="azurite", outages=outages)
+    outages.start("azurite")
+    with invocation(Invocation("orders", None, log)):
+        assert wrapped.read_document("p8", "d") is None  # armed, not begun: orders passes
+    assert outages.history == [] and not outages.active("azurite")
+    with invocation(Invocation("payments", None, log)), pytest.raises(StoreUnavailableError):
+        wrapped.read_document("p8", "d")
+    assert outages.history == [("azurite", "proxy", 60)]
+    assert outages.failed_calls == {"azurite: payments": 1}
+
+
 def test_pause_mode_refuses_a_server_the_harness_did_not_start():
     outages = OutageController(FaultLog(), mode="pause")
     with pytest.raises(RuntimeError):
