@@ -51,6 +51,17 @@ RU_WRITE_1KB_DEFAULT = 4.95
 RU_WRITE_2KB_DEFAULT = 6.29
 RU_READ_1KB = 1.0
 INDEX_SHARE = (0.2, 0.4)  # assumption: low / high share of a small item's write charge
+# Telemetry per message at the default trace sampling (TRACE_SAMPLING_RATIO), from the item sizes
+# `benchmarks.telemetry_bytes` measured with the real exporter (2026-12-03, full sampling): a valid
+# message writes no log record, so it costs its trace times the ratio plus its share of one metric
+# export (about 0.9 B at 1,000 msg/s and the 60 s interval); a payments event its share of the
+# batch summary record (950 B per 100-event batch) and of the batch's trace (about 27 KB). HTTP is
+# not in the demo: 4 store calls of about 2.1 KB of spans each.
+TRACE_SAMPLING = 0.001
+METRIC_BYTES = 0.9
+TRACE_BYTES = {"orders": 4354, "duplicate (order)": 3094, "notifications (two-phase)": 5365,
+               "HTTP (Idempotency-Key)": 8600}
+BATCH_SUMMARY_BYTES, BATCH_TRACE_BYTES, BATCH_EVENTS = 950, 27_000, 100
 RETENTION_SECONDS = 7 * 24 * 3600  # DEDUP_TTL_SECONDS default
 RATE = 1000  # messages per second, steady state
 
@@ -116,6 +127,13 @@ def cosmos_ru(f: PathFigures, indexed: int | None) -> tuple[float, float]:
             f.marker_writes * hi + f.other_writes * o_hi + f.reads * RU_READ_1KB)
 
 
+def telemetry_bytes(path: str) -> float:
+    """Bytes exported per message of `path` (computed from the measured item sizes above)."""
+    if path.startswith("payments"):
+        return (BATCH_SUMMARY_BYTES + BATCH_TRACE_BYTES * TRACE_SAMPLING) / BATCH_EVENTS + METRIC_BYTES
+    return TRACE_BYTES[path] * TRACE_SAMPLING + METRIC_BYTES
+
+
 def money_rows(figures: list[PathFigures]) -> list[list[str]]:
     rows = []
     for f in figures:
@@ -148,14 +166,14 @@ def money_rows(figures: list[PathFigures]) -> list[list[str]]:
                        f"+${per_day * price_gb:.2f}/month per day")
         rows.append([f.path, f.backend + (" (Table)" if f.table_always and f.backend == "cosmos" else ""),
                      f"{f.requests:.2f} M", ru, serverless, provisioned, transactions,
-                     f"{f.marker_bytes} B", storage, "see telemetry bytes below",
+                     f"{f.marker_bytes} B", storage, f"{telemetry_bytes(f.path) / 1000:.3f}",
                      f"{f.cpu_ms * million / 1000:.0f} s"])
     return rows
 
 
 HEADERS = ("Path", "Backend", "Store requests", "Cosmos RU/msg (default / point policy)",
            "Cosmos serverless", "Cosmos provisioned at 1,000 msg/s", "Table transactions",
-           "Marker bytes (measured)", "Stored at 1,000 msg/s, 7-day TTL", "Telemetry GB",
+           "Marker bytes (measured)", "Stored at 1,000 msg/s, 7-day TTL", "Telemetry GB (computed)",
            "Client CPU-s")
 
 
@@ -231,10 +249,12 @@ def _measure(backend: str, stack: Any, messages: int, payments_cpu_ms: float | N
     def handle_order(i: int) -> Any:
         return services.orders.handle(InboundMessage(f"ORD-{run}-{i}", order(i)))
 
-    # orders: the order document is the marker (one write per new order)
+    # orders: the order document is the marker; its commit carries the OrderAccepted message,
+    # then the dispatch is recorded on it (two writes of the order document per new order)
     req, reads, cpu = measured(handle_order, messages)
     size, props = size_of(newest_marker(services.stores["orders"]), not cosmos)
-    out.append(PathFigures("orders", backend, messages, req, reads, 1, 0, size, props, cpu, kept=True))
+    out.append(PathFigures("orders", backend, messages, req, reads, req - reads, 0, size, props, cpu,
+                           kept=True))
     # duplicates (of orders): the same messages again (the create fails 409, the marker is read)
     req, reads, cpu = measured(handle_order, messages)
     out.append(PathFigures("duplicate (order)", backend, messages, req, reads, req - reads, 0, 0, props, cpu))
@@ -260,7 +280,8 @@ def _measure(backend: str, stack: Any, messages: int, payments_cpu_ms: float | N
                            (batches - 1) * 100, req / 100, reads / 100, 1, (20 + 1) / 100, size, props,
                            payments_cpu_ms if payments_cpu_ms is not None else cpu / 100))
 
-    # HTTP: Idempotency-Key, atomic on the ledger (marker + balance in one transaction)
+    # HTTP: the Idempotency-Key record two-phase (create, complete) around the ledger's posting
+    # (the balance read; marker + balance + BalanceChanged in one transaction; dispatch recorded)
     def http(i: int) -> Any:
         return services.http_payments.handle(
             {"Content-Type": "application/json", "Idempotency-Key": f"k-{run}-{i}"},
