@@ -57,7 +57,7 @@ def group_of(filename: str) -> str:
 
 
 def report(stats: pstats.Stats, events: int, top: int) -> str:
-    raw = stats.stats  # type: ignore[attr-defined]
+    raw = stats.stats  # type: ignore[attr-defined]  # pstats keeps its table here; typeshed omits it
     by_group: dict[str, float] = defaultdict(float)
     total = 0.0
     rows = []
