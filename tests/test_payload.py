@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.payload import (
+    MAX_DEPTH,
     MAX_SAFE_INTEGER,
     InvalidPayloadError,
+    _depth,  # the walk the shortcut skips: the oracle
+    check_text,
     exact_integer,
     parse_json,
     parse_json_object,
@@ -80,3 +84,43 @@ def test_ordinary_json_round_trips(value):
 def test_arbitrary_bytes_never_escape_as_another_exception(body):
     with contextlib.suppress(InvalidPayloadError):  # any other exception fails the test
         parse_json(body, max_bytes=200)
+
+
+# Strings that put surrogates, escaped backslashes before "ud8..", brackets and quotes into a body.
+_TRICKY = st.lists(st.sampled_from(["\ud800", "\udbff", "\udc00", "\udfff", "\ud83d\ude00", "\\ud800",
+                                    "\\", "[[[", "{", '"', "a", "\u00e9"]), max_size=4).map("".join)
+
+
+def _hex_upper(match: re.Match[str]) -> str:
+    return match.group(0)[:2] + match.group(0)[2:].upper()
+
+
+def _outcome(parse, body: bytes) -> tuple[str, object]:
+    try:
+        return "ok", parse(body)
+    except InvalidPayloadError as error:
+        return "refused", error.reason
+
+
+def _without_shortcuts(body: bytes) -> object:
+    """The decoder as it was before its shortcuts: every body's nesting walked byte by byte,
+    every decoded string checked for surrogates."""
+    if _depth(body) > MAX_DEPTH:
+        raise InvalidPayloadError("TooDeeplyNested", "")
+    value = parse_json(body, max_bytes=10**6, max_depth=10**6)
+    check_text(value)
+    return value
+
+
+@given(st.recursive(st.none() | st.integers(-99, 99) | _TRICKY,
+                    lambda inner: st.lists(inner, max_size=3)
+                    | st.dictionaries(_TRICKY, inner, max_size=3), max_leaves=8),
+       st.integers(0, 40), st.booleans(), st.booleans())
+def test_the_shortcuts_refuse_exactly_what_the_full_checks_refuse(value, wrap, upper, ascii_only):
+    """Counting brackets before walking them, and checking strings only when the body holds a
+    surrogate escape, decide every body as the full walk and check do."""
+    text = "[" * wrap + json.dumps(value, ensure_ascii=ascii_only) + "]" * wrap
+    if upper:
+        text = re.sub(r"\\u[0-9a-f]{4}", _hex_upper, text)
+    body = text.encode("utf-8", "surrogatepass")
+    assert _outcome(lambda b: parse_json(b, max_bytes=10**6), body) == _outcome(_without_shortcuts, body)
