@@ -1,6 +1,7 @@
 """Where the client CPU of a latency-benchmark variant goes (cProfile, one variant at a time).
 
     .venv/bin/python -m benchmarks.profile_cpu --variant app --backend cosmos --accounts 20
+    .venv/bin/python -m benchmarks.profile_cpu --orders 500 --backend table
 
 Runs the latency benchmark's scenario (relays, counted clients, the same workload) for one
 variant and one backend under cProfile, then prints self time grouped by package (the SDK's
@@ -8,13 +9,21 @@ request pipeline, the transport, this project's code, json, ...) and the top fun
 self and by cumulative time, per event. Only the variant's batches are profiled (not the
 setup, the warm-up batch, the RTT checks or the harness between batches). Self times are
 cProfile's (it inflates call-heavy code); the grouping is what to compare.
+
+`--orders N` profiles the Service Bus path instead: the registered `orders` function, called
+as the worker calls it (a `ServiceBusReceivedMessage` built by the worker's own converter,
+built before the profile starts) on services built as the host builds them (the hops
+benchmark's: real stores on the local servers, the outbox's Service Bus client a recording
+stand-in), N new orders and then each once more as a redelivery, on loopback.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import logging
+import os
 import pstats
 import time
 import warnings
@@ -81,6 +90,45 @@ def report(stats: pstats.Stats, events: int, top: int) -> str:
     return "\n".join(lines)
 
 
+def profile_orders(environment: dict[str, str], backend: str, count: int,
+                   profiler: cProfile.Profile | None) -> tuple[int, float]:
+    """Deliveries made and their CPU seconds: `count` new orders, then each redelivered."""
+    from benchmarks import hops
+    from simulator.host_inputs import RecordingActions, SentMessage, service_bus_message
+
+    for name, value in hops.app_settings().items():  # `function_app` validates these on import
+        os.environ.setdefault(name, value)
+    services = hops.build(hops.settings_env(environment, backend))
+    orders = hops.user_function("orders")
+
+    def message(order_id: str, delivery_count: int) -> Any:
+        body = {"orderId": order_id, "customerId": "C-1", "currency": "EUR",
+                "lines": [{"sku": f"SKU-{n}", "quantity": 2, "unitPrice": 9.5} for n in range(2)]}
+        return service_bus_message(SentMessage(json.dumps(body).encode(), message_id=order_id,
+                                               correlation_id="profile"),
+                                   delivery_count=delivery_count)
+
+    ids = [f"ORD-{hops.unique()}" for _ in range(count)]
+    deliveries = [message(order_id, 1) for order_id in ids] + [message(order_id, 2) for order_id in ids]
+    actions = RecordingActions()
+    with hops.installed(services):
+        orders(message=message(f"ORD-warm-{hops.unique()}", 1), message_actions=actions)
+        started = time.process_time()
+        if profiler:
+            profiler.enable()
+        try:
+            for delivery in deliveries:
+                orders(message=delivery, message_actions=actions)
+        finally:
+            if profiler:
+                profiler.disable()
+        cpu = time.process_time() - started
+    settled = {action for action, *_ in actions.settled}
+    if settled != {"complete"}:
+        raise RuntimeError(f"orders were settled {sorted(settled)}, not only completed")
+    return len(deliveries), cpu
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--variant", default="app", choices=sorted(LATENCY_VARIANTS))
@@ -90,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rtt-ms", type=float, default=5.0)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--dump", default=None, help="also write the raw profile here (pstats)")
+    parser.add_argument("--orders", type=int, default=0,
+                        help="profile the Service Bus path: this many orders, each delivered twice")
     parser.add_argument("--no-cprofile", action="store_true",
                         help="run without cProfile (to sample the process with py-spy instead)")
     args = parser.parse_args(argv)
@@ -105,10 +155,22 @@ def main(argv: list[str] | None = None) -> int:
     # The RTT check is the benchmark's guard; a profile wants the CPU, not that proof (under the
     # profiler and on a loaded machine the probes' medians are noisy).
     rtt.check_probes = lambda _probes: None
+    profiler = cProfile.Profile(time.process_time)  # CPU, not wall time spent waiting
+    if args.orders:
+        with LocalStack() as stack:
+            deliveries, cpu = profile_orders(stack.environment(), args.backend, args.orders,
+                                             None if args.no_cprofile else profiler)
+        print(f"orders / {args.backend}: {deliveries} deliveries ({args.orders} new, "
+              f"{args.orders} redelivered), {cpu * 1000 / deliveries:.3f} ms CPU/delivery"
+              + ("" if args.no_cprofile else " (under cProfile)"))
+        if not args.no_cprofile:
+            print(report(pstats.Stats(profiler), deliveries, args.top).replace("event", "delivery"))
+            if args.dump:
+                profiler.dump_stats(args.dump)
+        return 0
     with LocalStack() as stack:
         endpoints = Endpoints(stack.table_connection_string, stack.cosmos_endpoint, COSMOS_LOCAL_KEY,
                               cosmos_verify=False)
-        profiler = cProfile.Profile(time.process_time)  # CPU, not wall time spent waiting
         variant = LATENCY_VARIANTS[args.variant]
         process = variant.process
 

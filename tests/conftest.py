@@ -53,6 +53,12 @@ class StackInfo:
     cosmos_verify: bool
     stack: LocalStack | None  # None when both point at external servers
 
+    def app_settings(self) -> dict[str, str]:
+        """The app settings that point the app's stores at these servers."""
+        return {"TABLE_CONNECTION_STRING": self.table_connection_string,
+                "COSMOS_ENDPOINT": self.cosmos_endpoint, "COSMOS_KEY": self.cosmos_key,
+                "COSMOS_VERIFY_TLS": "true" if self.cosmos_verify else "false"}
+
 
 @pytest.fixture(scope="session")
 def stack() -> Iterator[StackInfo]:

@@ -10,10 +10,7 @@ from benchmarks.hops import deepest, figures, measure
 
 
 def test_the_batch_path_reaches_the_table_sdk_from_its_entry(stack):
-    endpoints = {"TABLE_CONNECTION_STRING": stack.table_connection_string,
-                 "COSMOS_ENDPOINT": stack.cosmos_endpoint, "COSMOS_KEY": stack.cosmos_key,
-                 "COSMOS_VERIFY_TLS": "true" if stack.cosmos_verify else "false"}
-    trace = measure(endpoints, backends=("table",), paths=("batch",), events=3,
+    trace = measure(stack.app_settings(), backends=("table",), paths=("batch",), events=3,
                     accounts=2)["batch", "table"]
 
     # figures() refuses a store request whose chain does not begin at the entry
