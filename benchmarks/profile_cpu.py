@@ -1,7 +1,7 @@
 """Where the client CPU of a latency-benchmark variant goes (cProfile, one variant at a time).
 
     .venv/bin/python -m benchmarks.profile_cpu --variant app --backend cosmos --accounts 20
-    .venv/bin/python -m benchmarks.profile_cpu --orders 500 --backend table
+    .venv/bin/python -m benchmarks.profile_cpu --orders 300 --backend table
 
 Runs the latency benchmark's scenario (relays, counted clients, the same workload) for one
 variant and one backend under cProfile, then prints self time grouped by package (the SDK's
