@@ -192,6 +192,7 @@ def _measure(backend: str, stack: Any, messages: int, payments_cpu_ms: float | N
     from functions.services import build_services, real_stores
     from functions.settings import Settings
     from local_stack import COSMOS_LOCAL_KEY
+    from shared.sdk_transport import proxy_configured
     from simulator.check import scan
     from simulator.faults import FakeNotificationApi
 
@@ -214,8 +215,11 @@ def _measure(backend: str, stack: Any, messages: int, payments_cpu_ms: float | N
         "COSMOS_VERIFY_TLS": "false", "COSMOS_DATABASE": f"cost{uuid.uuid4().hex[:8]}",
         "NOTIFICATION_API_URL": "http://notifications.invalid/send",
         "PAYMENTS_HUB_NAME": f"payments-{uuid.uuid4().hex[:6]}"})
-    # One counting transport (requests, one SSL context) for the app's sync store clients.
-    stores = real_stores(settings, transport=CountingTransport(counter, verify=False))
+    # One counting transport (requests, one SSL context) for the app's sync store clients,
+    # reading the environment for proxies only when the app's own transports would
+    # (shared.sdk_transport): per-request proxy and netrc lookups are not the app's cost.
+    stores = real_stores(settings, transport=CountingTransport(
+        counter, verify=False, use_env_settings=proxy_configured()))
     services = build_services(settings, stores=stores, sender=FakeNotificationApi())
     run = uuid.uuid4().hex[:6]
 

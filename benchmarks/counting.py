@@ -178,6 +178,8 @@ class CountingTransport(RequestsTransport):
     def __init__(self, counter: RequestCounter, *, verify: bool = True, pool_size: int | None = None,
                  **kwargs: Any) -> None:
         super().__init__(session=_session(verify, pool_size), session_owner=True, **kwargs)
+        if "use_env_settings" in kwargs:  # azure-core applies it only to a session it creates
+            self.session.trust_env = kwargs["use_env_settings"]
         self._counter = counter
 
     def send(self, request: Any, **kwargs: Any) -> Any:
