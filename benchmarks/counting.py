@@ -136,8 +136,10 @@ class _SharedContextAdapter(HTTPAdapter):
         super().init_poolmanager(*args, **kwargs)
 
 
-def _session(verify: bool, pool_size: int | None = None) -> requests.Session:
-    """A session with one shared SSL context; `pool_size` keeps that many connections per host.
+def _session(verify: bool, pool_size: int | None = None, *, trust_env: bool = True
+             ) -> requests.Session:
+    """A session with one shared SSL context; `pool_size` keeps that many connections per host;
+    `trust_env` is azure-core's `use_env_settings`, which it applies only to sessions it makes.
 
     requests keeps at most 10 idle connections per host by default: with more
     concurrent requests, the extra connections are closed after use and the
@@ -149,6 +151,7 @@ def _session(verify: bool, pool_size: int | None = None) -> requests.Session:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     session = requests.Session()
+    session.trust_env = trust_env
     if pool_size is None:
         session.mount("https://", _SharedContextAdapter(context))
     else:
@@ -176,10 +179,9 @@ class CountingTransport(RequestsTransport):
     """
 
     def __init__(self, counter: RequestCounter, *, verify: bool = True, pool_size: int | None = None,
-                 **kwargs: Any) -> None:
-        super().__init__(session=_session(verify, pool_size), session_owner=True, **kwargs)
-        if "use_env_settings" in kwargs:  # azure-core applies it only to a session it creates
-            self.session.trust_env = kwargs["use_env_settings"]
+                 use_env_settings: bool = True, **kwargs: Any) -> None:
+        super().__init__(session=_session(verify, pool_size, trust_env=use_env_settings),
+                         session_owner=True, use_env_settings=use_env_settings, **kwargs)
         self._counter = counter
 
     def send(self, request: Any, **kwargs: Any) -> Any:

@@ -388,18 +388,25 @@ def _entry(path: str) -> str:
     return f"functions/{ENTRIES[path]}.py:{ENTRIES[path]}"
 
 
+def order_message(order_id: str, delivery_count: int, *, correlation_id: str = "hops") -> Any:
+    """A two-line order as the worker hands it to `orders` (its own converter builds it)."""
+    from simulator.host_inputs import SentMessage, service_bus_message
+
+    body = {"orderId": order_id, "customerId": "C-1", "currency": "EUR",
+            "lines": [{"sku": f"SKU-{n}", "quantity": 2, "unitPrice": 9.5} for n in range(2)]}
+    return service_bus_message(SentMessage(json.dumps(body).encode(), message_id=order_id,
+                                           correlation_id=correlation_id),
+                               delivery_count=delivery_count)
+
+
 def trace_order(services: Any, tracer: Tracer) -> None:
     """A warm-up order untraced, then a new order and its duplicate traced."""
-    from simulator.host_inputs import RecordingActions, SentMessage, service_bus_message
+    from simulator.host_inputs import RecordingActions
 
     orders = user_function("orders")
 
     def deliver(order_id: str, delivery_count: int, *, traced: bool = True) -> None:
-        body = {"orderId": order_id, "customerId": "C-1", "currency": "EUR",
-                "lines": [{"sku": f"SKU-{n}", "quantity": 2, "unitPrice": 9.5} for n in range(2)]}
-        message = service_bus_message(SentMessage(json.dumps(body).encode(), message_id=order_id,
-                                                  correlation_id="hops"),
-                                      delivery_count=delivery_count)
+        message = order_message(order_id, delivery_count)
         actions = RecordingActions()
         with tracer.active(f"order, delivery {delivery_count}") if traced else contextlib.nullcontext():
             orders(message=message, message_actions=actions)

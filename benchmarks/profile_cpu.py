@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import json
 import logging
 import os
 import pstats
@@ -65,7 +64,7 @@ def group_of(filename: str) -> str:
     return "builtins" if filename == "~" else "other stdlib/C"
 
 
-def report(stats: pstats.Stats, events: int, top: int) -> str:
+def report(stats: pstats.Stats, events: int, top: int, unit: str = "event") -> str:
     raw = stats.stats  # type: ignore[attr-defined]  # pstats keeps its table here; typeshed omits it
     by_group: dict[str, float] = defaultdict(float)
     total = 0.0
@@ -74,16 +73,16 @@ def report(stats: pstats.Stats, events: int, top: int) -> str:
         by_group[group_of(filename)] += tottime
         total += tottime
         rows.append((tottime, calls, cumtime, f"{filename.rsplit('site-packages/', 1)[-1]}:{line} {name}"))
-    lines = [f"self time {total:.2f} s over {events} events ({total * 1000 / events:.3f} ms/event, "
-             "profiled)", "", "| Group | Self s | Share | ms/event |", "|---|---|---|---|"]
+    lines = [f"self time {total:.2f} s for {events} x {unit} ({total * 1000 / events:.3f} ms/{unit}, "
+             "profiled)", "", f"| Group | Self s | Share | ms/{unit} |", "|---|---|---|---|"]
     for label, seconds in sorted(by_group.items(), key=lambda kv: -kv[1]):
         lines.append(f"| {label} | {seconds:.2f} | {seconds / total:.0%} | {seconds * 1000 / events:.3f} |")
-    lines += ["", "| Self us/event | Calls/event | Cum us/event | Function |", "|---|---|---|---|"]
+    lines += ["", f"| Self us/{unit} | Calls/{unit} | Cum us/{unit} | Function |", "|---|---|---|---|"]
     for tottime, calls, cumtime, where in sorted(rows, reverse=True)[:top]:
         lines.append(f"| {tottime * 1e6 / events:.1f} | {calls / events:.2f} | "
                      f"{cumtime * 1e6 / events:.1f} | {where} |")
     lines += ["", "By cumulative time:", "",
-              "| Cum us/event | Self us/event | Calls/event | Function |", "|---|---|---|---|"]
+              f"| Cum us/{unit} | Self us/{unit} | Calls/{unit} | Function |", "|---|---|---|---|"]
     for tottime, calls, cumtime, where in sorted(rows, key=lambda r: -r[2])[:top]:
         lines.append(f"| {cumtime * 1e6 / events:.1f} | {tottime * 1e6 / events:.1f} | "
                      f"{calls / events:.2f} | {where} |")
@@ -94,25 +93,19 @@ def profile_orders(environment: dict[str, str], backend: str, count: int,
                    profiler: cProfile.Profile | None) -> tuple[int, float]:
     """Deliveries made and their CPU seconds: `count` new orders, then each redelivered."""
     from benchmarks import hops
-    from simulator.host_inputs import RecordingActions, SentMessage, service_bus_message
+    from simulator.host_inputs import RecordingActions
 
     for name, value in hops.app_settings().items():  # `function_app` validates these on import
         os.environ.setdefault(name, value)
     services = hops.build(hops.settings_env(environment, backend))
     orders = hops.user_function("orders")
-
-    def message(order_id: str, delivery_count: int) -> Any:
-        body = {"orderId": order_id, "customerId": "C-1", "currency": "EUR",
-                "lines": [{"sku": f"SKU-{n}", "quantity": 2, "unitPrice": 9.5} for n in range(2)]}
-        return service_bus_message(SentMessage(json.dumps(body).encode(), message_id=order_id,
-                                               correlation_id="profile"),
-                                   delivery_count=delivery_count)
-
     ids = [f"ORD-{hops.unique()}" for _ in range(count)]
-    deliveries = [message(order_id, 1) for order_id in ids] + [message(order_id, 2) for order_id in ids]
+    deliveries = [hops.order_message(order_id, delivery_count, correlation_id="profile")
+                  for delivery_count in (1, 2) for order_id in ids]
     actions = RecordingActions()
     with hops.installed(services):
-        orders(message=message(f"ORD-warm-{hops.unique()}", 1), message_actions=actions)
+        warm_up = hops.order_message(f"ORD-warm-{hops.unique()}", 1, correlation_id="profile")
+        orders(message=warm_up, message_actions=actions)
         started = time.process_time()
         if profiler:
             profiler.enable()
@@ -164,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.orders} redelivered), {cpu * 1000 / deliveries:.3f} ms CPU/delivery"
               + ("" if args.no_cprofile else " (under cProfile)"))
         if not args.no_cprofile:
-            print(report(pstats.Stats(profiler), deliveries, args.top).replace("event", "delivery"))
+            print(report(pstats.Stats(profiler), deliveries, args.top, unit="delivery"))
             if args.dump:
                 profiler.dump_stats(args.dump)
         return 0
