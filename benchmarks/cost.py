@@ -18,6 +18,7 @@ Prints a markdown table (README "What a million messages cost").
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import math
@@ -188,11 +189,12 @@ def markdown(figures: list[PathFigures]) -> str:
 # -- measuring on the local servers ---------------------------------------------------------------
 def _measure(backend: str, stack: Any, messages: int, payments_cpu_ms: float | None) -> list[PathFigures]:
     from benchmarks.counting import CountingTransport, RequestCounter, classify
-    from domain.messages import InboundEvent, InboundMessage
+    from domain.http_payments import parse_payment
     from functions.services import build_services, real_stores
     from functions.settings import Settings
     from local_stack import COSMOS_LOCAL_KEY
     from shared.sdk_transport import proxy_configured
+    from shared.triggers import EventView, MessageView
     from simulator.check import scan
     from simulator.faults import FakeNotificationApi
 
@@ -222,6 +224,7 @@ def _measure(backend: str, stack: Any, messages: int, payments_cpu_ms: float | N
         counter, verify=False, use_env_settings=proxy_configured()))
     services = build_services(settings, stores=stores, sender=FakeNotificationApi())
     run = uuid.uuid4().hex[:6]
+    loop = asyncio.Runner()  # the async consumers (orders, notify) on the counted sync stores
 
     def measured(action: Callable[[int], Any], n: int) -> tuple[float, float, float]:
         """(requests, reads, client CPU ms) per call of `action`."""
@@ -252,7 +255,7 @@ def _measure(backend: str, stack: Any, messages: int, payments_cpu_ms: float | N
     cosmos = backend == "cosmos"
 
     def handle_order(i: int) -> Any:
-        return services.orders.handle(InboundMessage(f"ORD-{run}-{i}", order(i)))
+        return loop.run(services.orders.handle(MessageView(f"ORD-{run}-{i}", order(i))))
 
     # orders: the order document is the marker; its commit carries the OrderAccepted message,
     # then the dispatch is recorded on it (two writes of the order document per new order)
@@ -264,15 +267,15 @@ def _measure(backend: str, stack: Any, messages: int, payments_cpu_ms: float | N
     req, reads, cpu = measured(handle_order, messages)
     out.append(PathFigures("duplicate (order)", backend, messages, req, reads, req - reads, 0, 0, props, cpu))
     # notifications: two-phase in Table Storage (notify records always there), plus the API call
-    req, reads, cpu = measured(lambda i: services.notify.handle(InboundMessage(
-        f"N-{run}-{i}", json.dumps({"to": "a@example.com", "text": "shipped"}).encode())), messages)
+    req, reads, cpu = measured(lambda i: loop.run(services.notify.handle(MessageView(
+        f"N-{run}-{i}", json.dumps({"to": "a@example.com", "text": "shipped"}).encode()))), messages)
     size, props = size_of(newest_marker(services.stores["notifications"]), True)
     out.append(PathFigures("notifications (two-phase)", backend, messages, req, reads, req - reads, 0,
                            size, props, cpu, table_always=True))
     # payments: Event Hubs batches of 100 events over 20 accounts, grouped (one transaction per
     # account: the markers + the balance; one mark write per batch)
     batches = max(2, messages // 100)
-    events = [InboundEvent(sequence_number=n + 1, body=json.dumps({
+    events = [EventView(sequence_number=n + 1, body=json.dumps({
         "specversion": "1.0", "id": f"pay-{run}-{n}", "source": "/cost", "type": "payment.credit",
         "datacontenttype": "application/json",
         "data": {"accountId": f"acct-{run}-{n % 20}", "amountCents": 5}}).encode(),
@@ -291,14 +294,16 @@ def _measure(backend: str, stack: Any, messages: int, payments_cpu_ms: float | N
     # HTTP: the Idempotency-Key record two-phase (create, complete) around the ledger's posting
     # (the balance read; marker + balance + BalanceChanged in one transaction; dispatch recorded)
     def http(i: int) -> Any:
-        return services.http_payments.handle(
+        return services.http_payments.endpoint.answer(
             {"Content-Type": "application/json", "Idempotency-Key": f"k-{run}-{i}"},
             json.dumps({"type": "payment.credit", "accountId": f"h-{run}-{i % 20}",
-                        "amountCents": 250}).encode())
+                        "amountCents": 250}).encode(), services.http_payments.apply,
+            parse=parse_payment)
     req, reads, cpu = measured(http, messages)
     size, props = size_of(newest_marker(services.stores["ledger"]), not cosmos)
     out.append(PathFigures("HTTP (Idempotency-Key)", backend, messages, req, reads, 1, req - reads - 1,
                            size, props, cpu))
+    loop.close()
     return out
 
 

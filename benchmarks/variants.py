@@ -65,24 +65,24 @@ from azure.data.tables import UpdateMode
 
 from benchmarks.counting import AsyncCostedDispatcher, CostedDispatcher, SendTally
 from benchmarks.workload import SIGNS, Message
-from domain.messages import InboundEvent
 from functions.services import Services, build_services
 from functions.settings import Settings
 from shared import (
     DedupKey,
     Idempotency,
     IdempotencyError,
-    IdempotencyStore,
     InMemoryIdempotencyStore,
     OutcomeStatus,
     request_hash,
-    store_safe_id,
 )
 from shared.batch import BatchReport
 from shared.cache import CompletedKeyCache
 from shared.cloudevents import parse_cloudevent
 from shared.flow import Transaction
+from shared.keys import store_safe_id
+from shared.stores.base import IdempotencyStore
 from shared.telemetry import Telemetry
+from shared.triggers import EventView
 from shared.watermark import PartitionWatermark
 
 CONSUMER = "bench"
@@ -466,7 +466,7 @@ class Payment:
     content: dict[str, Any]
 
 
-def parse_payment(event: InboundEvent) -> Payment:
+def parse_payment(event: EventView) -> Payment:
     """The same decoding and validation work for every variant."""
     cloud_event = parse_cloudevent(event.body, event.properties, event.content_type)
     key = DedupKey.from_cloudevent(PAYMENTS, cloud_event.source, cloud_event.id)
@@ -481,7 +481,7 @@ def parse_payment(event: InboundEvent) -> Payment:
     return Payment(key, account, sign * amount, content)
 
 
-def account_totals(events: list[InboundEvent]) -> dict[str, int]:
+def account_totals(events: list[EventView]) -> dict[str, int]:
     totals: dict[str, int] = defaultdict(int)
     for event in events:
         payment = parse_payment(event)
@@ -495,7 +495,7 @@ def balance_of(store: IdempotencyStore, account: str) -> int | None:
 
 
 class PaymentVariant(Variant):
-    def process(self, events: list[InboundEvent], partition_id: str) -> None:
+    def process(self, events: list[EventView], partition_id: str) -> None:
         raise NotImplementedError
 
 
@@ -531,7 +531,7 @@ class PerEventDedup(PaymentVariant):
                                       partition=store_safe_id(payment.account),
                                       context=context).status
 
-    def process(self, events: list[InboundEvent], partition_id: str) -> None:
+    def process(self, events: list[EventView], partition_id: str) -> None:
         mark = self.watermark.read(partition_id)
         fresh = [e for e in events if mark is None or e.sequence_number > mark.sequence_number]
         self.outcomes["replay_skipped"] += len(events) - len(fresh)
@@ -579,7 +579,7 @@ class NoDedupSequential(PaymentVariant):
                 self.outcomes["lost_race"] += 1
         raise RuntimeError(f"balance of {account}: lost 10 races")
 
-    def process(self, events: list[InboundEvent], partition_id: str) -> None:
+    def process(self, events: list[EventView], partition_id: str) -> None:
         for event in sorted(events, key=lambda e: e.sequence_number):
             payment = parse_payment(event)
             self._add(payment.account, payment.cents)
@@ -593,7 +593,7 @@ class NoDedupGrouped(NoDedupSequential):
         super().__init__(setup)
         self._pool = ThreadPoolExecutor(max_workers=setup.concurrency, thread_name_prefix="limit")
 
-    def process(self, events: list[InboundEvent], partition_id: str) -> None:
+    def process(self, events: list[EventView], partition_id: str) -> None:
         for future in [self._pool.submit(self._add, account, cents)
                        for account, cents in account_totals(events).items()]:
             future.result()
@@ -643,7 +643,7 @@ class NoDedupRemembered(PaymentVariant):
                     self.known[key] = (value_of(found[0]), found[1])
         raise RuntimeError(f"{item_id} in {partition}: lost 10 races")
 
-    async def _batch(self, events: list[InboundEvent], partition_id: str) -> None:
+    async def _batch(self, events: list[EventView], partition_id: str) -> None:
         gate = asyncio.Semaphore(self.setup.concurrency)
 
         async def account(name: str, cents: int) -> None:
@@ -660,7 +660,7 @@ class NoDedupRemembered(PaymentVariant):
                         lambda doc: int(doc["sequenceNumber"]))
         self.outcomes["applied"] += len(events)
 
-    def process(self, events: list[InboundEvent], partition_id: str) -> None:
+    def process(self, events: list[EventView], partition_id: str) -> None:
         assert self.stores.run is not None
         self.stores.run(self._batch(events, partition_id))
 
@@ -681,10 +681,10 @@ class SyncAppPath(PaymentVariant):
             self.settings, stores=self.stores.factory(),
             dispatcher=CostedDispatcher(self.setup.tally, self.setup.rtt_ms))
 
-    def _report(self, events: list[InboundEvent], partition_id: str) -> BatchReport:
+    def _report(self, events: list[EventView], partition_id: str) -> BatchReport:
         return self.services.payments.process_batch(events, partition_id)
 
-    def process(self, events: list[InboundEvent], partition_id: str) -> None:
+    def process(self, events: list[EventView], partition_id: str) -> None:
         report = self._report(events, partition_id)
         self.outcomes["applied"] += report.applied
         self.outcomes["duplicate"] += report.duplicates
@@ -704,7 +704,7 @@ class AppPath(SyncAppPath):
             self.settings, stores=self.stores.factory(), async_stores=self.stores.aio.__getitem__,
             dispatcher=AsyncCostedDispatcher(self.setup.tally, self.setup.rtt_ms))
 
-    def _report(self, events: list[InboundEvent], partition_id: str) -> BatchReport:
+    def _report(self, events: list[EventView], partition_id: str) -> BatchReport:
         assert self.stores.run is not None
         return self.stores.run(self.services.payments_async.process_batch(events, partition_id))
 
@@ -722,7 +722,7 @@ class ColdAppPath(AppPath):
 
     name, label = "app-cold", "This project: payments function, nothing remembered"
 
-    def process(self, events: list[InboundEvent], partition_id: str) -> None:
+    def process(self, events: list[EventView], partition_id: str) -> None:
         self.restart()
         super().process(events, partition_id)
 

@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from domain.messages import InboundEvent
+from shared.triggers import EventView
 
 CLOUDEVENTS_JSON = "application/cloudevents+json; charset=utf-8"
 SIGNS = {"payment.credit": 1, "payment.debit": -1}
@@ -105,8 +105,8 @@ class PaymentWorkload:
     """Batches of payment events on one partition, and the balances they must produce."""
 
     accounts: list[str]
-    batches: list[list[InboundEvent]]
-    warmup: list[InboundEvent]
+    batches: list[list[EventView]]
+    warmup: list[EventView]
     expected: dict[str, int]  # account -> balance after every batch once
     amounts: dict[int, tuple[str, int]] = field(default_factory=dict)  # sequence -> (account, cents)
 
@@ -114,10 +114,10 @@ class PaymentWorkload:
     def events(self) -> int:
         return sum(len(b) for b in self.batches)
 
-    def accounts_in(self, batch: list[InboundEvent]) -> set[str]:
+    def accounts_in(self, batch: list[EventView]) -> set[str]:
         return {self.amounts[e.sequence_number][0] for e in batch}
 
-    def batch_delta(self, batch: list[InboundEvent]) -> dict[str, int]:
+    def batch_delta(self, batch: list[EventView]) -> dict[str, int]:
         delta: dict[str, int] = defaultdict(int)
         for event in batch:
             account, cents = self.amounts[event.sequence_number]
@@ -126,12 +126,12 @@ class PaymentWorkload:
 
 
 def _event(source: str, sequence: int, event_id: str, account: str, cents: int,
-           rng: random.Random) -> InboundEvent:
+           rng: random.Random) -> EventView:
     kind = "payment.credit" if rng.random() < 0.7 else "payment.debit"
     envelope = {"specversion": "1.0", "id": event_id, "source": source, "type": kind,
                 "datacontenttype": "application/json",
                 "data": {"accountId": account, "amountCents": cents}}
-    return InboundEvent(sequence_number=sequence, body=json.dumps(envelope).encode(),
+    return EventView(sequence_number=sequence, body=json.dumps(envelope).encode(),
                         content_type=CLOUDEVENTS_JSON, offset=str(sequence * 512),
                         partition_key=account)
 
@@ -143,7 +143,7 @@ def build_payment_workload(*, events: int, accounts: int, batch_size: int, seed:
     names = [f"acct-{seed}-{n:04d}" for n in range(accounts)]
     source = f"/bench/{seed}/payments"
     workload = PaymentWorkload(names, [], [], dict.fromkeys(names, 0))
-    flat: list[InboundEvent] = []
+    flat: list[EventView] = []
     for sequence in range(1, events + 1):
         account = rng.choice(names)
         cents = rng.randint(1, 100_000)

@@ -22,17 +22,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from domain.messages import (
-    InboundMessage,
-    InvalidMessageError,
-    message_context,
-    parse_json_object,
-    settle_outcome,
-)
-from shared import DedupKey, Idempotency, InvalidKeyError, request_hash, store_safe_id
-from shared.flow import Transaction
-from shared.payload import MAX_SAFE_INTEGER, exact_integer
+from shared import aio
+from shared.keys import store_safe_id
+from shared.payload import MAX_SAFE_INTEGER, InvalidPayloadError, exact_integer, parse_json_object
 from shared.settlement import Decision
+from shared.triggers import MessageView
 
 CONSUMER = "balance_projection"
 BALANCE_CHANGED = "BalanceChanged"
@@ -53,23 +47,28 @@ class BalanceChanged:
         return {"accountId": self.account_id, "balanceCents": self.balance_cents,
                 "version": self.version, "eventIds": list(self.event_ids)}
 
+    @property
+    def partition(self) -> str:
+        """The view's partition: one per account (its marker lives there too)."""
+        return view_partition(self.account_id)
 
-def parse_balance_changed(message: InboundMessage) -> BalanceChanged:
-    """The message's state change; InvalidMessageError says what is wrong with it."""
+
+def parse_balance_changed(message: MessageView) -> BalanceChanged:
+    """The message's state change; InvalidPayloadError says what is wrong with it."""
     data = parse_json_object(message.body, max_bytes=MAX_MESSAGE_BYTES)
     reason = "InvalidBalanceChanged"
     if data.get("type", BALANCE_CHANGED) != BALANCE_CHANGED:
-        raise InvalidMessageError(reason, f"type must be {BALANCE_CHANGED!r}")
+        raise InvalidPayloadError(reason, f"type must be {BALANCE_CHANGED!r}")
     account = data.get("accountId")
     if not isinstance(account, str) or not account:
-        raise InvalidMessageError(reason, "accountId must be a non-empty string")
+        raise InvalidPayloadError(reason, "accountId must be a non-empty string")
     balance = data.get("balanceCents")
     if not isinstance(balance, int) or isinstance(balance, bool) or abs(balance) > MAX_SAFE_INTEGER:
-        raise InvalidMessageError(reason, f"balanceCents must be an integer within +-{MAX_SAFE_INTEGER}")
+        raise InvalidPayloadError(reason, f"balanceCents must be an integer within +-{MAX_SAFE_INTEGER}")
     version = exact_integer(data.get("version"), "version", reason=reason)
     event_ids = data.get("eventIds", [])
     if not isinstance(event_ids, list) or not all(isinstance(e, str) for e in event_ids):
-        raise InvalidMessageError(reason, "eventIds must be a list of strings")
+        raise InvalidPayloadError(reason, "eventIds must be a list of strings")
     return BalanceChanged(account, balance, version, tuple(event_ids))
 
 
@@ -81,35 +80,18 @@ def view_partition(account_id: str) -> str:
 class BalanceProjection:
     """Applies each BalanceChanged once to its account's view, newer versions only."""
 
-    def __init__(self, idempotency: Idempotency) -> None:
-        self.idempotency = idempotency
+    def __init__(self, consumer: aio.ServiceBusConsumer) -> None:
+        self.consumer = consumer
 
-    def view(self, account_id: str) -> dict[str, Any] | None:
-        """The account's view as stored (None: no message applied yet)."""
-        document = self.idempotency.store.read_document(view_partition(account_id), VIEW_DOCUMENT)
-        return None if document is None else dict(document.body)
-
-    def handle(self, message: InboundMessage) -> Decision:
-        try:
-            key = DedupKey.from_message_id(CONSUMER, message.message_id)
-            change = parse_balance_changed(message)
-        except InvalidKeyError as error:
-            return Decision.deadletter("InvalidMessageId", str(error))
-        except InvalidMessageError as error:
-            return Decision.deadletter(error.reason, error.detail)
-
-        def build(tx: Transaction) -> dict[str, Any]:
-            return _apply(tx, change)
-
-        return settle_outcome(CONSUMER, lambda: self.idempotency.run_atomic(
-            key, request_hash(change.content()), build,
-            partition=view_partition(change.account_id), context=message_context(message),
-            read_first=message.delivery_count > 1), message)
+    async def handle(self, message: Any, actions: Any = None) -> Decision:
+        return await self.consumer.run_atomic(
+            message, actions, apply_change, parse=parse_balance_changed,
+            content=BalanceChanged.content, partition=lambda change: change.partition)
 
 
-def _apply(tx: Transaction, change: BalanceChanged) -> dict[str, Any]:
+async def apply_change(tx: aio.Transaction, change: BalanceChanged) -> dict[str, Any]:
     """Write the view when the change is newer than it; say what happened (the marker's result)."""
-    current = tx.read(VIEW_DOCUMENT)
+    current = await tx.read(VIEW_DOCUMENT)
     stored = int(current.body.get("version", 0)) if current is not None else 0
     body = {"accountId": change.account_id, "balanceCents": change.balance_cents,
             "version": change.version, "kind": "balance-view"}
@@ -126,3 +108,9 @@ def _apply(tx: Transaction, change: BalanceChanged) -> dict[str, Any]:
         logger.info("%s: version %d of %s is older than the view's %d", CONSUMER, change.version,
                     change.account_id, stored)
     return {"verdict": verdict, "version": change.version, "viewVersion": max(stored, change.version)}
+
+
+def read_view(store: Any, account_id: str) -> dict[str, Any] | None:
+    """The account's view as a (sync) document store holds it (None: no message applied yet)."""
+    document = store.read_document(view_partition(account_id), VIEW_DOCUMENT)
+    return None if document is None else dict(document.body)

@@ -10,6 +10,7 @@ same topic track completion separately: the key is scoped by consumer.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import urllib.error
@@ -18,19 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from domain.messages import InboundMessage, InvalidMessageError, parse_json_object
-from shared import (
-    DedupKey,
-    EffectUncertainError,
-    Idempotency,
-    IdempotencyError,
-    InvalidKeyError,
-    OutcomeStatus,
-    request_hash,
-)
+from shared import DedupKey, EffectUncertainError, IdempotencyError, OutcomeStatus, aio, request_hash
+from shared.exceptions import InvalidKeyError
 from shared.observability import downstream_headers
-from shared.parking import ParkingLot
+from shared.payload import InvalidPayloadError, parse_json_object
+from shared.records import IdempotencyRecord
 from shared.settlement import Decision, decision_for, decision_for_error, transient
+from shared.triggers import MessageView
 
 MAX_NOTIFICATION_BYTES = 64 * 1024
 logger = logging.getLogger(__name__)
@@ -75,20 +70,24 @@ def urllib_sender(url: str, data: bytes, headers: dict[str, str], timeout: float
 
 
 class NotificationService:
-    """One subscription's consumer: sends each message's notification once."""
+    """One subscription's consumer: sends each message's notification once.
 
-    def __init__(self, consumer: str, idempotency: Idempotency, parking: ParkingLot, *,
+    The API call runs on a thread (`urllib`), off the event loop of the async function."""
+
+    def __init__(self, consumer: aio.ServiceBusConsumer, parking: aio.ParkingLot, *,
                  api_url: str, api_honours_key: bool, sender: Sender = urllib_sender) -> None:
+        if consumer.idempotency is None:
+            raise ValueError("a notification consumer needs an Idempotency")
         self.consumer = consumer
-        self.idempotency = idempotency
+        self.idempotency: aio.Idempotency = consumer.idempotency
         self.parking = parking
         self.api_url = api_url
         self.api_honours_key = api_honours_key
         self.sender = sender
 
-    def _send(self, key: DedupKey, notification: dict[str, Any], message: InboundMessage
+    def _send(self, key: DedupKey, notification: dict[str, Any], message: MessageView
               ) -> dict[str, Any]:
-        payload = json.dumps({"channel": self.consumer, **notification}).encode("utf-8")
+        payload = json.dumps({"channel": self.consumer.name, **notification}).encode("utf-8")
         headers = downstream_headers(key, message.correlation_id,
                                      properties=message.application_properties,
                                      headers={"Content-Type": "application/json"})
@@ -114,51 +113,52 @@ class NotificationService:
             raise NotificationRetryError(detail)
         raise EffectUncertainError(detail)
 
-    def handle(self, message: InboundMessage) -> Decision:
-        context = {"message_id": message.message_id, "correlation_id": message.correlation_id,
-                   "delivery_count": message.delivery_count}
+    async def handle(self, message: Any, actions: Any = None) -> Decision:
+        return await self.consumer.process(message, actions, self._notify)
+
+    async def _notify(self, message: MessageView) -> Decision:
+        context = message.context
         try:
-            key = DedupKey.from_message_id(self.consumer, message.message_id)
+            key = DedupKey.from_message_id(self.consumer.name, message.message_id)
             notification = parse_json_object(message.body, max_bytes=MAX_NOTIFICATION_BYTES)
         except InvalidKeyError as error:
             return Decision.deadletter("InvalidMessageId", str(error))
-        except InvalidMessageError as error:
+        except InvalidPayloadError as error:
             return Decision.deadletter(error.reason, error.detail)
-        digest = request_hash(notification)
         try:
-            outcome = self.idempotency.run(
-                key, digest, lambda: self._send(key, notification, message),
+            outcome = await self.idempotency.run(
+                key, request_hash(notification),
+                lambda: asyncio.to_thread(self._send, key, notification, message),
                 takeover_stale=self.api_honours_key, context=context)
         except NotificationRejectedError as error:
             return Decision.deadletter("NotificationRejected", str(error))
         except EffectUncertainError as error:
-            return self.park_unresolved(error.record, message.body, context, "OutcomeUnknown",
-                                        f"{error}; the API does not honour Idempotency-Key, so a "
-                                        "re-send could notify twice")
+            record = error.record if isinstance(error.record, IdempotencyRecord) else None
+            return await self.park_unresolved(
+                record, message.body, context, "OutcomeUnknown",
+                f"{error}; the API does not honour Idempotency-Key, so a re-send could notify twice")
         except NotificationRetryError as error:
             return transient("Transient", str(error), delivery_count=message.delivery_count)
-        except IdempotencyError as error:
-            decision = decision_for_error(error, delivery_count=message.delivery_count)
-            if decision is None:
-                raise
-            return decision
         if outcome.status is OutcomeStatus.STALE:
-            return self.park_unresolved(
+            return await self.park_unresolved(
                 outcome.record, message.body, context, "StaleInProgress",
                 "previous attempt died mid-call; the API does not honour Idempotency-Key, so "
                 "re-sending could notify twice")
         return decision_for(outcome)
 
-    def park_unresolved(self, record: Any, payload: bytes | str, context: dict[str, Any],
-                        reason: str, detail: str) -> Decision:
+    async def park_unresolved(self, record: IdempotencyRecord | None, payload: bytes | str,
+                              context: dict[str, Any], reason: str, detail: str) -> Decision:
         """An attempt may or may not have reached the API: park it for a person, close the
         record (so no redelivery re-sends), complete the message."""
+        if record is None:
+            raise ValueError("an unresolved attempt without its record")
         try:
-            self.parking.park_record(self.idempotency.store, record, reason=reason,
-                                     payload=payload, error=detail,
-                                     now=self.idempotency.config.clock(), context=context)
+            await self.parking.park_record(self.idempotency.store, record, reason=reason,
+                                           payload=payload, error=detail,
+                                           now=self.idempotency.config.clock(), context=context)
         except IdempotencyError as error:  # changed meanwhile or store down: re-parked next time
             logger.warning("could not close parked record: %s", error)
-            return transient("Transient", str(error),
-                             delivery_count=int(context.get("delivery_count") or 1))
+            decision = decision_for_error(error, delivery_count=int(context.get("delivery_count") or 1))
+            return decision or transient("Transient", str(error),
+                                         delivery_count=int(context.get("delivery_count") or 1))
         return Decision.complete("parked")

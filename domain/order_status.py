@@ -13,24 +13,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from domain.messages import InboundMessage, InvalidMessageError, parse_json_object
-from shared import Document, DocumentStore, IdempotencyError, run_sync, store_safe_id, update_document
-from shared.payload import exact_integer
-from shared.settlement import Decision, decision_for_error
+from shared import aio
+from shared.flow import run_async, update_document
+from shared.keys import store_safe_id
+from shared.payload import InvalidPayloadError, exact_integer, parse_json_object
+from shared.settlement import Decision
+from shared.stores.base import Document
 from shared.telemetry import Telemetry
+from shared.triggers import MessageView
 
 MAX_STATUS_BYTES = 64 * 1024
 STATUSES = ("accepted", "paid", "packed", "shipped", "delivered", "cancelled")
 
 
-def parse_status(message: InboundMessage) -> dict[str, Any]:
+def parse_status(message: MessageView) -> dict[str, Any]:
     data = parse_json_object(message.body, max_bytes=MAX_STATUS_BYTES)
     order_id, version, status = data.get("orderId"), data.get("version"), data.get("status")
     if not isinstance(order_id, str) or not order_id:
-        raise InvalidMessageError("InvalidStatusEvent", "orderId must be a non-empty string")
+        raise InvalidPayloadError("InvalidStatusEvent", "orderId must be a non-empty string")
     version = exact_integer(version, "version", reason="InvalidStatusEvent")
     if status not in STATUSES:
-        raise InvalidMessageError("InvalidStatusEvent", f"status must be one of {STATUSES}")
+        raise InvalidPayloadError("InvalidStatusEvent", f"status must be one of {STATUSES}")
     flat = {k: v for k, v in data.items() if isinstance(v, (str, int, float, bool)) or v is None}
     return {**flat, "orderId": order_id, "version": version, "status": status}
 
@@ -38,15 +41,14 @@ def parse_status(message: InboundMessage) -> dict[str, Any]:
 class OrderStatusService:
     """Applies full-state status events by version; no dedup record involved."""
 
-    def __init__(self, store: DocumentStore, *, max_attempts: int = 5,
-                 telemetry: Telemetry | None = None, consumer: str = "order_status") -> None:
+    def __init__(self, consumer: aio.ServiceBusConsumer, store: aio.AsyncStore, *,
+                 max_attempts: int = 5, telemetry: Telemetry | None = None) -> None:
+        self.consumer = consumer
         self.store = store
         self.max_attempts = max_attempts
-        self.telemetry = telemetry or Telemetry()
-        self.consumer = consumer
-        self.backend: str = getattr(store, "name", "store")  # the record stores name themselves
+        self.telemetry = telemetry or consumer.telemetry
 
-    def apply(self, state: dict[str, Any], *, delivery_count: int | None = None) -> str:
+    async def apply(self, state: dict[str, Any], *, delivery_count: int | None = None) -> str:
         """Return 'applied', 'unchanged' (same version again) or 'stale' (older version);
         each is counted on the messages metric."""
         document_id = store_safe_id(state["orderId"])
@@ -61,24 +63,18 @@ class OrderStatusService:
             verdict = "unchanged" if stored_version == state["version"] else "stale"
             return None
 
-        run_sync(update_document(document_id, document_id, change, attempts=self.max_attempts),
-                 self.store)
+        await run_async(update_document(document_id, document_id, change,
+                                        attempts=self.max_attempts), self.store)
         self.telemetry.versioned(
-            verdict, consumer=self.consumer, backend=self.backend, delivery_count=delivery_count,
+            verdict, consumer=self.consumer.name, backend=self.store.name,
+            delivery_count=delivery_count,
             context={"order_id": state["orderId"], "incoming_version": state["version"],
                      "stored_version": stored_version})
         return verdict
 
-    def handle(self, message: InboundMessage) -> Decision:
-        try:
-            state = parse_status(message)
-        except InvalidMessageError as error:
-            return Decision.deadletter(error.reason, error.detail)
-        try:
-            result = self.apply(state, delivery_count=message.delivery_count)
-        except IdempotencyError as error:
-            decision = decision_for_error(error, delivery_count=message.delivery_count)
-            if decision is None:
-                raise
-            return decision
-        return Decision.complete(result)
+    async def handle(self, message: Any, actions: Any = None) -> Decision:
+        async def apply(view: MessageView) -> Decision:
+            state = parse_status(view)
+            return Decision.complete(await self.apply(state, delivery_count=view.delivery_count))
+
+        return await self.consumer.process(message, actions, apply)

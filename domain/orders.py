@@ -17,16 +17,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from domain.messages import (
-    InboundMessage,
-    InvalidMessageError,
-    message_context,
-    parse_json_object,
-    settle_outcome,
-)
-from shared import DedupKey, Idempotency, InvalidKeyError, request_hash, store_safe_id
-from shared.payload import exact_integer
+from shared import Transaction, aio
+from shared.keys import store_safe_id
+from shared.payload import InvalidPayloadError, exact_integer, parse_json_object
 from shared.settlement import Decision
+from shared.triggers import MessageView
 
 CONSUMER = "orders"
 ORDER_ACCEPTED = "OrderAccepted"
@@ -52,36 +47,48 @@ class Order:
         return {"orderId": self.order_id, "customerId": self.customer_id,
                 "currency": self.currency, "lines": list(self.lines)}
 
+    @property
+    def document_id(self) -> str:
+        """The order document's id and partition: the order id, store-safe."""
+        return store_safe_id(self.order_id)
 
-def parse_order(message: InboundMessage) -> Order:
+    def document(self) -> tuple[str, dict[str, Any]]:
+        """The order document, which is also the dedup marker (kept for good)."""
+        return self.document_id, {
+            "orderId": self.order_id, "customerId": self.customer_id, "currency": self.currency,
+            "total": self.total, "lineCount": len(self.lines), "status": "accepted",
+            "kind": "order"}
+
+
+def parse_order(message: MessageView) -> Order:
     data = parse_json_object(message.body, max_bytes=MAX_ORDER_BYTES)
     order_id = data.get("orderId")
     if not isinstance(order_id, str) or not order_id:
-        raise InvalidMessageError("InvalidOrder", "orderId must be a non-empty string")
+        raise InvalidPayloadError("InvalidOrder", "orderId must be a non-empty string")
     if order_id != message.message_id:
-        raise InvalidMessageError("OrderIdMismatch",
+        raise InvalidPayloadError("OrderIdMismatch",
                                   f"MessageId {message.message_id!r} is not orderId {order_id!r}")
     customer, currency = data.get("customerId"), data.get("currency", "EUR")
     if not isinstance(customer, str) or not customer:
-        raise InvalidMessageError("InvalidOrder", "customerId must be a non-empty string")
+        raise InvalidPayloadError("InvalidOrder", "customerId must be a non-empty string")
     if not isinstance(currency, str) or len(currency) != 3:
-        raise InvalidMessageError("InvalidOrder", "currency must be a 3-letter code")
+        raise InvalidPayloadError("InvalidOrder", "currency must be a 3-letter code")
     lines = data.get("lines")
     if not isinstance(lines, list) or not lines:
-        raise InvalidMessageError("InvalidOrder", "lines must be a non-empty list")
+        raise InvalidPayloadError("InvalidOrder", "lines must be a non-empty list")
     if len(lines) > MAX_LINES:
-        raise InvalidMessageError("OrderTooLarge", f"{len(lines)} lines; at most {MAX_LINES}")
+        raise InvalidPayloadError("OrderTooLarge", f"{len(lines)} lines; at most {MAX_LINES}")
     parsed = []
     for n, line in enumerate(lines):
         if not isinstance(line, dict):
-            raise InvalidMessageError("InvalidOrder", f"line {n} must be an object")
+            raise InvalidPayloadError("InvalidOrder", f"line {n} must be an object")
         sku, qty, price = line.get("sku"), line.get("quantity"), line.get("unitPrice")
         if not isinstance(sku, str) or not sku:
-            raise InvalidMessageError("InvalidOrder", f"line {n}: sku must be a string")
+            raise InvalidPayloadError("InvalidOrder", f"line {n}: sku must be a string")
         qty = exact_integer(qty, f"line {n}: quantity", reason="InvalidOrder", maximum=MAX_QUANTITY)
         if (not isinstance(price, (int, float)) or isinstance(price, bool) or price < 0
                 or not math.isfinite(price) or price > MAX_UNIT_PRICE):
-            raise InvalidMessageError("InvalidOrder",
+            raise InvalidPayloadError("InvalidOrder",
                                       f"line {n}: unitPrice must be a number in [0, {MAX_UNIT_PRICE:g}]")
         parsed.append({"sku": sku, "quantity": qty, "unitPrice": price})
     return Order(order_id, customer, currency, tuple(parsed))
@@ -94,35 +101,25 @@ def order_accepted(order: Order) -> dict[str, Any]:
 
 
 class OrderService:
-    """Persists each order once; the order document is the dedup marker."""
+    """Persists each order once: the order document is the dedup marker (its id is the order
+    id, in its own partition); its lines and an `OrderAccepted` to the notifications topic
+    commit with it (the outbox). A copy finds the document: the same content is a duplicate,
+    other content under the same id is dead-lettered (and alerted)."""
 
-    def __init__(self, idempotency: Idempotency, *, notifications_topic: str) -> None:
-        self.idempotency = idempotency
+    def __init__(self, consumer: aio.ServiceBusConsumer, *, notifications_topic: str) -> None:
+        self.consumer = consumer
         self.notifications_topic = notifications_topic
 
-    def handle(self, message: InboundMessage) -> Decision:
-        try:
-            key = DedupKey.from_message_id(CONSUMER, message.message_id)
-            order = parse_order(message)
-        except InvalidKeyError as error:
-            return Decision.deadletter("InvalidMessageId", str(error))
-        except InvalidMessageError as error:
-            return Decision.deadletter(error.reason, error.detail)
-        digest = request_hash(order.immutable_fields())
-        document_id = store_safe_id(order.order_id)
-        order_document = {"orderId": order.order_id, "customerId": order.customer_id,
-                          "currency": order.currency, "total": order.total,
-                          "lineCount": len(order.lines), "status": "accepted", "kind": "order"}
+    async def handle(self, message: Any, actions: Any = None) -> Decision:
+        return await self.consumer.run_atomic(
+            message, actions, self.accept, parse=parse_order, content=Order.immutable_fields,
+            partition=lambda order: order.document_id, document=Order.document)
 
-        def build(tx: Any) -> dict[str, Any]:
-            for n, line in enumerate(order.lines, start=1):
-                tx.create(f"{document_id}:line:{n:03d}",
-                          {"orderId": order.order_id, "kind": "line", **line})
-            tx.send(self.notifications_topic, order_accepted(order),
-                    properties={"type": ORDER_ACCEPTED, "orderId": order.order_id})
-            return {"orderId": order.order_id, "total": order.total}
-
-        return settle_outcome(CONSUMER, lambda: self.idempotency.run_atomic(
-            key, digest, build, partition=document_id, marker_id=document_id,
-            marker_body=order_document, expires=False, context=message_context(message),
-            read_first=message.delivery_count > 1), message)
+    def accept(self, tx: Transaction | aio.Transaction, order: Order) -> dict[str, Any]:
+        """The order's lines and its notification, in the order document's transaction."""
+        for n, line in enumerate(order.lines, start=1):
+            tx.create(f"{order.document_id}:line:{n:03d}",
+                      {"orderId": order.order_id, "kind": "line", **line})
+        tx.send(self.notifications_topic, order_accepted(order),
+                properties={"type": ORDER_ACCEPTED, "orderId": order.order_id})
+        return {"orderId": order.order_id, "total": order.total}

@@ -26,17 +26,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from domain.messages import InboundEvent, InvalidMessageError, invalid_event, parse_json_object
-from shared import DedupKey, Idempotency, InvalidKeyError, aio, request_hash, store_safe_id
-from shared.aio import PartitionBatchProcessor as AsyncPartitionBatchProcessor
-from shared.aio import Transaction as AsyncTransaction
-from shared.batch import PartitionBatchProcessor
+from shared import (
+    DedupKey,
+    Idempotency,
+    ParkingLot,
+    PartitionBatchProcessor,
+    PartitionWatermark,
+    Transaction,
+    aio,
+    request_hash,
+)
 from shared.cloudevents import CloudEvent, InvalidEventError, parse_cloudevent
-from shared.flow import Transaction
-from shared.parking import ParkingLot
-from shared.payload import MAX_SAFE_INTEGER, exact_integer
+from shared.exceptions import InvalidKeyError
+from shared.keys import store_safe_id
+from shared.payload import MAX_SAFE_INTEGER, InvalidPayloadError, exact_integer, parse_json_object
 from shared.stores.base import Document
-from shared.watermark import PartitionWatermark
+from shared.triggers import EventView
 
 CONSUMER = "payments"
 ACCOUNT_DOCUMENT = "balance"
@@ -47,8 +52,8 @@ EVENT_TYPES = {"payment.credit": 1, "payment.debit": -1}
 MAX_AMOUNT_CENTS = 10**15
 MAX_EVENT_BYTES = 1024 * 1024
 
-PaymentProcessor = PartitionBatchProcessor[InboundEvent, "Payment"]
-AsyncPaymentProcessor = AsyncPartitionBatchProcessor[InboundEvent, "Payment"]
+PaymentProcessor = PartitionBatchProcessor[EventView, "Payment"]
+AsyncPaymentProcessor = aio.PartitionBatchProcessor[EventView, "Payment"]
 
 
 @dataclass(frozen=True)
@@ -65,15 +70,15 @@ class Payment:
 
 
 def payment_from(key: DedupKey, event_type: str, data: Any, *, event_id: str = "") -> Payment:
-    """Validate a payment's type and data; InvalidMessageError says what is wrong."""
+    """Validate a payment's type and data; InvalidPayloadError says what is wrong."""
     sign = EVENT_TYPES.get(event_type)
     if sign is None:
-        raise InvalidMessageError("UnknownEventType", f"type {event_type!r}")
+        raise InvalidPayloadError("UnknownEventType", f"type {event_type!r}")
     if not isinstance(data, dict):
-        raise InvalidMessageError("InvalidPayment", "data must be a JSON object")
+        raise InvalidPayloadError("InvalidPayment", "data must be a JSON object")
     account, amount = data.get("accountId"), data.get("amountCents")
     if not isinstance(account, str) or not account:
-        raise InvalidMessageError("InvalidPayment", "accountId must be a non-empty string")
+        raise InvalidPayloadError("InvalidPayment", "accountId must be a non-empty string")
     amount = exact_integer(amount, "amountCents", reason="InvalidPayment", maximum=MAX_AMOUNT_CENTS)
     content = {"type": event_type, "accountId": account, "amountCents": amount}
     return Payment(key, account, sign * amount, content, event_id)
@@ -89,18 +94,19 @@ class PaymentRules:
     missing_key_policy: str = "park"
     balance_changes_queue: str = ""
 
-    def parse(self, event: InboundEvent, partition_id: str) -> Payment:
-        """The event's payment; InvalidMessageError for anything that can never succeed."""
+    def parse(self, event: EventView, partition_id: str) -> Payment:
+        """The event's payment; InvalidPayloadError for anything that can never succeed."""
         if len(event.body) > MAX_EVENT_BYTES:
-            raise InvalidMessageError("PayloadTooLarge", f"{len(event.body)} bytes")
+            raise InvalidPayloadError("PayloadTooLarge", f"{len(event.body)} bytes")
         try:
             cloud_event = parse_cloudevent(event.body, event.properties, event.content_type)
             key = DedupKey.from_cloudevent(CONSUMER, cloud_event.source, cloud_event.id)
         except (InvalidEventError, InvalidKeyError) as error:
             reason = error.reason if isinstance(error, InvalidEventError) else "InvalidKey"
             if self.missing_key_policy != "sequence" or reason == "MalformedJson":
-                raise (invalid_event(error) if isinstance(error, InvalidEventError)
-                       else InvalidMessageError(reason, str(error))) from error
+                if isinstance(error, InvalidEventError):
+                    raise
+                raise InvalidPayloadError(reason, str(error)) from error
             # Opt-in fallback: survives replays (same partition + sequence number) but not
             # producer retries, which arrive at a new sequence number.
             envelope = parse_json_object(event.body, max_bytes=MAX_EVENT_BYTES)
@@ -122,13 +128,13 @@ class PaymentRules:
         after each payment as its result, and one BalanceChanged sent."""
         return _posting(tx, payments, tx.read(ACCOUNT_DOCUMENT), self.balance_changes_queue)
 
-    async def post_async(self, tx: AsyncTransaction, payments: Sequence[Payment]
+    async def post_async(self, tx: aio.Transaction, payments: Sequence[Payment]
                          ) -> list[dict[str, int]]:
         """`post` for the async processor: the balance read is awaited."""
         return _posting(tx, payments, await tx.read(ACCOUNT_DOCUMENT), self.balance_changes_queue)
 
 
-def _posting(tx: Transaction | AsyncTransaction, payments: Sequence[Payment],
+def _posting(tx: Transaction | aio.Transaction, payments: Sequence[Payment],
              account: Document | None, queue: str) -> list[dict[str, int]]:
     balance = int(account.body["balanceCents"]) if account else 0
     # Payments posted so far: a version that only grows (a balance written before versions were
@@ -138,7 +144,7 @@ def _posting(tx: Transaction | AsyncTransaction, payments: Sequence[Payment],
     for payment in payments:
         balance += payment.amount_cents
         if abs(balance) > MAX_SAFE_INTEGER:  # a Cosmos number would round it: refuse instead
-            raise InvalidMessageError("BalanceOutOfRange",
+            raise InvalidPayloadError("BalanceOutOfRange",
                                       f"balance of {payment.account_id} would be {balance}")
         results.append({"balanceCents": balance})
     version += len(payments)
@@ -174,7 +180,7 @@ def async_payment_processor(ledger: aio.Idempotency, watermark: aio.PartitionWat
                             parking: aio.ParkingLot, *, rules: PaymentRules,
                             **options: Any) -> AsyncPaymentProcessor:
     """The payments batch processor on async stores (the `payments` function)."""
-    return AsyncPartitionBatchProcessor(ledger, watermark, parking, consumer=CONSUMER,
+    return aio.PartitionBatchProcessor(ledger, watermark, parking, consumer=CONSUMER,
                                         event_hub=rules.event_hub, parse=rules.parse,
                                         identify=rules.identify, group=rules.account,
                                         build=rules.post_async, **options)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import azure.functions as func
 import azurefunctions.extensions.bindings.servicebus as servicebus
 
-from functions.adapters import consume
 from functions.services import services
 
 bp = func.Blueprint()
@@ -15,6 +14,6 @@ bp = func.Blueprint()
 @bp.function_name("balance_projection")
 @bp.service_bus_queue_trigger(arg_name="message", queue_name="%BALANCE_CHANGES_QUEUE%",
                               connection="ServiceBusConnection", auto_complete_messages=False)
-def balance_projection(message: servicebus.ServiceBusReceivedMessage,
-                       message_actions: servicebus.ServiceBusMessageActions) -> None:
-    consume("balance_projection", services().balance_projection.handle, message, message_actions)
+async def balance_projection(message: servicebus.ServiceBusReceivedMessage,
+                             message_actions: servicebus.ServiceBusMessageActions) -> None:
+    await services().balance_projection.handle(message, message_actions)

@@ -1,8 +1,6 @@
-"""`POST /api/payments` with an Idempotency-Key header."""
+"""`POST /api/payments` with an Idempotency-Key header (the library's `IdempotencyKeyEndpoint`)."""
 
 from __future__ import annotations
-
-import json
 
 import azure.functions as func
 
@@ -14,8 +12,4 @@ bp = func.Blueprint()
 @bp.function_name("http_payments")
 @bp.route(route="payments", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
 def http_payments(req: func.HttpRequest) -> func.HttpResponse:
-    result = services().http_payments.handle(dict(req.headers), req.get_body() or b"")
-    headers = {k: v for k, v in result.headers.items() if k.lower() != "content-type"}
-    mimetype = result.headers.get("Content-Type", "application/json")
-    return func.HttpResponse(json.dumps(result.body), status_code=result.status, headers=headers,
-                             mimetype=mimetype, charset="utf-8")
+    return services().http_payments.respond(req)

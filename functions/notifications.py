@@ -5,7 +5,6 @@ from __future__ import annotations
 import azure.functions as func
 import azurefunctions.extensions.bindings.servicebus as servicebus
 
-from functions.adapters import consume
 from functions.services import services
 
 bp = func.Blueprint()
@@ -15,15 +14,15 @@ bp = func.Blueprint()
 @bp.service_bus_topic_trigger(arg_name="message", topic_name="%NOTIFICATIONS_TOPIC_NAME%",
                               subscription_name="%NOTIFY_SUBSCRIPTION_NAME%",
                               connection="ServiceBusConnection", auto_complete_messages=False)
-def notify(message: servicebus.ServiceBusReceivedMessage,
-           message_actions: servicebus.ServiceBusMessageActions) -> None:
-    consume("notify", services().notify.handle, message, message_actions)
+async def notify(message: servicebus.ServiceBusReceivedMessage,
+                 message_actions: servicebus.ServiceBusMessageActions) -> None:
+    await services().notify.handle(message, message_actions)
 
 
 @bp.function_name("audit")
 @bp.service_bus_topic_trigger(arg_name="message", topic_name="%NOTIFICATIONS_TOPIC_NAME%",
                               subscription_name="%AUDIT_SUBSCRIPTION_NAME%",
                               connection="ServiceBusConnection", auto_complete_messages=False)
-def audit(message: servicebus.ServiceBusReceivedMessage,
-          message_actions: servicebus.ServiceBusMessageActions) -> None:
-    consume("audit", services().audit.handle, message, message_actions)
+async def audit(message: servicebus.ServiceBusReceivedMessage,
+                message_actions: servicebus.ServiceBusMessageActions) -> None:
+    await services().audit.handle(message, message_actions)

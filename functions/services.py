@@ -26,6 +26,7 @@ from azure.cosmos import CosmosClient, PartitionKey
 from azure.data.tables import TableServiceClient
 
 from domain.balance_projection import BalanceProjection
+from domain.http_payments import CONSUMER as HTTP_CONSUMER
 from domain.http_payments import HttpPaymentService
 from domain.notifications import NotificationService, Sender, urllib_sender
 from domain.order_status import OrderStatusService
@@ -46,25 +47,24 @@ from functions.settings import (
     Settings,
 )
 from shared import (
-    AsyncCosmosIdempotencyStore,
-    AsyncTableIdempotencyStore,
     CosmosIdempotencyStore,
     Idempotency,
-    IdempotencyStore,
+    ParkingLot,
+    PartitionWatermark,
+    ServiceBusDispatcher,
     TableIdempotencyStore,
     aio,
-    dispatch_aio,
 )
-from shared.aio import ThreadedStore
-from shared.cache import DocumentCache
-from shared.dispatch import InMemoryDispatcher, ServiceBusDispatcher
+from shared.aio import ThreadedStore  # a sync store behind the async face (tests, simulator)
+from shared.cache import DocumentCache  # the payments ledger's remembered balances
+from shared.dispatch import InMemoryDispatcher  # the default when stores are given (tests)
 from shared.exceptions import DispatchRejectedError
-from shared.maintenance import Maintenance
-from shared.parking import ParkingLot
+from shared.maintenance import Maintenance  # the timer's purge, sweep and outbox sweeper
 from shared.sdk_transport import async_transport, sync_transport
+from shared.stores.base import IdempotencyStore  # what the sync store factory returns
 from shared.stores.retry import RetryBudget
-from shared.telemetry import Telemetry
-from shared.watermark import PartitionWatermark
+from shared.telemetry import Telemetry  # one instance shared by every consumer
+from shared.triggers import IdempotencyKeyEndpoint
 
 #: The store SDKs' retries, set explicitly on every client built here. With the payments batch's
 #: tries per account group (PAYMENTS_MAX_ATTEMPTS, A) and its cap on an honoured Retry-After
@@ -126,10 +126,10 @@ class RealAsyncStores:
             settings = self.settings
             connection = settings.service_bus_connection
             if connection and "endpoint=" in connection.lower():
-                self._dispatcher = dispatch_aio.ServiceBusDispatcher.from_connection_string(
+                self._dispatcher = aio.ServiceBusDispatcher.from_connection_string(
                     connection, topics=_topics(settings))
             elif settings.service_bus_namespace:
-                self._dispatcher = dispatch_aio.ServiceBusDispatcher(
+                self._dispatcher = aio.ServiceBusDispatcher(
                     settings.service_bus_namespace, self._identity(), topics=_topics(settings))
             else:
                 self._dispatcher = UnconfiguredDispatcher()
@@ -145,7 +145,7 @@ class RealAsyncStores:
         # Each client its own transport, without per-request proxy lookups (shared.sdk_transport).
         transport = {"transport": async_transport()}
         if settings.backend == "cosmos" and role in COSMOS_CONTAINERS:
-            return AsyncCosmosIdempotencyStore(
+            return aio.CosmosIdempotencyStore(
                 _endpoint(settings.cosmos_endpoint, "COSMOS_ENDPOINT"),
                 settings.cosmos_key or self._identity(),
                 database=settings.cosmos_database, container=role,
@@ -155,10 +155,10 @@ class RealAsyncStores:
         options = {**transport, **self.budget.table_options(), **self.client_options}
         codec = settings.table_batch_codec
         if settings.table_connection_string:
-            return AsyncTableIdempotencyStore.from_connection_string(
+            return aio.TableIdempotencyStore.from_connection_string(
                 settings.table_connection_string, table_name=TABLE_FOR[role], batch_codec=codec,
                 **options)
-        return AsyncTableIdempotencyStore(_endpoint(settings.table_endpoint, "TABLE_ENDPOINT"),
+        return aio.TableIdempotencyStore(_endpoint(settings.table_endpoint, "TABLE_ENDPOINT"),
                                           self._identity(), table_name=TABLE_FOR[role],
                                           batch_codec=codec, **options)
 
@@ -261,23 +261,27 @@ def real_stores(settings: Settings, *, budget: RetryBudget = RETRY_BUDGET,
 
 @dataclass
 class Services:
+    """The app's consumers, built once per process. The functions run on the async face
+    (`async_stores`); the HTTP endpoint, the timer and the tools on the sync one (`stores`)."""
+
     settings: Settings
-    stores: dict[str, IdempotencyStore]  # by role, as the services use them
+    stores: dict[str, IdempotencyStore]  # by role: the sync stores
+    async_stores: dict[str, Any]  # by role: the async stores the functions run on
     orders: OrderService
-    payments: PaymentProcessor
-    payments_async: AsyncPaymentProcessor  # the Event Hubs trigger's path; same stores
-    async_stores: dict[str, Any]  # by role, what payments_async runs on
     notify: NotificationService
     audit: NotificationService
-    http_payments: HttpPaymentService
     order_status: OrderStatusService
     balance_projection: BalanceProjection
+    payments: PaymentProcessor  # the sync payments path: HTTP requests, the replay tool
+    payments_async: AsyncPaymentProcessor  # the Event Hubs trigger's path; same stores
+    payments_consumer: aio.EventHubConsumer
+    http_payments: HttpPaymentService
     maintenance: Maintenance
     parking: ParkingLot
     telemetry: Telemetry
     async_factory: Any = None  # what built async_stores, when it has more to close
-    dispatcher: Any = None  # sends what the consumers' commits recorded (shared.dispatch)
-    async_dispatcher: Any = None  # the same for payments_async (may be a sync one)
+    dispatcher: Any = None  # sends what the sync paths' commits recorded (shared.dispatch)
+    async_dispatcher: Any = None  # the same for the async functions (may be a sync one)
 
     async def aclose(self) -> None:
         """Close what the async stores' factory opened (`RealAsyncStores`: clients and the
@@ -294,14 +298,14 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
                    sleep: Callable[[float], None] = time.sleep,
                    telemetry: Telemetry | None = None, dispatcher: Any = None,
                    async_dispatcher: Any = None) -> Services:
-    """Wire the domain services on the stores `stores(role)` returns (default: real ones).
+    """Wire the consumers on the stores `stores(role)` returns (default: real ones).
 
-    The async payments service runs on `async_stores(role)`; without them (tests, the
-    simulator's fault-injecting stores) on the sync stores, each request on a thread.
-    `dispatcher` sends the outgoing messages (default: Service Bus from settings with the
+    The async functions run on `async_stores(role)`; without them (tests, the simulator's
+    fault-injecting stores) on the sync stores, each request on a thread. `dispatcher`
+    sends the sync paths' outgoing messages (default: Service Bus from settings with the
     real stores, an `InMemoryDispatcher` with given ones); `async_dispatcher` those of the
-    async payments service (default: `dispatcher` when one is given, else the async Service
-    Bus dispatcher of `RealAsyncStores`, else the same as the sync services).
+    async functions (default: `dispatcher` when one is given, else the async Service Bus
+    dispatcher of `RealAsyncStores`, else the same as the sync paths').
     """
     telemetry = telemetry or Telemetry(log_duplicates=settings.log_duplicates)
     if stores is None:
@@ -314,12 +318,19 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
     dispatcher = dispatcher if dispatcher is not None else InMemoryDispatcher()
     async_dispatcher = async_dispatcher if async_dispatcher is not None else dispatcher
     by_role = {role: stores(role) for role in STORE_ROLES}
+    on_loop = {role: (async_stores(role) if async_stores else ThreadedStore(by_role[role]))
+               for role in STORE_ROLES}
     config = dataclasses.replace(settings.idempotency_config(), clock=clock)
     parking = ParkingLot(by_role["parked"], telemetry=telemetry, clock=clock)
+    async_parking = aio.ParkingLot(on_loop["parked"], telemetry=telemetry, clock=clock)
 
     def idem(role: str) -> Idempotency:
         return Idempotency(by_role[role], config=config, telemetry=telemetry,
                            dispatcher=dispatcher)
+
+    def async_idem(role: str) -> aio.Idempotency:
+        return aio.Idempotency(on_loop[role], config=config, telemetry=telemetry,
+                               dispatcher=async_dispatcher)
 
     # An instance owns a partition's batches for a while: it remembers the partition's mark
     # and the balances it wrote (both re-checked by etag when it writes them next).
@@ -333,46 +344,49 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
         Idempotency(by_role["ledger"], config=config, telemetry=telemetry,
                     documents=DocumentCache(), dispatcher=dispatcher),
         PartitionWatermark(by_role["dedup"], **mark), parking, rules=rules, sleep=sleep, **options)
-    on_loop = {role: (async_stores(role) if async_stores else ThreadedStore(by_role[role]))
-               for role in ("ledger", "dedup", "parked")}
     payments_async = async_payment_processor(
         aio.Idempotency(on_loop["ledger"], config=config, telemetry=telemetry,
                         documents=DocumentCache(), dispatcher=async_dispatcher),
-        aio.PartitionWatermark(on_loop["dedup"], **mark),
-        aio.ParkingLot(on_loop["parked"], telemetry=telemetry, clock=clock),
+        aio.PartitionWatermark(on_loop["dedup"], **mark), async_parking,
         rules=rules, sleep=_async_sleep(sleep), **options)
 
     def notifications(consumer: str) -> NotificationService:
-        return NotificationService(consumer, idem("notifications"), parking,
-                                   api_url=settings.notification_api_url,
+        return NotificationService(aio.ServiceBusConsumer(consumer, async_idem("notifications")),
+                                   async_parking, api_url=settings.notification_api_url,
                                    api_honours_key=settings.notification_api_honours_key,
                                    sender=sender)
 
     record_roles = ("dedup", "ledger", "notifications")
-    orders_idem = idem("orders")
+    topic = settings.notifications_topic
     return Services(
         settings=settings,
         stores=by_role,
-        orders=OrderService(orders_idem, notifications_topic=settings.notifications_topic),
-        payments=payments,
-        payments_async=payments_async,
         async_stores=on_loop,
-        async_factory=async_stores,
+        orders=OrderService(aio.ServiceBusConsumer("orders", async_idem("orders"), sends_to=(topic,)),
+                            notifications_topic=topic),
         notify=notifications("notify"),
         audit=notifications("audit"),
-        http_payments=HttpPaymentService(idem("dedup"), payments,
-                                         caller_header=settings.http_caller_header),
-        order_status=OrderStatusService(by_role["order-status"], telemetry=telemetry),
-        balance_projection=BalanceProjection(idem("dedup")),
+        order_status=OrderStatusService(
+            aio.ServiceBusConsumer("order_status", telemetry=telemetry), on_loop["order-status"]),
+        balance_projection=BalanceProjection(
+            aio.ServiceBusConsumer("balance_projection", async_idem("dedup"))),
+        payments=payments,
+        payments_async=payments_async,
+        payments_consumer=aio.EventHubConsumer(payments_async),
+        http_payments=HttpPaymentService(
+            IdempotencyKeyEndpoint(idem("dedup"), name=HTTP_CONSUMER,
+                                   caller_header=settings.http_caller_header), payments),
         maintenance=Maintenance({role: by_role[role] for role in record_roles}, parking,
                                 grace_seconds=settings.window.length.total_seconds(), clock=clock,
                                 # the consumers that send and record dispatches (payments: its
-                                # single events; a batch's mark records its own)
-                                outbox={"orders": orders_idem, "payments": payments.ledger},
+                                # single events; a batch's mark records its own): the sync face
+                                # of the same stores the functions commit to
+                                outbox={"orders": idem("orders"), "payments": payments.ledger},
                                 outbox_age_seconds=settings.outbox_sweep_age.total_seconds(),
                                 telemetry=telemetry),
         parking=parking,
         telemetry=telemetry,
+        async_factory=async_stores,
         dispatcher=dispatcher,
         async_dispatcher=async_dispatcher,
     )

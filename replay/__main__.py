@@ -197,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if tool.dead_letters is not None:
             tool.dead_letters.close()
+        tool.close()
 
 
 def run(tool: ReplayTool, args: argparse.Namespace) -> int:

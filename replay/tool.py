@@ -22,13 +22,13 @@ meanwhile (a message it resubmitted included) is reported as already done.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from domain.messages import InboundMessage, InvalidMessageError
 from domain.payments import CONSUMER as PAYMENTS
 from domain.payments import Payment, payment_from
 from functions.services import Services
@@ -39,17 +39,15 @@ from replay.deadletters import (
     NotInDeadLetterQueueError,
     ResubmitDroppedError,
 )
-from shared import (
-    DedupKey,
-    IdempotencyError,
-    InvalidKeyError,
-    OutcomeStatus,
-    RecordState,
-    store_safe_id,
-)
+from shared import DedupKey, IdempotencyError, OutcomeStatus
 from shared.cloudevents import InvalidEventError, parse_cloudevent
+from shared.exceptions import InvalidKeyError
+from shared.keys import store_safe_id
 from shared.parking import EntryClaimedError, EntryResolvedError, ParkedEntry, ParkingLot
+from shared.payload import InvalidPayloadError as InvalidMessageError
+from shared.records import RecordState
 from shared.settlement import Action
+from shared.triggers import MessageView
 
 CONFLICT = "IdempotencyKeyConflict"
 #: How long a run's claim on an entry holds when the run dies before releasing it: longer
@@ -191,10 +189,18 @@ class ReplayTool:
     claim_seconds: float = CLAIM_SECONDS
     # (consumer, entry id) -> token of the claims this tool holds on the item in hand
     _claims: dict[tuple[str, str], str] = field(default_factory=dict, init=False, repr=False)
+    # The event loop the app's async consumers (notify, audit) run on for this tool's life:
+    # their async clients belong to the loop of their first request.
+    _loop: asyncio.Runner = field(default_factory=asyncio.Runner, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.dead_letters is not None and not self.entities:
             self.entities = list(self.dead_letters.entities)
+
+    def close(self) -> None:
+        """Close the async clients on the loop that used them, then the loop."""
+        self._loop.run(self.services.aclose())
+        self._loop.close()
 
     # -- reading ---------------------------------------------------------------------
     def now(self) -> float:
@@ -293,13 +299,13 @@ class ReplayTool:
         progress, closed as parked, or None (not recorded / nothing to look up)."""
         try:
             if consumer == "orders":
-                store = self.services.orders.idempotency.store
+                store = self.services.stores["orders"]
                 document_id = store_safe_id(message_id)
                 record = store.get_record(document_id, document_id)
             elif consumer in NOTIFICATION_CONSUMERS:
                 key = DedupKey.from_message_id(consumer, message_id)
-                record = self._notifications(consumer).idempotency.store.get_record(
-                    key.encoded, key.encoded)
+                record = self.services.stores["notifications"].get_record(key.encoded,
+                                                                          key.encoded)
             else:
                 return None
         except InvalidKeyError:
@@ -613,7 +619,7 @@ class ReplayTool:
                           "the notification again. Check the API's records: if it was NOT sent, "
                           "replay with --confirm-not-sent; if it was, discard with a note")
         key = DedupKey.from_message_id(item.consumer, str(message_id))
-        store = service.idempotency.store
+        store = self.services.stores["notifications"]  # the records notify and audit keep
         record = store.get_record(key.encoded, key.encoded)
         if record is not None and record.state is RecordState.IN_PROGRESS:
             return Result(item.id, "refused", "a delivery of this message holds it in progress "
@@ -628,9 +634,9 @@ class ReplayTool:
         if closed:
             assert record is not None
             store.delete_record_if_unchanged(record)  # a change meanwhile: RecordChangedError
-        decision = service.handle(InboundMessage(
+        decision = self._loop.run(service.handle(MessageView(
             message_id=str(message_id), body=entry.payload.encode("utf-8"),
-            correlation_id=entry.context.get("correlation_id"), content_type="application/json"))
+            correlation_id=entry.context.get("correlation_id"), content_type="application/json")))
         confirmed = " (operator confirmed it was not sent)" if options.confirm_not_sent else ""
         if decision.action is Action.COMPLETE and decision.outcome == "parked":
             outcome = "parked again: the outcome of this attempt is unknown too"

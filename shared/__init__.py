@@ -1,78 +1,69 @@
-"""Idempotent message consumers for Azure Functions: the dedup library.
+"""Idempotent message consumers for Azure Functions: each side effect once, whatever the broker
+redelivers. The names here are what a function app writes with; everything else stays
+importable from its module. `shared.aio` has the async faces under the same names.
 
-    store = TableIdempotencyStore.from_connection_string(conn, table_name="dedup")
-    idem = Idempotency(store)
-    outcome = idem.run(DedupKey.from_message_id("my-consumer", msg.message_id),
-                       request_hash(body), lambda: send(body))
+    orders = ServiceBusConsumer("orders", Idempotency(CosmosIdempotencyStore(
+        endpoint, credential, database="app", container="orders")))
+
+    def save(tx: Transaction, order: dict) -> dict:
+        tx.create("order", order)
+        return {"orderId": order["orderId"]}
+
+    # in the Service Bus trigger (auto_complete_messages=False):
+    orders.run_atomic(message, message_actions, save)
 """
 
 from shared import aio
-from shared.aio import AsyncInMemoryIdempotencyStore
-from shared.config import IdempotencyConfig, RedeliveryWindow, validate_retention
+from shared.batch import PartitionBatchProcessor
+from shared.config import IdempotencyConfig
+from shared.dispatch import EventHubDispatcher, ServiceBusDispatcher
 from shared.exceptions import (
-    ConcurrencyRetriesExhaustedError,
     EffectUncertainError,
     IdempotencyError,
-    InvalidKeyError,
-    ResultTooLargeError,
-    RetentionConfigError,
-    StoreRequestError,
+    KeyInProgressError,
+    KeyReusedError,
+    PoisonMessageError,
     StoreUnavailableError,
 )
-from shared.flow import AsyncTransaction, Transaction, run_async, run_sync, update_document
-from shared.idempotency import AsyncIdempotency, Idempotency
-from shared.keys import DedupKey, request_hash, same_request, store_safe_id
-from shared.records import IdempotencyRecord, Outcome, OutcomeStatus, RecordState
-from shared.stores import (
-    CosmosIdempotencyStore,
-    Document,
-    DocumentStore,
-    IdempotencyStore,
-    InMemoryIdempotencyStore,
-    RecordStore,
-    TableIdempotencyStore,
-    WriteOp,
+from shared.flow import Transaction
+from shared.idempotency import Idempotency
+from shared.keys import DedupKey, request_hash
+from shared.parking import ParkingLot
+from shared.records import Outcome, OutcomeStatus
+from shared.stores import CosmosIdempotencyStore, InMemoryIdempotencyStore, TableIdempotencyStore
+from shared.triggers import (
+    EventHubConsumer,
+    HttpResult,
+    IdempotencyKeyEndpoint,
+    ServiceBusConsumer,
 )
-from shared.stores.cosmos_aio import AsyncCosmosIdempotencyStore
-from shared.stores.table_aio import AsyncTableIdempotencyStore
+from shared.watermark import PartitionWatermark
 
 __all__ = [
-    "AsyncCosmosIdempotencyStore",
-    "AsyncIdempotency",
-    "AsyncInMemoryIdempotencyStore",
-    "AsyncTableIdempotencyStore",
-    "AsyncTransaction",
-    "ConcurrencyRetriesExhaustedError",
     "CosmosIdempotencyStore",
     "DedupKey",
-    "Document",
-    "DocumentStore",
     "EffectUncertainError",
+    "EventHubConsumer",
+    "EventHubDispatcher",
+    "HttpResult",
     "Idempotency",
     "IdempotencyConfig",
     "IdempotencyError",
-    "IdempotencyRecord",
-    "IdempotencyStore",
+    "IdempotencyKeyEndpoint",
     "InMemoryIdempotencyStore",
-    "InvalidKeyError",
+    "KeyInProgressError",
+    "KeyReusedError",
     "Outcome",
     "OutcomeStatus",
-    "RecordState",
-    "RecordStore",
-    "RedeliveryWindow",
-    "ResultTooLargeError",
-    "RetentionConfigError",
-    "StoreRequestError",
+    "ParkingLot",
+    "PartitionBatchProcessor",
+    "PartitionWatermark",
+    "PoisonMessageError",
+    "ServiceBusConsumer",
+    "ServiceBusDispatcher",
     "StoreUnavailableError",
     "TableIdempotencyStore",
     "Transaction",
-    "WriteOp",
     "aio",
     "request_hash",
-    "run_async",
-    "run_sync",
-    "same_request",
-    "store_safe_id",
-    "update_document",
-    "validate_retention",
 ]

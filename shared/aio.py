@@ -1,10 +1,8 @@
-"""The library's async faces, under the names of the sync ones (as the Azure SDK does):
-`shared.aio.Idempotency`, `Transaction`, `PartitionWatermark`, `ParkingLot` and
-`PartitionBatchProcessor` run the same flows as their sync namesakes, awaited with
-`shared.flow.run_async`, so an `async def` function keeps its event loop free while
-Cosmos DB or Table Storage answer. No logic lives here, only names and two adapters that
-put a sync store behind the async interface (`ThreadedStore`,
-`AsyncInMemoryIdempotencyStore`); the Cosmos and Table async stores are in `shared.stores`.
+"""The library's async faces, under the names of the sync ones (as the Azure SDK does): each
+runs the same flows as its sync namesake, awaited, so an `async def` function keeps its event
+loop free while Cosmos DB, Table Storage or Service Bus answer. Stores here are the async SDKs'
+(`azure.cosmos.aio`, `azure.data.tables.aio`); `ThreadedStore` puts a sync store behind the
+async interface (a test double, a backend with no async SDK).
 """
 
 from __future__ import annotations
@@ -14,17 +12,25 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from shared.batch import AsyncPartitionBatchProcessor as PartitionBatchProcessor
+from shared.dispatch_aio import EventHubDispatcher, ServiceBusDispatcher
 from shared.flow import AsyncStore
 from shared.flow import AsyncTransaction as Transaction
 from shared.idempotency import AsyncIdempotency as Idempotency
 from shared.parking import AsyncParkingLot as ParkingLot
 from shared.records import IdempotencyRecord
 from shared.stores.base import AsyncDocumentStore, Document, WriteOp
-from shared.stores.memory import InMemoryIdempotencyStore
+from shared.stores.cosmos_aio import AsyncCosmosIdempotencyStore as CosmosIdempotencyStore
+from shared.stores.memory import InMemoryIdempotencyStore as SyncInMemoryIdempotencyStore
+from shared.stores.table_aio import AsyncTableIdempotencyStore as TableIdempotencyStore
+from shared.triggers import AsyncEventHubConsumer as EventHubConsumer
+from shared.triggers import AsyncIdempotencyKeyEndpoint as IdempotencyKeyEndpoint
+from shared.triggers import AsyncServiceBusConsumer as ServiceBusConsumer
 from shared.watermark import AsyncPartitionWatermark as PartitionWatermark
 
-__all__ = ["AsyncInMemoryIdempotencyStore", "AsyncStore", "Idempotency", "ParkingLot",
-           "PartitionBatchProcessor", "PartitionWatermark", "ThreadedStore", "Transaction"]
+__all__ = ["AsyncStore", "CosmosIdempotencyStore", "EventHubConsumer", "EventHubDispatcher",
+           "Idempotency", "IdempotencyKeyEndpoint", "InMemoryIdempotencyStore", "ParkingLot",
+           "PartitionBatchProcessor", "PartitionWatermark", "ServiceBusConsumer",
+           "ServiceBusDispatcher", "TableIdempotencyStore", "ThreadedStore", "Transaction"]
 
 
 class ThreadedStore(AsyncDocumentStore):
@@ -77,16 +83,12 @@ class ThreadedStore(AsyncDocumentStore):
         await self._call(self.sync.close)
 
 
-class AsyncInMemoryIdempotencyStore(ThreadedStore):
-    """The in-memory store behind an async face: for tests of async handlers and flows.
-    Requests run inline (they never block)."""
+class InMemoryIdempotencyStore(ThreadedStore):
+    """The in-memory store behind the async interface: for fast tests of async handlers and
+    flows. Requests run inline (they never block); `sync` is the in-memory store itself."""
 
-    def __init__(self, store: InMemoryIdempotencyStore | None = None) -> None:
-        super().__init__(store or InMemoryIdempotencyStore())
-
-    @property
-    def requests(self) -> int:
-        return self.sync.requests
+    def __init__(self, store: SyncInMemoryIdempotencyStore | None = None) -> None:
+        super().__init__(store or SyncInMemoryIdempotencyStore())
 
     async def _call[T](self, request: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return request(*args, **kwargs)

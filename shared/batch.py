@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from shared.exceptions import ConcurrencyRetriesExhaustedError, retry_after
+from shared.exceptions import ConcurrencyRetriesExhaustedError, ConfigurationError, retry_after
 from shared.flow import Async, Dispatch, Flow, Gather, OnStore, Sleep, Sync, flowmethod
 from shared.idempotency import AsyncIdempotency, BaseIdempotency, GroupMessage, Idempotency
 from shared.keys import DedupKey
@@ -115,7 +115,7 @@ class _Parsed[E, I]:
     position: EventPosition
 
 
-class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency,
+class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency[Any, Any],
                                   W: BasePartitionWatermark, P: BaseParkingLot]:
     """Parametrised by the user's rule:
 
@@ -134,9 +134,15 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency,
                  max_retry_after: float = MAX_RETRY_AFTER_SECONDS,
                  sleep: Callable[[float], object] | None = None) -> None:
         if max_concurrency < 1:
-            raise ValueError("max_concurrency must be at least 1")
+            raise ConfigurationError("max_concurrency must be at least 1")
         if max_attempts < 1:
-            raise ValueError("max_attempts must be at least 1")
+            raise ConfigurationError("max_attempts must be at least 1")
+        for part in (ledger, watermark, parking):
+            if isinstance(part, Async) != isinstance(self, Async):
+                face = "shared.aio" if isinstance(self, Async) else "shared"
+                raise ConfigurationError(
+                    f"{type(self).__name__} runs on the {face} face; give it {face}'s Idempotency, "
+                    f"PartitionWatermark and ParkingLot ({type(part).__name__} is the other face)")
         self.store = None  # every step names its store (OnStore)
         self.ledger = ledger
         self.watermark = watermark

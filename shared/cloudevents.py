@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -47,7 +48,7 @@ def as_text(value: Any) -> Any:
     return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else value
 
 
-def _binary_attributes(properties: dict[Any, Any]) -> dict[str, Any]:
+def _binary_attributes(properties: Mapping[Any, Any]) -> dict[str, Any]:
     attributes: dict[str, Any] = {}
     for raw_name, value in (properties or {}).items():
         name = str(as_text(raw_name))
@@ -98,7 +99,7 @@ def _base64_data(envelope: dict[str, Any], max_bytes: int) -> Any:
     return _data(raw, content_type if isinstance(content_type, str) else None, max_bytes)
 
 
-def parse_cloudevent(body: bytes, properties: dict[Any, Any] | None = None,
+def parse_cloudevent(body: bytes, properties: Mapping[Any, Any] | None = None,
                      content_type: str | None = None, *,
                      max_bytes: int = MAX_EVENT_BYTES) -> CloudEvent:
     """Decode one CloudEvent, or raise InvalidEventError saying what is wrong.

@@ -297,36 +297,16 @@ class EventHubDispatcher:
 
 # -- in memory -------------------------------------------------------------------------
 class InMemoryDispatcher:
-    """Records every message it sends (`sent`), in order; for tests and the simulator.
-
-    `fail_next(n)` makes the next n dispatch calls raise `DispatchUnavailableError`
-    before sending anything; `accept_then_fail_next(n)` sends and then raises,
-    as a send whose answer was lost does.
-    """
+    """Records every message it sends (`sent`), in order: the dispatcher of fast tests and of
+    the delivery simulator (which sends them on into its simulated broker)."""
 
     def __init__(self) -> None:
         self.sent: list[OutgoingMessage] = []
-        self.calls = 0
-        self._fail = 0
-        self._accept_then_fail = 0
         self._lock = threading.Lock()
-
-    def fail_next(self, count: int = 1) -> None:
-        self._fail += count
-
-    def accept_then_fail_next(self, count: int = 1) -> None:
-        self._accept_then_fail += count
 
     def dispatch(self, messages: Sequence[OutgoingMessage]) -> None:
         with self._lock:
-            self.calls += 1
-            if self._fail:
-                self._fail -= 1
-                raise DispatchUnavailableError("injected: broker unavailable")
             self.sent.extend(messages)
-            if self._accept_then_fail:
-                self._accept_then_fail -= 1
-                raise DispatchUnavailableError("injected: sent, answer lost")
 
     def close(self) -> None:
         pass

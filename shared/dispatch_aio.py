@@ -120,16 +120,6 @@ class InMemoryDispatcher:
     def sent(self) -> list[OutgoingMessage]:
         return self._sync.sent
 
-    @property
-    def calls(self) -> int:
-        return self._sync.calls
-
-    def fail_next(self, count: int = 1) -> None:
-        self._sync.fail_next(count)
-
-    def accept_then_fail_next(self, count: int = 1) -> None:
-        self._sync.accept_then_fail_next(count)
-
     def ids(self) -> list[str]:
         return self._sync.ids()
 

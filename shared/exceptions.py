@@ -1,8 +1,10 @@
-"""Precise exception types of the dedup library.
+"""Precise exception types of the dedup library; every one derives from `IdempotencyError`.
 
-Two families: errors the caller must act on (bad keys, oversized results,
-retention misconfiguration, store outages) and the store contract errors the
-backends raise to the flow (record exists, etag mismatch, failed batch).
+Three families: errors the caller acts on (a key reused for other content or held by
+another attempt, a message that can never succeed, a store outage), configuration errors
+raised when the library is set up (a missing or mismatched collaborator, a retention
+shorter than the redelivery window), and the store contract errors the backends raise
+to the flow (record exists, etag mismatch, failed batch).
 """
 
 from __future__ import annotations
@@ -10,10 +12,47 @@ from __future__ import annotations
 import contextlib
 import datetime
 import email.utils
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shared.records import Outcome
 
 
 class IdempotencyError(Exception):
     """Base class of every error this library raises."""
+
+
+class ConfigurationError(IdempotencyError, ValueError):
+    """The library is set up wrong (a missing or mismatched collaborator, an option out of
+    range): raised at construction, with the fix in the message, never per message."""
+
+
+class PoisonMessageError(IdempotencyError):
+    """The message can never succeed as it is: dead-letter or park it with `reason` (a short
+    stable code) on its first delivery, never retry it. Raise it from a parse or a build
+    to refuse a message; `detail` says what is wrong."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class KeyReusedError(IdempotencyError):
+    """The key was processed before with other content (a producer reused an id): the first
+    content's effect stands; this call did nothing. `outcome` holds both request hashes."""
+
+    def __init__(self, message: str, *, outcome: Outcome) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
+class KeyInProgressError(IdempotencyError):
+    """Another attempt holds the key under a live lease: retry after it ends (`outcome`)."""
+
+    def __init__(self, message: str, *, outcome: Outcome) -> None:
+        super().__init__(message)
+        self.outcome = outcome
 
 
 class InvalidKeyError(IdempotencyError, ValueError):
@@ -24,7 +63,7 @@ class ResultTooLargeError(IdempotencyError, ValueError):
     """The handler's result is larger than the store may keep on the record."""
 
 
-class RetentionConfigError(IdempotencyError, ValueError):
+class RetentionConfigError(ConfigurationError):
     """The record TTL is shorter than the window in which the broker can redeliver."""
 
 

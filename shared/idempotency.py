@@ -24,18 +24,24 @@ on a sync store, `shared.aio.Idempotency` awaits it on an async one.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ParamSpec
+from typing import Any
 
 from shared.cache import CompletedKeyCache, DocumentCache
 from shared.config import IdempotencyConfig
+from shared.dispatch import Dispatcher as SyncDispatcher
+from shared.dispatch_aio import Dispatcher as AsyncDispatcher
 from shared.exceptions import (
     ConcurrencyRetriesExhaustedError,
+    ConfigurationError,
     EffectUncertainError,
+    KeyInProgressError,
+    KeyReusedError,
     LeaseLostError,
     OperationFailedError,
     RecordChangedError,
@@ -45,6 +51,7 @@ from shared.exceptions import (
 )
 from shared.flow import (
     Async,
+    AsyncStore,
     Build,
     Built,
     Commit,
@@ -61,6 +68,7 @@ from shared.flow import (
     ReplaceRecordIfUnchanged,
     RunHandler,
     Sync,
+    SyncStore,
     Writes,
     flowmethod,
     retry_on_race,
@@ -72,7 +80,6 @@ from shared.records import IdempotencyRecord, Outcome, OutcomeStatus, RecordStat
 from shared.stores.base import MAX_TRANSACTION_OPERATIONS, RACE_STATUSES
 from shared.telemetry import Telemetry
 
-P = ParamSpec("P")
 logger = logging.getLogger(__name__)
 Context = Mapping[str, Any]
 
@@ -101,15 +108,19 @@ def identify(key: Callable[..., DedupKey], payload: Callable[..., Any] | None,
     return key(*args, **kwargs), hash_request(data, fields=fields)
 
 
-class BaseIdempotency:
-    """The dedup flow over one store; `Idempotency` and `shared.aio.Idempotency` are its faces."""
+class BaseIdempotency[S: (SyncStore, AsyncStore), D]:
+    """The dedup flow over one store; `Idempotency` and `shared.aio.Idempotency` are its faces,
+    on a store `S` and with a dispatcher `D` of their own face."""
 
-    def __init__(self, store: Any, *, config: IdempotencyConfig | None = None,
+    def __init__(self, store: S, *, config: IdempotencyConfig | None = None,
                  telemetry: Telemetry | None = None, cache: CompletedKeyCache | None = None,
-                 documents: DocumentCache | None = None, dispatcher: Any = None) -> None:
+                 documents: DocumentCache | None = None, dispatcher: D | None = None) -> None:
+        check_face(self, store, dispatcher)
         self.store = store  # the atomic paths also need it to hold documents
-        # Sends what builds record with `tx.send` (shared.dispatch; an async one on the
-        # async face). None: a build that sends fails before committing.
+        # Sends what builds record with `tx.send` (shared.dispatch; on the async face, a
+        # shared.dispatch_aio one, or a sync one that never blocks). None: a build that
+        # sends fails before committing (a consumer that names its destinations fails at
+        # construction instead).
         self.dispatcher = dispatcher
         self.config = config or IdempotencyConfig()
         self.telemetry = telemetry or Telemetry()
@@ -181,8 +192,10 @@ class BaseIdempotency:
 
     def _can_send(self, writes: Writes) -> None:
         if writes.outgoing and self.dispatcher is None:
-            raise TypeError(f"the build sent {len(writes.outgoing)} message(s) but this "
-                            "Idempotency has no dispatcher")
+            raise ConfigurationError(
+                f"the build sent {len(writes.outgoing)} message(s) to "
+                f"{writes.outgoing[0].destination} but this Idempotency has no dispatcher: pass "
+                "dispatcher=ServiceBusDispatcher(...) (shared.dispatch) to Idempotency")
 
     @flowmethod
     def dispatch_pending(self, marker: IdempotencyRecord) -> Flow[IdempotencyRecord]:
@@ -197,8 +210,9 @@ class BaseIdempotency:
         if not marker.outbox:
             return marker
         if self.dispatcher is None:
-            raise TypeError(f"{marker.key.encoded} has {len(marker.outbox)} pending message(s) "
-                            "but this Idempotency has no dispatcher")
+            raise ConfigurationError(f"{marker.key.encoded} has {len(marker.outbox)} pending "
+                                     "message(s) but this Idempotency has no dispatcher: pass "
+                                     "dispatcher=... to Idempotency")
         consumer = marker.key.consumer
         try:
             yield Dispatch(self.dispatcher, marker.outbox)
@@ -539,39 +553,81 @@ class BaseIdempotency:
         return chunk, results, built.writes
 
 
-class Idempotency(BaseIdempotency, Sync):
+def _result(outcome: Outcome) -> Any:
+    """What a decorated handler's caller gets: the handler's result (now, or stored by the
+    first call for a duplicate); a reused key or a key held by another attempt raises."""
+    if outcome.status is OutcomeStatus.CONFLICT:
+        raise KeyReusedError(
+            f"{outcome.key.encoded} was processed with other content (request hash "
+            f"{outcome.stored_hash}; this call has {outcome.request_hash}): the first effect "
+            "stands, this call did nothing. Use a new key for new content.", outcome=outcome)
+    if not outcome.should_ack:
+        raise KeyInProgressError(f"{outcome.key.encoded} is {outcome.status.value} by another "
+                                 "attempt: retry after its lease", outcome=outcome)
+    return outcome.result
+
+
+def check_face(owner: object, store: object, dispatcher: object = None) -> None:
+    """Refuse, at construction, a store or dispatcher of the other face: a sync face would
+    hand an async store's coroutines to its steps unawaited; an async face would block its
+    event loop on every request of a sync store."""
+    kind = type(owner).__name__
+    store_is_async = inspect.iscoroutinefunction(getattr(store, "get_record", None)) or \
+        inspect.iscoroutinefunction(getattr(store, "read_document", None))
+    if isinstance(owner, Async) and not store_is_async:
+        raise ConfigurationError(
+            f"shared.aio.{kind} needs an async store ({type(store).__name__} is sync): use the "
+            "async Cosmos or Table store (shared.stores.cosmos_aio, shared.stores.table_aio), or "
+            "wrap a sync one in shared.aio.ThreadedStore")
+    if isinstance(owner, Sync) and store_is_async:
+        raise ConfigurationError(f"{kind} needs a sync store ({type(store).__name__} is async): "
+                                 f"use shared.aio.{kind} with it")
+    if isinstance(owner, Sync) and inspect.iscoroutinefunction(getattr(dispatcher, "dispatch", None)):
+        raise ConfigurationError(f"{kind} needs a sync dispatcher ({type(dispatcher).__name__} is "
+                                 "async): use shared.dispatch's, or shared.aio with this one")
+
+
+class Idempotency(BaseIdempotency[SyncStore, SyncDispatcher], Sync):
     """Runs messages through the dedup flow against one (sync) store."""
 
-    def idempotent(self, *, key: Callable[..., DedupKey], payload: Callable[..., Any] | None = None,
-                   fields: tuple[str, ...] | None = None
-                   ) -> Callable[[Callable[P, Any]], Callable[P, Outcome]]:
-        """Decorate a handler so each call runs once per key (two-phase flow).
+    def idempotent[**A, R](self, *, key: Callable[..., DedupKey],
+                           payload: Callable[..., Any] | None = None,
+                           fields: tuple[str, ...] | None = None
+                           ) -> Callable[[Callable[A, R]], Callable[A, R]]:
+        """Decorate a handler so each call runs once per key (the two-phase flow).
 
-        `key` and `payload` receive the handler's arguments; the payload (default: the
-        first argument) is hashed to detect reused keys.
+        The decorated handler returns what the handler returned, or for a duplicate what
+        its first call returned (stored); a key reused with other content raises
+        KeyReusedError, a key another attempt holds raises KeyInProgressError. `key` and
+        `payload` receive the handler's arguments; the payload (default: the first
+        argument) is hashed to tell a duplicate from a reused key. Code that wants to
+        branch on the outcome calls `run` instead.
         """
-        def decorate(function: Callable[P, Any]) -> Callable[P, Outcome]:
+        def decorate(function: Callable[A, R]) -> Callable[A, R]:
             @functools.wraps(function)
-            def wrapper(*args: P.args, **kwargs: P.kwargs) -> Outcome:
+            def wrapper(*args: A.args, **kwargs: A.kwargs) -> R:
                 dedup_key, request_hash = identify(key, payload, fields, args, kwargs)
-                return self.run(dedup_key, request_hash, lambda: function(*args, **kwargs))
+                return _result(self.run(dedup_key, request_hash, lambda: function(*args, **kwargs)))
             return wrapper
         return decorate
 
 
-class AsyncIdempotency(BaseIdempotency, Async):
+class AsyncIdempotency(BaseIdempotency[AsyncStore, AsyncDispatcher | SyncDispatcher], Async):
     """The dedup flow on an async store (`shared.aio.Idempotency`): the same methods, awaited;
-    builds and handlers may be sync or async."""
+    builds and handlers may be sync or async. Its dispatcher is a `shared.dispatch_aio` one,
+    or a sync one that never blocks (the in-memory dispatcher of tests)."""
 
-    def idempotent(self, *, key: Callable[..., DedupKey], payload: Callable[..., Any] | None = None,
-                   fields: tuple[str, ...] | None = None
-                   ) -> Callable[[Callable[P, Any]], Callable[P, Awaitable[Outcome]]]:
-        """`Idempotency.idempotent` for async handlers: the decorated handler is a coroutine
-        function."""
-        def decorate(function: Callable[P, Any]) -> Callable[P, Awaitable[Outcome]]:
+    def idempotent[**A, R](self, *, key: Callable[..., DedupKey],
+                           payload: Callable[..., Any] | None = None,
+                           fields: tuple[str, ...] | None = None
+                           ) -> Callable[[Callable[A, Awaitable[R]]], Callable[A, Awaitable[R]]]:
+        """`Idempotency.idempotent` for an async handler: the decorated handler is a
+        coroutine function returning the handler's result (or the stored one)."""
+        def decorate(function: Callable[A, Awaitable[R]]) -> Callable[A, Awaitable[R]]:
             @functools.wraps(function)
-            async def wrapper(*args: P.args, **kwargs: P.kwargs) -> Outcome:
+            async def wrapper(*args: A.args, **kwargs: A.kwargs) -> R:
                 dedup_key, request_hash = identify(key, payload, fields, args, kwargs)
-                return await self.run(dedup_key, request_hash, lambda: function(*args, **kwargs))
+                return _result(await self.run(dedup_key, request_hash,
+                                              lambda: function(*args, **kwargs)))
             return wrapper
         return decorate

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.exceptions import IdempotencyError
 from shared.flow import (
     Async,
     Flow,
@@ -124,7 +125,7 @@ class ParkedEntry:
 _CLAIM_FIELDS = ("claimedBy", "claimedAt", "claimExpiresAt", "claimToken")
 
 
-class ParkedEntryError(Exception):
+class ParkedEntryError(IdempotencyError):
     """An action on a parked entry cannot go ahead; `entry` is the entry as found."""
 
     def __init__(self, message: str, entry: ParkedEntry) -> None:

@@ -15,6 +15,8 @@ import math
 import re
 from typing import Any, cast
 
+from shared.exceptions import PoisonMessageError
+
 MAX_DEPTH = 32
 MAX_SAFE_INTEGER = 2**53 - 1  # exact in a Cosmos DB number (IEEE double) and in Edm.Int64
 _OPEN, _CLOSE = frozenset(b"[{"), frozenset(b"]}")
@@ -24,14 +26,9 @@ _QUOTE, _BACKSLASH = ord('"'), ord("\\")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
-class InvalidPayloadError(ValueError):
+class InvalidPayloadError(PoisonMessageError, ValueError):
     """The body cannot be accepted as it is; `reason` is a short stable code for the dead-letter
     reason, the parking entry or a problem+json title."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 def _depth(data: bytes) -> int:

@@ -76,7 +76,8 @@ def decision_for(outcome: Outcome) -> Decision:
 
     Done now or before = complete; the key reused for other content =
     dead-letter with both hashes (and alert); held by a live consumer = leave
-    the message to come back after the lock. STALE is the caller's to reconcile.
+    the message to come back after the lock; an attempt that died mid-effect, which
+    the caller chose not to take over (STALE) = dead-letter for a person.
     """
     key = outcome.key
     if outcome.status is OutcomeStatus.CONFLICT:
@@ -87,6 +88,10 @@ def decision_for(outcome: Outcome) -> Decision:
             outcome.status.value)
     if outcome.should_ack:
         return Decision.complete(outcome.status.value)
+    if outcome.status is OutcomeStatus.STALE:
+        return Decision.deadletter(
+            "StaleInProgress", f"an attempt on {key.encoded} died mid-effect and its outcome is "
+            "unknown: reconcile it with the downstream, then resubmit", outcome.status.value)
     return Decision.wait("InProgress", f"{key.encoded} is being processed elsewhere")
 
 

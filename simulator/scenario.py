@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 from functions.services import Services, build_services, real_stores
 from functions.settings import Settings
-from shared import IdempotencyStore
 from shared.maintenance import Maintenance
 from shared.stores import CosmosIdempotencyStore, TableIdempotencyStore
+from shared.stores.base import IdempotencyStore
 from simulator.check import Checker, CheckResult, DeadLetter, Evidence, stores_of
 from simulator.clock import SimClock
 from simulator.eventhubs import EventHub

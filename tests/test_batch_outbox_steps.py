@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from shared import DedupKey, IdempotencyConfig
 from shared.batch import BatchReport, PartitionBatchProcessor
+from shared.dispatch import Dispatcher
 from shared.exceptions import DispatchUnavailableError
 from shared.flow import Dispatch, Flow, Gather, OnStore, Step, run_sync
 from shared.idempotency import Idempotency
@@ -89,7 +90,8 @@ class Stores:
     def processor(self) -> PartitionBatchProcessor[Event, Item]:
         """A processor as a new instance builds it (nothing remembered)."""
         config = IdempotencyConfig(clock=lambda: NOW)
-        ledger = Idempotency(self.ledger, config=config, dispatcher="dispatcher (the test's)")
+        ledger = Idempotency(self.ledger, config=config,
+                             dispatcher=cast(Dispatcher, "dispatcher (the test's)"))
         marks = PartitionWatermark(self.marks, consumer="payments", event_hub=HUB,
                                    consumer_group="cg")
         return PartitionBatchProcessor(ledger, marks, ParkingLot(self.parked, clock=lambda: NOW),
@@ -250,11 +252,14 @@ def test_the_single_event_entry_point_dispatches_and_records_on_its_own():
     processor = stores.processor()
     sent: list[str] = []
 
-    class Dispatcher:
+    class Recording:
         def dispatch(self, messages: Any) -> None:
             sent.extend(m.message_id for m in messages)
 
-    processor.ledger.dispatcher = Dispatcher()
+        def close(self) -> None:
+            pass
+
+    processor.ledger.dispatcher = Recording()
     outcome = processor.apply(Item("h1", "A", 250))
     assert outcome.status is OutcomeStatus.PROCESSED
     assert sent == [outgoing_message_id(first_key("h1"), QUEUE, 0)]
@@ -269,7 +274,7 @@ def test_a_group_commit_of_batch_events_commits_the_position_and_leaves_the_disp
     from tests.test_flow_steps import Stepper
 
     ledger = Idempotency(InMemoryIdempotencyStore(), config=IdempotencyConfig(clock=lambda: NOW),
-                         dispatcher="the caller's")
+                         dispatcher=cast(Dispatcher, "the caller's"))
     keys = [first_key(f"s{n}") for n in range(2)]
     position = EventPosition(HUB, "0", 5, None)
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from shared import DedupKey, IdempotencyConfig, IdempotencyRecord, OutcomeStatus, RecordState
+from shared import DedupKey, IdempotencyConfig, OutcomeStatus
 from shared.exceptions import (
     ConcurrencyRetriesExhaustedError,
     OperationFailedError,
@@ -34,12 +34,14 @@ from shared.flow import (
     ReplaceRecordIfUnchanged,
     Sleep,
     Step,
+    SyncStore,
     WriteDocuments,
     Writes,
     run_async,
     run_sync,
 )
 from shared.idempotency import GroupMessage, Idempotency
+from shared.records import IdempotencyRecord, RecordState
 from shared.stores.base import Document
 from shared.stores.memory import InMemoryIdempotencyStore
 from shared.watermark import Mark, PartitionWatermark
@@ -88,7 +90,8 @@ class NoStore:
 
 def ledger(**config: Any) -> Idempotency:
     """A flow owner whose store is never reached: every step is answered by the test."""
-    return Idempotency(NoStore(), config=IdempotencyConfig(clock=lambda: NOW, **config))
+    return Idempotency(cast(SyncStore, NoStore()),
+                       config=IdempotencyConfig(clock=lambda: NOW, **config))
 
 
 def record(key: DedupKey = KEY, *, state: RecordState = RecordState.COMPLETED,
@@ -257,7 +260,7 @@ def test_the_async_parking_lot_parks_and_resolves_through_the_awaited_store() ->
     """The async face runs every method of the flow awaited; none falls through to a sync call
     of the async store (which would hand back an unawaited coroutine)."""
     from shared import aio
-    from shared.aio import AsyncInMemoryIdempotencyStore
+    from shared.aio import InMemoryIdempotencyStore as AsyncInMemoryIdempotencyStore
 
     async def scenario() -> tuple[bool, str | None]:
         lot = aio.ParkingLot(AsyncInMemoryIdempotencyStore(), clock=lambda: NOW)

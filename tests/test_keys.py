@@ -14,8 +14,9 @@ import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared import DedupKey, InvalidKeyError, request_hash, same_request
-from shared.keys import MAX_ENCODED_LENGTH, canonical_json, encode_component, store_safe_id
+from shared import DedupKey, request_hash
+from shared.exceptions import InvalidKeyError
+from shared.keys import MAX_ENCODED_LENGTH, canonical_json, encode_component, same_request, store_safe_id
 from shared.payload import parse_json
 
 TABLE_FORBIDDEN = set("/\\#?") | {chr(c) for c in range(0x20)} | {chr(c) for c in range(0x7F, 0xA0)}

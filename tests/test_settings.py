@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from functions.settings import SETTING_NAMES, Settings, SettingsError
-from shared import RetentionConfigError
+from shared.exceptions import RetentionConfigError
 
 BASE = {"TABLE_CONNECTION_STRING": "UseDevelopmentStorage=true",
         "COSMOS_ENDPOINT": "https://localhost:8081/",

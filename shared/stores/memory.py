@@ -41,18 +41,13 @@ class InMemoryIdempotencyStore(IdempotencyStore):
         self._rows: dict[tuple[str, str], Row] = {}
         self._lock = threading.Lock()
         self._etags = itertools.count(1)
-        self.requests = 0  # every operation below counts as one store request
 
     def _etag(self) -> str:
         return f'W/"{next(self._etags)}"'
 
-    def _count(self) -> None:
-        self.requests += 1
-
     # -- records ----------------------------------------------------------------
     def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
         with self._lock:
-            self._count()
             row = self._rows.get((partition, record_id))
         if row is None or not is_record(row[0]):
             return None
@@ -70,7 +65,6 @@ class InMemoryIdempotencyStore(IdempotencyStore):
     def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
         location = (record.partition_key, record.id)
         with self._lock:
-            self._count()
             row = self._rows.get(location)
             if row is None or row[1] != record.etag:
                 raise RecordChangedError(record.id)
@@ -79,7 +73,6 @@ class InMemoryIdempotencyStore(IdempotencyStore):
     def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
         location = (marker.partition_key, marker.id)
         with self._lock:
-            self._count()
             row = self._rows.get(location)
             if row is None or row[1] != marker.etag:
                 raise RecordChangedError(marker.id)
@@ -92,7 +85,6 @@ class InMemoryIdempotencyStore(IdempotencyStore):
 
     def iter_pending(self, *, since_before: float) -> Iterator[IdempotencyRecord]:
         with self._lock:
-            self._count()
             rows = [(location, copy.deepcopy(row)) for location, row in self._rows.items()
                     if is_record(row[0]) and 0 < float(row[0].get(PENDING_SINCE) or 0) < since_before]
         for (partition, record_id), (properties, etag) in rows:
@@ -101,7 +93,6 @@ class InMemoryIdempotencyStore(IdempotencyStore):
     def iter_records(self, *, in_progress_before: float | None = None,
                      expired_before: float | None = None) -> Iterator[IdempotencyRecord]:
         with self._lock:
-            self._count()
             rows = [(location, copy.deepcopy(row)) for location, row in self._rows.items()
                     if is_record(row[0])]
         for (partition, record_id), (properties, etag) in rows:
@@ -119,7 +110,6 @@ class InMemoryIdempotencyStore(IdempotencyStore):
     # -- documents --------------------------------------------------------------
     def read_document(self, partition: str, document_id: str) -> Document | None:
         with self._lock:
-            self._count()
             row = self._rows.get((partition, document_id))
         if row is None:
             return None
@@ -150,7 +140,6 @@ class InMemoryIdempotencyStore(IdempotencyStore):
                       for op in operations]  # further markers of a group commit
         check_transaction_size(len(operations) + (marker is not None))
         with self._lock:
-            self._count()
             rows = dict(self._rows)
             etags: list[str] = []
             writes: list[WriteOp] = []

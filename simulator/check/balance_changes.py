@@ -27,9 +27,10 @@ from typing import Any
 
 from domain.balance_projection import CONSUMER, VIEW_DOCUMENT, BalanceChanged, view_partition
 from domain.payments import BALANCE_CHANGED
-from shared import IdempotencyStore, request_hash, store_safe_id
+from shared import request_hash
+from shared.keys import store_safe_id
 from shared.outbox import POSITION, EventPosition, decode_pending
-from shared.stores.base import Document
+from shared.stores.base import Document, IdempotencyStore
 from shared.watermark import Mark, event_time
 from simulator.check.evidence import Evidence
 from simulator.check.result import CheckResult, Invariant

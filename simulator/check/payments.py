@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
-from shared import request_hash, same_request
+from shared import request_hash
+from shared.keys import same_request
 from simulator.check.evidence import Evidence
 from simulator.check.result import CheckResult, Invariant
 from simulator.check.stores import Row, is_record

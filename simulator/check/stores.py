@@ -6,8 +6,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared import IdempotencyStore
 from shared.stores import CosmosIdempotencyStore, TableIdempotencyStore
+from shared.stores.base import IdempotencyStore
 from shared.stores.memory import InMemoryIdempotencyStore
 from simulator.faults import innermost
 

@@ -14,11 +14,11 @@ from benchmarks.report import targets
 from benchmarks.runner import Result, Run
 from benchmarks.stats import Sample, figures
 from benchmarks.workload import LatencySizes
-from domain.messages import InboundMessage
 from functions.services import build_services
 from functions.settings import Settings
 from shared import InMemoryIdempotencyStore
 from shared.outbox import OutgoingMessage
+from shared.triggers import MessageView
 
 
 def test_figures_add_up_the_samples():
@@ -123,5 +123,5 @@ def test_the_apps_services_send_through_the_dispatcher_they_are_given():
                               dispatcher=CostedDispatcher(tally, rtt_ms=0))
     body = {"orderId": "ORD-1", "customerId": "C-1", "currency": "EUR",
             "lines": [{"sku": "A", "quantity": 1, "unitPrice": 2.5}]}
-    services.orders.handle(InboundMessage(message_id="ORD-1", body=json.dumps(body).encode()))
+    asyncio.run(services.orders.handle(MessageView(message_id="ORD-1", body=json.dumps(body).encode())))
     assert (tally.calls, tally.sends, tally.messages) == (1, 1, 1)

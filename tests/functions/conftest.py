@@ -12,6 +12,7 @@ from functions.services import build_services, real_stores
 from functions.settings import Settings
 from simulator.faults import FakeNotificationApi
 from simulator.host_inputs import indexed_functions
+from tests.support.doubles import FailingDispatcher
 from tests.support.services import installing
 
 
@@ -47,7 +48,8 @@ def services_for(stack, api, clock):
             # Real stores; the async payments path runs on them through threads (loop-agnostic:
             # each test may run its own loop). tests/worker covers the real async stores.
             return use(build_services(settings, stores=real_stores(settings), sender=api,
-                                      clock=clock, sleep=lambda _: None))
+                                      clock=clock, sleep=lambda _: None,
+                                      dispatcher=FailingDispatcher()))
 
         yield install
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from domain.balance_projection import CONSUMER as PROJECTION
-from domain.balance_projection import view_partition
+from domain.balance_projection import read_view, view_partition
 from domain.payments import BALANCE_CHANGED, CONSUMER
 from functions.services import Services
 from shared import DedupKey
@@ -56,7 +56,7 @@ def deliver(message: OutgoingMessage, *, delivery_count: int = 1) -> tuple[str, 
 
 
 def view(services: Services, account: str) -> dict[str, Any] | None:
-    return services.balance_projection.view(account)
+    return read_view(services.stores["dedup"], account)
 
 
 # -- the first hop: payments publishes ------------------------------------------------------------

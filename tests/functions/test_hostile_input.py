@@ -17,7 +17,7 @@ import azure.functions as func
 import pytest
 
 from domain.payments import ACCOUNT_DOCUMENT
-from shared import store_safe_id
+from shared.keys import store_safe_id
 from simulator.host_inputs import (
     RecordingActions,
     SentEvent,

@@ -10,7 +10,8 @@ import azure.functions as func
 import pytest
 
 from domain.payments import ACCOUNT_DOCUMENT
-from shared import DedupKey, request_hash, store_safe_id
+from shared import DedupKey, request_hash
+from shared.keys import store_safe_id
 from tests.functions.conftest import function
 
 

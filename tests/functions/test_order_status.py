@@ -9,7 +9,7 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from shared import store_safe_id
+from shared.keys import store_safe_id
 from shared.telemetry import EVENT_STALE_VERSION, METRIC_MESSAGES, Telemetry
 from simulator.host_inputs import RecordingActions, SentMessage, service_bus_message
 from tests.functions.conftest import function

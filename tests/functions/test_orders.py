@@ -13,7 +13,8 @@ from azure.cosmos import CosmosClient, PartitionKey
 
 from local_stack import COSMOS_LOCAL_KEY, free_port
 from local_stack.servers import cosmos_server
-from shared import CosmosIdempotencyStore, TableIdempotencyStore, store_safe_id
+from shared import CosmosIdempotencyStore, TableIdempotencyStore
+from shared.keys import store_safe_id
 from shared.stores.cosmos_indexing import record_indexing_policy
 from simulator.host_inputs import RecordingActions, SentMessage, service_bus_message
 from tests.functions.conftest import function

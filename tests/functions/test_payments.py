@@ -27,19 +27,16 @@ from benchmarks.counting import (
 from domain.payments import ACCOUNT_DOCUMENT, CONSUMER
 from functions.services import Services, build_services
 from functions.settings import COSMOS_CONTAINERS, TABLE_FOR
-from shared import (
-    DedupKey,
-    IdempotencyStore,
-    InMemoryIdempotencyStore,
-    StoreUnavailableError,
-    store_safe_id,
-)
+from shared import DedupKey, StoreUnavailableError
 from shared.batch import MAX_RETRY_AFTER_SECONDS, BatchReport
 from shared.exceptions import retry_after
-from shared.stores.base import WriteOp
+from shared.keys import store_safe_id
+from shared.stores.base import IdempotencyStore, WriteOp
 from shared.telemetry import EVENT_SEQUENCE_RESET, METRIC_MARK_LAG, METRIC_SEQUENCE_RESET, Telemetry
+from shared.triggers import event_views
 from simulator.host_inputs import SentEvent, event_hub_batch
 from tests.functions.conftest import function, settings_for
+from tests.support.doubles import CountingMemoryStore
 from tests.support.parking import parked_body
 from tests.support.services import installing
 
@@ -98,8 +95,6 @@ def account_id() -> str:
 
 
 def _view(event: SentEvent, partition: str = "0"):
-    from functions.adapters import event_views
-
     return event_views(event_hub_batch([event], partition_id=partition))[0]
 
 
@@ -123,12 +118,12 @@ class Counted:
 def _store_factory(stack, backend: str, closers: list) -> tuple[Callable[[str], IdempotencyStore],
                                                                 Callable[[], int]]:
     suffix = uuid.uuid4().hex[:8]
-    built: dict[str, IdempotencyStore] = {}
+    built: dict[str, Any] = {}
     if backend == "memory":
         def memory(role: str) -> IdempotencyStore:
-            return built.setdefault(TABLE_FOR[role], InMemoryIdempotencyStore())
+            return built.setdefault(TABLE_FOR[role], CountingMemoryStore())
 
-        return memory, lambda: sum(s.requests for s in built.values())  # type: ignore[attr-defined]
+        return memory, lambda: sum(s.requests for s in built.values())
     tables = RequestCounter("table")
 
     def table(role: str) -> IdempotencyStore:

@@ -29,6 +29,7 @@ from shared.keys import DedupKey
 from shared.outbox import outgoing
 from simulator.host_inputs import SentMessage
 from simulator.servicebus import Origin, ServiceBusNamespace
+from tests.support.doubles import AsyncFailingDispatcher, FailingDispatcher
 
 KEY = DedupKey("orders", "ORD-9")
 WHEN = datetime.datetime(2030, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
@@ -285,7 +286,7 @@ def test_event_hubs_errors_become_the_librarys_two_kinds(flavour, error, kind):
 
 
 def test_in_memory_dispatcher_fails_before_or_after_sending(flavour):
-    memory = dispatch.InMemoryDispatcher() if flavour == "sync" else dispatch_aio.InMemoryDispatcher()
+    memory = FailingDispatcher() if flavour == "sync" else AsyncFailingDispatcher()
     batch = [outgoing(KEY, "q", b"", ordinal=0)]
     memory.fail_next()
     with pytest.raises(DispatchUnavailableError):

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from shared.aio import AsyncInMemoryIdempotencyStore
+from shared.aio import InMemoryIdempotencyStore as AsyncInMemoryIdempotencyStore
 from shared.dispatch import InMemoryDispatcher
 from shared.exceptions import (
     DispatchUnavailableError,
@@ -39,6 +39,7 @@ from shared.keys import DedupKey
 from shared.outbox import MAX_BODY_BYTES, outgoing_message_id
 from shared.records import IdempotencyRecord, OutcomeStatus
 from shared.stores.memory import InMemoryIdempotencyStore
+from tests.support.doubles import CountingMemoryStore, FailingDispatcher
 
 KEY = DedupKey("orders", "ORD-1")
 CONTEXT = {"correlation_id": "corr-1", "message_id": "ORD-1"}
@@ -180,7 +181,7 @@ def test_a_group_commit_puts_the_groups_messages_on_its_first_marker_and_dispatc
 
 
 def test_a_body_over_the_limit_is_refused_in_the_build_before_anything_commits():
-    store = InMemoryIdempotencyStore()
+    store = CountingMemoryStore()
     idempotency = Idempotency(store, dispatcher=InMemoryDispatcher())
 
     def too_large(tx: Any) -> None:
@@ -192,7 +193,7 @@ def test_a_body_over_the_limit_is_refused_in_the_build_before_anything_commits()
 
 
 def test_a_build_that_sends_without_a_dispatcher_fails_before_committing():
-    store = InMemoryIdempotencyStore()
+    store = CountingMemoryStore()
     with pytest.raises(TypeError, match="no dispatcher"):
         Idempotency(store).run_atomic(KEY, "h", build, partition="ORD-1")
     assert store.requests == 0
@@ -216,7 +217,7 @@ def run(idempotency: Idempotency, **options: Any) -> Any:
 
 
 def test_memory_new_message_is_two_requests_and_a_duplicate_read_first_is_one():
-    store, dispatcher = InMemoryIdempotencyStore(), InMemoryDispatcher()
+    store, dispatcher = CountingMemoryStore(), FailingDispatcher()
     idempotency = Idempotency(store, dispatcher=dispatcher)
     assert run(idempotency).status is OutcomeStatus.PROCESSED
     assert store.requests == 2  # the commit, the record of the dispatch
@@ -230,7 +231,7 @@ def test_memory_new_message_is_two_requests_and_a_duplicate_read_first_is_one():
 
 
 def test_memory_a_crash_before_dispatch_is_repaired_by_the_redelivery():
-    store, dispatcher = InMemoryIdempotencyStore(), InMemoryDispatcher()
+    store, dispatcher = CountingMemoryStore(), FailingDispatcher()
     idempotency = Idempotency(store, dispatcher=dispatcher)
     dispatcher.fail_next()
     with pytest.raises(DispatchUnavailableError):
@@ -243,7 +244,7 @@ def test_memory_a_crash_before_dispatch_is_repaired_by_the_redelivery():
 
 
 def test_memory_a_send_whose_answer_was_lost_is_sent_again_with_the_same_id():
-    store, dispatcher = InMemoryIdempotencyStore(), InMemoryDispatcher()
+    store, dispatcher = CountingMemoryStore(), FailingDispatcher()
     idempotency = Idempotency(store, dispatcher=dispatcher)
     dispatcher.accept_then_fail_next()
     with pytest.raises(DispatchUnavailableError):
@@ -261,7 +262,10 @@ def test_async_face_dispatches_with_an_async_dispatcher_and_records():
             await asyncio.sleep(0)
             sent.extend(m.message_id for m in messages)
 
-    store = AsyncInMemoryIdempotencyStore()
+        async def close(self) -> None:
+            pass
+
+    store = AsyncInMemoryIdempotencyStore(CountingMemoryStore())
     idempotency = AsyncIdempotency(store, dispatcher=AsyncDispatcher())
 
     async def main() -> tuple[Any, Any]:
@@ -276,5 +280,5 @@ def test_async_face_dispatches_with_an_async_dispatcher_and_records():
     first, again = asyncio.run(main())
     assert (first.status, again.status) == (OutcomeStatus.PROCESSED, OutcomeStatus.DUPLICATE)
     assert sent == [outgoing_message_id(KEY, "notifications", 0)]
-    assert store.requests == 3
+    assert store.sync.requests == 3
     assert list(store.sync.iter_pending(since_before=float("inf"))) == []

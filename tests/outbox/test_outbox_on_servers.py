@@ -19,6 +19,7 @@ from shared.keys import DedupKey
 from shared.outbox import outgoing_message_id
 from shared.records import OutcomeStatus
 from tests.store.test_async_flow import async_backend, open_store  # noqa: F401 - fixtures
+from tests.support.doubles import AsyncFailingDispatcher, FailingDispatcher
 
 KEY = DedupKey("orders", "ORD-7")
 ALWAYS = 4e9  # epoch seconds far ahead (a Table filter takes no infinity)
@@ -39,7 +40,7 @@ def run(idempotency: Idempotency, **options: Any) -> Any:
 
 
 def test_pending_messages_ride_on_the_marker_until_dispatched_on_each_server(store):
-    dispatcher = InMemoryDispatcher()
+    dispatcher = FailingDispatcher()
     idempotency = Idempotency(store, dispatcher=dispatcher)
     dispatcher.fail_next()
     with pytest.raises(DispatchUnavailableError):
@@ -64,7 +65,7 @@ def test_pending_messages_ride_on_the_marker_until_dispatched_on_each_server(sto
 
 
 def test_record_dispatched_is_conditional_on_the_markers_etag(store):
-    dispatcher = InMemoryDispatcher()
+    dispatcher = FailingDispatcher()
     dispatcher.fail_next()
     with pytest.raises(DispatchUnavailableError):
         run(Idempotency(store, dispatcher=dispatcher))
@@ -94,7 +95,7 @@ def test_a_group_commits_messages_are_dispatched_and_recorded_on_each_server(sto
 
 
 def test_async_stores_commit_dispatch_and_record(open_store):  # noqa: F811 - the fixture
-    dispatcher = InMemoryDispatcher()
+    dispatcher = AsyncFailingDispatcher()
 
     async def main() -> tuple[Any, Any, Any]:
         async with open_store() as store:

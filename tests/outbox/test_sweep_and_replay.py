@@ -3,26 +3,27 @@ outgoing messages (the app's services on Azurite and the Cosmos server)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 
-from domain.messages import InboundMessage
 from replay.__main__ import parse_args, run
 from replay.tool import ReplayTool, pending_outgoing
 from shared.parking import ParkingLot
+from shared.triggers import MessageView
 from tests.functions.conftest import api, services, services_for  # noqa: F401 - fixtures
 
 
-def order(order_id: str) -> InboundMessage:
+def order(order_id: str) -> MessageView:
     body = {"orderId": order_id, "customerId": "C-1", "currency": "EUR",
             "lines": [{"sku": "A", "quantity": 1, "unitPrice": 2.5}]}
-    return InboundMessage(message_id=order_id, body=json.dumps(body).encode(),
+    return MessageView(message_id=order_id, body=json.dumps(body).encode(),
                           correlation_id="corr-s")
 
 
 def commit_without_dispatch(services, order_id: str) -> None:  # noqa: F811 - the fixture's name
     services.dispatcher.fail_next()
-    decision = services.orders.handle(order(order_id))
+    decision = asyncio.run(services.orders.handle(order(order_id)))
     assert decision.action.value == "abandon"  # transient: the message would come back
     assert services.stores["orders"].get_record(order_id, order_id).outbox
 

@@ -1,6 +1,6 @@
 """A small world for the replay tests: the app's services on fresh real stores, the
 simulator's broker for Service Bus, and a consumer loop that delivers through the
-real function adapters (`functions.adapters.consume`) and settles on that broker.
+consumers the functions call (`handle(message, actions)`) and settles on that broker.
 
 Failures are injected the way they happen: a store that is down (requests fail
 before reaching it) or that applies a commit and then loses the answer, a
@@ -9,6 +9,7 @@ settlement whose lock was lost, a notification request that never reached the AP
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import uuid
@@ -20,16 +21,17 @@ from typing import Any
 
 import pytest
 
-from domain.messages import InboundEvent
 from domain.notifications import HttpResponse, NotificationRetryError
-from functions.adapters import consume
 from functions.services import Services, build_services
 from functions.settings import COSMOS_CONTAINERS, TABLE_FOR, Settings
 from replay.deadletters import EntityRef, ServiceBusDeadLetters, SimulatorDeadLetters
 from replay.stores import document_lister
 from replay.tool import ReplayTool, app_entities
-from shared import IdempotencyStore, StoreRequestError, StoreUnavailableError
+from shared import StoreUnavailableError
+from shared.exceptions import StoreRequestError
 from shared.parking import ParkingLot
+from shared.stores.base import IdempotencyStore
+from shared.triggers import EventView
 from simulator.faults import FakeNotificationApi, _Forwarding
 from simulator.host_inputs import SentMessage, service_bus_message
 from simulator.servicebus import Origin, ServiceBusNamespace
@@ -172,11 +174,11 @@ class World:
                            application_properties=dict(item.properties) or None)
         return self.namespace.send(item.entity, sent, Origin(item.logical, 0, item.variant))
 
-    def events(self, items: Sequence[Item]) -> list[InboundEvent]:
+    def events(self, items: Sequence[Item]) -> list[EventView]:
         views = []
         for item in items:
             self.sequence += 1
-            views.append(InboundEvent(sequence_number=self.sequence, body=item.body_bytes,
+            views.append(EventView(sequence_number=self.sequence, body=item.body_bytes,
                                       properties=dict(item.properties),
                                       content_type=item.content_type, offset=str(self.sequence * 100)))
         return views
@@ -204,7 +206,7 @@ class World:
                     actions = _Actions(self, delivery, lost=sent.message_id in self.lost_settlements)
                     # A failed settlement fails the invocation; the lock is gone already.
                     with contextlib.suppress(RuntimeError):
-                        consume(ref.consumer, handlers[ref.consumer], message, actions)
+                        asyncio.run(handlers[ref.consumer](message, actions))
                     log.append((ref.consumer, str(sent.message_id), actions.outcome))
             if not delivered:
                 if self.namespace.active_count() == 0:
@@ -229,13 +231,13 @@ class World:
 
     # -- effects, read from the stores and the API --------------------------------------
     def order_document(self, order_id: str) -> Any:
-        from shared import store_safe_id
+        from shared.keys import store_safe_id
 
         return self.services.stores["orders"].read_document(store_safe_id(order_id),
                                                             store_safe_id(order_id))
 
     def balance(self, account: int = 0) -> int:
-        from shared import store_safe_id
+        from shared.keys import store_safe_id
 
         document = self.services.stores["ledger"].read_document(
             store_safe_id(self.account(account)), "balance")

@@ -9,6 +9,7 @@ its partition's mark does not cover, and a view that differs from its balance ea
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from dataclasses import dataclass, field
@@ -16,14 +17,15 @@ from dataclasses import dataclass, field
 import pytest
 
 from domain.balance_projection import VIEW_DOCUMENT, BalanceProjection, view_partition
-from domain.messages import InboundEvent, InboundMessage
 from domain.payments import PaymentRules, payment_processor
-from shared import Idempotency, store_safe_id
+from shared import Idempotency, aio
 from shared.dispatch import InMemoryDispatcher
+from shared.keys import store_safe_id
 from shared.outbox import OutgoingMessage
 from shared.parking import ParkingLot
 from shared.stores.base import WriteOp
 from shared.stores.memory import InMemoryIdempotencyStore
+from shared.triggers import EventView, MessageView
 from shared.watermark import PartitionWatermark
 from simulator.check import CheckResult, DeadLetter, Evidence, Invariant, balance_changes, shared_invariants
 from simulator.check.stores import Stores
@@ -41,11 +43,11 @@ LOST = "nothing lost"
 VALID = "every valid message effected"
 
 
-def event(n: int) -> InboundEvent:
+def event(n: int) -> EventView:
     body = json.dumps({"specversion": "1.0", "id": f"pay-{n}", "source": f"/sim/{RUN}",
                        "type": "payment.credit",
                        "data": {"accountId": ACCOUNTS[n % 2], "amountCents": 100 + n}}).encode()
-    return InboundEvent(n, body, content_type="application/cloudevents+json", offset=str(n * 10),
+    return EventView(n, body, content_type="application/cloudevents+json", offset=str(n * 10),
                         enqueued_time=f"2026-01-01T00:00:{n:02d}+00:00")
 
 
@@ -68,7 +70,8 @@ class Hop:
             ParkingLot(self.parked), rules=PaymentRules(HUB, balance_changes_queue=QUEUE))
         processor.process_batch([event(n) for n in range(6)], "0")
         processor.process_batch([event(n) for n in range(6, 10)], "0")
-        self.projection = BalanceProjection(Idempotency(self.dedup))
+        self.projection = BalanceProjection(aio.ServiceBusConsumer(
+            "balance_projection", aio.Idempotency(aio.InMemoryIdempotencyStore(self.dedup))))
 
     @property
     def sent(self) -> list[OutgoingMessage]:
@@ -76,8 +79,8 @@ class Hop:
 
     def deliver(self, message: OutgoingMessage, *, message_id: str | None = None,
                 body: bytes | None = None) -> None:
-        decision = self.projection.handle(InboundMessage(message_id or message.message_id,
-                                                         body or message.body))
+        decision = asyncio.run(self.projection.handle(MessageView(
+            message_id or message.message_id, body or message.body)))
         assert decision.action == "complete", decision
 
     def deliver_all(self) -> None:

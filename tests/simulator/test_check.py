@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 from azure.data.tables import TableClient
 
-from shared import store_safe_id
+from shared.keys import store_safe_id
 from shared.parking import ParkingLot
 from simulator.check import (
     CONSUMERS,

@@ -6,8 +6,9 @@ import time
 
 import pytest
 
-from shared import DedupKey, Idempotency, OutcomeStatus, StoreUnavailableError, WriteOp, request_hash
+from shared import DedupKey, Idempotency, OutcomeStatus, StoreUnavailableError, request_hash
 from shared.exceptions import StoreRequestError
+from shared.stores.base import WriteOp
 from simulator.clock import SimClock
 from simulator.faults import (
     DedupOffStore,
@@ -223,8 +224,9 @@ def test_every_store_the_app_uses_comes_from_the_factory_seam():
     assert sorted(asked) == sorted(STORE_ROLES)
     assert all(isinstance(store, FaultyStore) for store in services.stores.values())
     assert services.parking.store is services.stores["parked"]
-    assert services.orders.idempotency.store is services.stores["orders"]
-    assert services.notify.idempotency.store is services.stores["notifications"]
+    assert services.async_stores["orders"].sync is services.stores["orders"]
+    assert services.orders.consumer.store is services.async_stores["orders"]
+    assert services.notify.idempotency.store is services.async_stores["notifications"]
 
 
 def test_calls_during_a_pause_are_counted_failed_or_held(store):

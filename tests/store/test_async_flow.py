@@ -14,18 +14,15 @@ import pytest
 from azure.cosmos import PartitionKey
 from azure.cosmos.aio import CosmosClient
 
-from shared import (
-    AsyncCosmosIdempotencyStore,
-    AsyncIdempotency,
-    AsyncInMemoryIdempotencyStore,
-    AsyncTableIdempotencyStore,
-    DedupKey,
-    IdempotencyConfig,
-    request_hash,
-)
+from shared import DedupKey, IdempotencyConfig, request_hash
+from shared.aio import InMemoryIdempotencyStore as AsyncInMemoryIdempotencyStore
+from shared.exceptions import KeyReusedError
 from shared.flow import AsyncTransaction
+from shared.idempotency import AsyncIdempotency
 from shared.records import OutcomeStatus, RecordState
+from shared.stores.cosmos_aio import AsyncCosmosIdempotencyStore
 from shared.stores.cosmos_indexing import record_indexing_policy
+from shared.stores.table_aio import AsyncTableIdempotencyStore
 
 KEY, DIGEST = DedupKey("notify", "m-1"), request_hash({"text": "hi"})
 
@@ -228,10 +225,11 @@ def test_the_async_decorator_makes_a_coroutine_function_that_runs_once_per_key(o
             return "sent"
 
         assert inspect.iscoroutinefunction(send)  # the worker awaits it, as it should
-        assert (await send({"ref": "r1", "to": "a"})).status is OutcomeStatus.PROCESSED
-        again = await send({"ref": "r1", "to": "a"})
-        assert again.status is OutcomeStatus.DUPLICATE and again.result == "sent"
-        assert (await send({"ref": "r1", "to": "b"})).status is OutcomeStatus.CONFLICT
+        assert await send({"ref": "r1", "to": "a"}) == "sent"
+        assert await send({"ref": "r1", "to": "a"}) == "sent"  # the stored result: a duplicate
+        with pytest.raises(KeyReusedError) as reused:
+            await send({"ref": "r1", "to": "b"})
+        assert reused.value.outcome.status is OutcomeStatus.CONFLICT
 
     run(open_store, clock, scenario)
     assert sent == [{"ref": "r1", "to": "a"}]

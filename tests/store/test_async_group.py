@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from shared import AsyncIdempotency, DedupKey, request_hash
+from shared import DedupKey, request_hash
 from shared.flow import AsyncTransaction
-from shared.idempotency import GroupMessage
+from shared.idempotency import AsyncIdempotency, GroupMessage
 from shared.records import OutcomeStatus
 from shared.stores.base import WriteOp
 from tests.store import test_async_flow

@@ -19,7 +19,7 @@ from azure.cosmos import PartitionKey
 from azure.cosmos.aio import CosmosClient
 from azure.data.tables.aio import TableClient
 
-from shared import AsyncCosmosIdempotencyStore, AsyncTableIdempotencyStore, DedupKey, request_hash
+from shared import DedupKey, request_hash
 from shared.exceptions import (
     OperationFailedError,
     RecordChangedError,
@@ -28,7 +28,9 @@ from shared.exceptions import (
 )
 from shared.records import IdempotencyRecord, RecordState
 from shared.stores.base import WriteOp
+from shared.stores.cosmos_aio import AsyncCosmosIdempotencyStore
 from shared.stores.cosmos_indexing import record_indexing_policy
+from shared.stores.table_aio import AsyncTableIdempotencyStore
 
 PARTITION = "acct"
 CLOSED = "HTTP transport has already been closed"  # azure-core, on a request after close()

@@ -10,13 +10,15 @@ from typing import Any
 
 import pytest
 
-from shared import AsyncIdempotency, AsyncInMemoryIdempotencyStore, DedupKey, Idempotency
+from shared import DedupKey, Idempotency
 from shared import request_hash as digest_of
+from shared.aio import InMemoryIdempotencyStore as AsyncInMemoryIdempotencyStore
 from shared.cache import DocumentCache
 from shared.exceptions import ConcurrencyRetriesExhaustedError, OperationFailedError
-from shared.idempotency import GroupMessage
+from shared.idempotency import AsyncIdempotency, GroupMessage
 from shared.records import OutcomeStatus
 from shared.stores.base import Document, WriteOp
+from tests.support.doubles import CountingMemoryStore
 
 PARTITION = "acct-1"
 
@@ -123,7 +125,7 @@ def test_a_cached_document_the_build_does_not_write_back_is_read_from_the_store(
 
 
 def test_the_async_flow_uses_the_cache_the_same_way():
-    store = AsyncInMemoryIdempotencyStore()
+    store = AsyncInMemoryIdempotencyStore(CountingMemoryStore())
     idem = AsyncIdempotency(store, documents=DocumentCache())
 
     async def add_async(tx: Any, indexes: Any) -> list[int]:
@@ -131,9 +133,9 @@ def test_the_async_flow_uses_the_cache_the_same_way():
 
     async def main() -> list[Any]:
         first = await idem.run_atomic_group(messages("a"), add_async, partition=PARTITION)
-        before = store.requests
+        before = store.sync.requests
         second = await idem.run_atomic_group(messages("b"), add_async, partition=PARTITION)
-        return [first[0].result, second[0].result, store.requests - before]
+        return [first[0].result, second[0].result, store.sync.requests - before]
 
     assert asyncio.run(main()) == [1, 2, 1]  # one request: the commit
 

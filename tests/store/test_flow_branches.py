@@ -13,30 +13,34 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from shared import (
-    ConcurrencyRetriesExhaustedError,
     DedupKey,
     EffectUncertainError,
     Idempotency,
     IdempotencyConfig,
-    IdempotencyRecord,
-    InMemoryIdempotencyStore,
     OutcomeStatus,
-    RecordState,
-    RecordStore,
-    ResultTooLargeError,
     StoreUnavailableError,
     request_hash,
 )
 from shared.cache import CompletedKeyCache
-from shared.exceptions import OperationFailedError, RecordChangedError, RecordExistsError
-from shared.records import Outcome
+from shared.exceptions import (
+    ConcurrencyRetriesExhaustedError,
+    KeyReusedError,
+    OperationFailedError,
+    RecordChangedError,
+    RecordExistsError,
+    ResultTooLargeError,
+)
+from shared.flow import SyncStore
+from shared.records import IdempotencyRecord, Outcome, RecordState
+from shared.stores.base import RecordStore
 from shared.telemetry import Telemetry
 from tests.conftest import FakeClock
+from tests.support.doubles import CountingMemoryStore
 
 LEASE = timedelta(seconds=54)
 TTL = timedelta(hours=1)
@@ -80,7 +84,7 @@ class Calls:
 
 @dataclass
 class Bench:
-    store: InMemoryIdempotencyStore
+    store: CountingMemoryStore
     clock: FakeClock
     cache: CompletedKeyCache | None = None
     telemetry: RecordedTelemetry = field(default_factory=RecordedTelemetry)
@@ -111,7 +115,7 @@ class Bench:
 
 @pytest.fixture
 def bench(clock: FakeClock) -> Bench:
-    return Bench(InMemoryIdempotencyStore(), clock)
+    return Bench(CountingMemoryStore(), clock)
 
 
 # -- the record states `run` meets -----------------------------------------------------
@@ -278,7 +282,7 @@ def test_run_atomic_needs_a_document_store(clock: FakeClock) -> None:
         """A record store without business documents (delegates to memory)."""
 
         def __init__(self) -> None:
-            self.inner = InMemoryIdempotencyStore()
+            self.inner = CountingMemoryStore()
 
         def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
             return self.inner.get_record(partition, record_id)
@@ -296,7 +300,7 @@ def test_run_atomic_needs_a_document_store(clock: FakeClock) -> None:
             return self.inner.iter_records()
 
     store = RecordsOnly()
-    idem = Idempotency(store, config=IdempotencyConfig(clock=clock))
+    idem = Idempotency(cast(SyncStore, store), config=IdempotencyConfig(clock=clock))
     build = Calls()
     with pytest.raises(TypeError, match="DocumentStore"):
         idem.run_atomic(KEY, SAME, build.build)
@@ -329,7 +333,7 @@ def test_a_failed_handler_releases_the_claim_and_its_own_error_propagates(bench:
 
 def test_a_release_the_store_refuses_leaves_the_claim_to_run_out(clock: FakeClock,
                                                                  caplog: pytest.LogCaptureFixture) -> None:
-    class DeletesFail(InMemoryIdempotencyStore):
+    class DeletesFail(CountingMemoryStore):
         def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
             raise StoreUnavailableError("503", status_code=503)
 
@@ -378,7 +382,7 @@ def test_effect_uncertain_keeps_the_claim_for_reconciliation(bench: Bench) -> No
 
 
 # -- lost races ---------------------------------------------------------------------------
-class ReleasedBetweenCreateAndRead(InMemoryIdempotencyStore):
+class ReleasedBetweenCreateAndRead(CountingMemoryStore):
     """Every create finds a record and every read finds none: the holder keeps releasing."""
 
     def __init__(self, races: int) -> None:
@@ -412,7 +416,7 @@ def test_a_claim_that_keeps_losing_gives_up_without_running_the_handler(clock: F
 
 
 def test_a_takeover_that_keeps_losing_gives_up_without_running_the_handler(clock: FakeClock) -> None:
-    class EveryTakeoverLoses(InMemoryIdempotencyStore):
+    class EveryTakeoverLoses(CountingMemoryStore):
         def __init__(self) -> None:
             super().__init__()
             self.takeovers = 0
@@ -434,7 +438,7 @@ def test_a_takeover_that_keeps_losing_gives_up_without_running_the_handler(clock
     assert bench.record().attempts == 1  # the stale claim, untouched
 
 
-class MarkerVanishes(InMemoryIdempotencyStore):
+class MarkerVanishes(CountingMemoryStore):
     """Every commit finds a marker there, and every read finds none."""
 
     def commit(self, marker: IdempotencyRecord, operations: Any, **kwargs: Any) -> IdempotencyRecord:
@@ -444,7 +448,7 @@ class MarkerVanishes(InMemoryIdempotencyStore):
         return None
 
 
-class BusinessWriteFails(InMemoryIdempotencyStore):
+class BusinessWriteFails(CountingMemoryStore):
     """Every commit fails on its business write with `status`."""
 
     def __init__(self, status: int) -> None:
@@ -458,7 +462,7 @@ class BusinessWriteFails(InMemoryIdempotencyStore):
 @pytest.mark.parametrize("store", [MarkerVanishes(), BusinessWriteFails(412)],
                          ids=["marker deleted meanwhile", "business document changed meanwhile"])
 def test_an_atomic_commit_that_keeps_losing_gives_up(clock: FakeClock,
-                                                     store: InMemoryIdempotencyStore) -> None:
+                                                     store: CountingMemoryStore) -> None:
     build = Calls()
     with pytest.raises(ConcurrencyRetriesExhaustedError, match="lost 5 races"):
         Bench(store, clock).idem.run_atomic(KEY, SAME, build.build, partition=PARTITION)
@@ -485,7 +489,7 @@ def test_a_result_that_is_not_json_is_refused_but_the_effect_stays_recorded(benc
 
 
 def test_an_oversized_result_after_a_lost_lease_reports_the_lost_lease(clock: FakeClock) -> None:
-    bench = Bench(InMemoryIdempotencyStore(), clock)
+    bench = Bench(CountingMemoryStore(), clock)
     bench.idem = Idempotency(bench.store, config=bench.config(max_result_bytes=100))
 
     def slow_and_large() -> str:
@@ -511,7 +515,7 @@ def test_an_atomic_result_that_is_not_json_is_refused_before_the_commit(bench: B
 # -- the completed-key cache --------------------------------------------------------------
 @pytest.fixture
 def cached(clock: FakeClock) -> Bench:
-    return Bench(InMemoryIdempotencyStore(), clock, cache=CompletedKeyCache(100, clock=clock))
+    return Bench(CountingMemoryStore(), clock, cache=CompletedKeyCache(100, clock=clock))
 
 
 def test_cache_hits_answer_duplicates_and_conflicts_without_the_store(cached: Bench) -> None:
@@ -570,10 +574,12 @@ def test_the_decorator_hashes_the_first_argument_or_the_keywords_or_selected_fie
         sent.append(body or kwargs)
         return "sent"
 
-    assert whole({"ref": "r1", "to": "a"}).status is OutcomeStatus.PROCESSED
-    assert whole({"ref": "r1", "to": "b"}).status is OutcomeStatus.CONFLICT  # whole body hashed
-    assert whole(ref="r2", to="a").status is OutcomeStatus.PROCESSED  # keywords are the payload
-    assert whole(ref="r2", to="a").status is OutcomeStatus.DUPLICATE
+    assert whole({"ref": "r1", "to": "a"}) == "sent"
+    with pytest.raises(KeyReusedError):  # the whole body is hashed
+        whole({"ref": "r1", "to": "b"})
+    assert whole(ref="r2", to="a") == "sent"  # keywords are the payload
+    assert whole(ref="r2", to="a") == "sent"
+    assert len(sent) == 2
 
     @bench.idem.idempotent(key=lambda body: DedupKey.from_business_key("sms", body["ref"],
                                                                         field="ref"),
@@ -582,7 +588,8 @@ def test_the_decorator_hashes_the_first_argument_or_the_keywords_or_selected_fie
         sent.append(body)
         return "sent"
 
-    assert selected({"ref": "r1", "to": "a", "sentAt": 1}).status is OutcomeStatus.PROCESSED
-    assert selected({"ref": "r1", "to": "a", "sentAt": 2}).status is OutcomeStatus.DUPLICATE
-    assert selected({"ref": "r1", "to": "b", "sentAt": 3}).status is OutcomeStatus.CONFLICT
+    assert selected({"ref": "r1", "to": "a", "sentAt": 1}) == "sent"
+    assert selected({"ref": "r1", "to": "a", "sentAt": 2}) == "sent"  # sentAt is not hashed
+    with pytest.raises(KeyReusedError):
+        selected({"ref": "r1", "to": "b", "sentAt": 3})
     assert len(sent) == 3

@@ -63,21 +63,18 @@ from hypothesis.stateful import (
 
 from shared import (
     DedupKey,
-    Document,
     EffectUncertainError,
     Idempotency,
     IdempotencyConfig,
-    IdempotencyRecord,
-    IdempotencyStore,
     InMemoryIdempotencyStore,
     OutcomeStatus,
-    RecordState,
-    RedeliveryWindow,
-    WriteOp,
     request_hash,
 )
 from shared.cache import CompletedKeyCache
+from shared.config import RedeliveryWindow
 from shared.exceptions import LeaseLostError, RecordExistsError
+from shared.records import IdempotencyRecord, RecordState
+from shared.stores.base import Document, IdempotencyStore, WriteOp
 from shared.stores.codec import record_fields
 
 LEASE = timedelta(seconds=54)
@@ -209,7 +206,6 @@ class CheckThenActStore(InMemoryIdempotencyStore):
         self.between_requests()
         etag = self._etag()
         with self._lock:
-            self._count()
             self._rows[(record.partition_key, record.id)] = (record_fields(record), etag)
         return record.evolve(etag=etag)
 

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import pytest
 from azure.data.tables import TableClient, TableServiceClient
 
-from shared import TableIdempotencyStore, WriteOp
+from shared import TableIdempotencyStore
+from shared.stores.base import WriteOp
 from tests.conftest import StackInfo
 
 PARTITION = "p"

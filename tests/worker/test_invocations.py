@@ -18,18 +18,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from domain.balance_projection import read_view
 from domain.payments import ACCOUNT_DOCUMENT
 from functions.services import RealAsyncStores, build_services, real_stores, use_services
 from local_stack.host_data import SentEvent, SentMessage
 from local_stack.settlement_server import SettlementCall
 from local_stack.worker import WorkerHost
-from shared import (
-    AsyncCosmosIdempotencyStore,
-    AsyncTableIdempotencyStore,
-    DedupKey,
-    request_hash,
-    store_safe_id,
-)
+from shared import DedupKey, request_hash
+from shared.keys import store_safe_id
+from shared.stores.cosmos_aio import AsyncCosmosIdempotencyStore
+from shared.stores.table_aio import AsyncTableIdempotencyStore
 from tests.functions.conftest import settings_for
 from tests.support.parking import parked_body
 from tests.support.services import carrying_context
@@ -339,7 +337,7 @@ def test_payments_sends_balance_changed_through_the_async_sender_and_the_project
         result = worker.invoke_service_bus("balance_projection", delivered, settle=recorder)
         assert result.ok, result.exception
         assert recorder.last[0] == "complete"
-        assert services.balance_projection.view(account) == {
+        assert read_view(services.stores["dedup"], account) == {
             "accountId": account, "balanceCents": 600, "version": 3, "kind": "balance-view"}
         again = SettlementRecorder()
         assert worker.invoke_service_bus("balance_projection", delivered, delivery_count=2,

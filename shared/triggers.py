@@ -1,0 +1,886 @@
+"""Trigger helpers: what a Functions trigger hands a function, through the dedup flow, and
+back as the trigger expects it. A function body is a call or two:
+
+    orders = ServiceBusConsumer("orders", Idempotency(store, dispatcher=dispatcher))
+
+    @app.service_bus_queue_trigger(arg_name="message", queue_name="orders",
+                                   connection="ServiceBus", auto_complete_messages=False)
+    def on_order(message: servicebus.ServiceBusReceivedMessage,
+                 message_actions: servicebus.ServiceBusMessageActions) -> None:
+        orders.run_atomic(message, message_actions, save_order)
+
+* Service Bus (SDK-type binding, explicit settlement): `ServiceBusConsumer` views the
+  message, takes its key (the MessageId, or a business key), runs the atomic flow
+  (`run_atomic`: marker, writes and outgoing messages in one transaction) or the
+  two-phase one (`run`: claim, effect, complete), and settles by one rule (`decide`).
+* Event Hubs (cardinality many): `EventHubConsumer` views the batch and hands it to a
+  `PartitionBatchProcessor`; `EventHubConsumer.checked` refuses, at import, a trigger
+  whose retry policy does not re-run a failed batch before the host checkpoints it.
+* HTTP: `IdempotencyKeyEndpoint` runs a request with an `Idempotency-Key` header once
+  per caller and key, and replays the stored response to a retry.
+
+The settlement rule, for every message: processed now or before = complete; the key
+reused for other content = dead-letter with both hashes (and an alert); another
+attempt holds the key = leave the message to come back after its lock; a message that
+can never succeed (`PoisonMessageError`, raised by its parse or its build: bad input,
+refused by the business rule) = dead-letter with its reason on its first delivery; a
+transient failure (store outage, throttling, lost races, a dispatch not confirmed) =
+abandon the first delivery, then leave the message to its lock, never dead-letter it;
+anything else = logged, then treated as transient (Service Bus dead-letters it after
+its maximum delivery count). Nothing raises into the trigger.
+
+`shared.aio` has the async faces under the same names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import functools
+import inspect
+import json
+import logging
+import re
+import time
+import typing
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from shared.batch import (
+    AsyncPartitionBatchProcessor,
+    BasePartitionBatchProcessor,
+    BatchReport,
+    PartitionBatchProcessor,
+)
+from shared.cloudevents import as_text
+from shared.exceptions import (
+    ConcurrencyRetriesExhaustedError,
+    ConfigurationError,
+    DispatchRejectedError,
+    DispatchUnavailableError,
+    EffectUncertainError,
+    InvalidKeyError,
+    PoisonMessageError,
+    StoreUnavailableError,
+)
+from shared.flow import Async, Flow, Sync, flowmethod
+from shared.idempotency import AsyncIdempotency, BaseIdempotency, Idempotency
+from shared.keys import DedupKey, request_hash
+from shared.observability import batch_span, message_span
+from shared.payload import InvalidPayloadError, parse_json_object
+from shared.records import Outcome, OutcomeStatus
+from shared.settlement import Action, Decision, MessageActions, decision_for, decision_for_error, settle
+from shared.telemetry import EVENT_CONFLICT, Telemetry
+
+logger = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 256 * 1024  # a Standard-tier Service Bus message
+MAX_REQUEST_BYTES = 16 * 1024  # an HTTP request body the endpoint reads (IdempotencyKeyEndpoint)
+MAX_KEY_CHARS = 255  # an Idempotency-Key header
+
+
+# -- what a trigger delivered, as the flows read it ------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class MessageView:
+    """A Service Bus message as a consumer reads it (`MessageView.of` a received message)."""
+
+    message_id: str | None
+    body: bytes
+    correlation_id: str | None = None
+    delivery_count: int = 1
+    content_type: str | None = None
+    application_properties: Mapping[str, Any] = field(default_factory=dict[str, Any])
+
+    @classmethod
+    def of(cls, message: Any) -> MessageView:
+        """From what the trigger hands the function: `azure.servicebus.ServiceBusReceivedMessage`
+        (the SDK-type binding) or `azure.functions.ServiceBusMessage`; a view stays a view."""
+        if isinstance(message, MessageView):
+            return message
+        message_id = message.message_id
+        correlation_id = message.correlation_id
+        properties: Mapping[Any, Any] = message.application_properties or {}
+        return cls(
+            message_id=None if message_id is None else str(as_text(message_id)),
+            body=_message_body(message),
+            correlation_id=None if correlation_id is None else str(as_text(correlation_id)),
+            delivery_count=int(message.delivery_count or 1),
+            content_type=as_text(message.content_type),
+            application_properties={str(as_text(k)): as_text(v) for k, v in properties.items()},
+        )
+
+    @property
+    def context(self) -> dict[str, Any]:
+        """What logs and metrics say about the message."""
+        return {"message_id": self.message_id, "correlation_id": self.correlation_id,
+                "delivery_count": self.delivery_count}
+
+
+def _message_body(message: Any) -> bytes:
+    get_body = getattr(message, "get_body", None)
+    body: Any = get_body() if callable(get_body) else message.body
+    if isinstance(body, (bytes, bytearray)):
+        return bytes(body)
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    try:
+        return b"".join(bytes(part) for part in body)  # AMQP data sections
+    except TypeError:
+        return str(message).encode("utf-8")  # an AMQP value or sequence body
+
+
+@dataclass(frozen=True, slots=True)
+class EventView:
+    """An Event Hubs event as the batch processor reads it (`event_views` of a batch)."""
+
+    sequence_number: int
+    body: bytes
+    properties: Mapping[str, Any] = field(default_factory=dict[str, Any])
+    content_type: str | None = None
+    offset: str | None = None
+    enqueued_time: str | None = None
+    partition_key: str | None = None
+
+
+def event_views(events: Sequence[Any]) -> list[EventView]:
+    """Per-event views of a cardinality-many batch of `azure.functions.EventHubEvent`.
+
+    Each event carries the whole batch's trigger metadata; its own application
+    properties are entry i of `PropertiesArray` (its system ones, of `SystemPropertiesArray`).
+    """
+    views: list[EventView] = []
+    for index, event in enumerate(events):
+        metadata: Mapping[str, Any] = event.metadata or {}
+        properties_array: Sequence[Any] = metadata.get("PropertiesArray") or []
+        system_array: Sequence[Any] = metadata.get("SystemPropertiesArray") or []
+        raw: Mapping[Any, Any] = (properties_array[index] if index < len(properties_array)
+                                  else None) or {}
+        system: Mapping[str, Any] = (system_array[index] if index < len(system_array)
+                                     else None) or {}
+        properties = {str(as_text(k)): as_text(v) for k, v in raw.items()}
+        if event.sequence_number is None:
+            raise ValueError("an Event Hubs event without a sequence number")
+        views.append(EventView(
+            sequence_number=int(event.sequence_number), body=event.get_body() or b"",
+            properties=properties, content_type=_content_type(properties, system),
+            offset=None if event.offset is None else str(event.offset),
+            enqueued_time=None if event.enqueued_time is None else event.enqueued_time.isoformat(),
+            partition_key=event.partition_key))
+    return views
+
+
+def _content_type(properties: Mapping[str, Any], system: Mapping[str, Any]) -> str | None:
+    for source in (system, properties):
+        for name in ("ContentType", "content-type", "content_type", "contentType"):
+            if source.get(name):
+                return str(as_text(source[name]))
+    return None
+
+
+def partition_of(events: Sequence[Any]) -> str:
+    """The batch's partition, from the trigger metadata the host sends with every event."""
+    for event in events:
+        metadata: Mapping[str, Any] = event.metadata or {}
+        context: Mapping[str, Any] = metadata.get("PartitionContext") or {}
+        if context.get("PartitionId") is not None:
+            return str(context["PartitionId"])
+    raise ValueError("Event Hubs trigger metadata has no PartitionContext.PartitionId")
+
+
+# -- Service Bus ------------------------------------------------------------------------------------
+def json_object(view: MessageView) -> dict[str, Any]:
+    """The default parse: the body as a JSON object, read by the bounded decoder."""
+    return parse_json_object(view.body, max_bytes=MAX_MESSAGE_BYTES)
+
+
+def decide(result: Outcome | Decision | None) -> Decision:
+    """The settlement a consumer's result asks for (None: complete)."""
+    if result is None:
+        return Decision.complete()
+    if isinstance(result, Decision):
+        return result
+    return decision_for(result)
+
+
+def decide_error(error: BaseException, view: MessageView, consumer: str) -> Decision:
+    """The settlement after a consumer raised: the one rule (module docstring)."""
+    if isinstance(error, PoisonMessageError):
+        return Decision.deadletter(error.reason, error.detail)
+    if isinstance(error, EffectUncertainError):
+        return Decision.deadletter("OutcomeUnknown", f"{error}; reconcile it before resubmitting")
+    decision = decision_for_error(error, delivery_count=view.delivery_count) \
+        if isinstance(error, Exception) else None
+    if decision is not None:
+        logger.warning("%s: %s: %s", consumer, "store rejected the request"
+                       if decision.action is Action.DEADLETTER
+                       else f"transient failure, {decision.action.value}", error,
+                       extra=view.context)
+        return decision
+    logger.error("%s: unexpected error; the message is retried", consumer, exc_info=error,
+                 extra=view.context)
+    return _transient("UnexpectedError", f"{type(error).__name__}: {error}", view)
+
+
+def _transient(reason: str, detail: str, view: MessageView) -> Decision:
+    from shared.settlement import transient
+
+    return transient(reason, detail, delivery_count=view.delivery_count)
+
+
+@dataclass(frozen=True, slots=True)
+class _Item[T]:
+    """A parsed message, identified."""
+
+    value: T
+    key: DedupKey
+    request_hash: str
+
+
+def _derive[R](what: str, derive: Callable[[], R]) -> R:
+    """A value derived from the message alone: any failure is the message's, for good."""
+    try:
+        return derive()
+    except PoisonMessageError:
+        raise
+    except InvalidKeyError as error:
+        raise PoisonMessageError("InvalidKey", str(error)) from error
+    except Exception as error:  # deterministic in the message: retrying cannot help
+        raise PoisonMessageError("InvalidMessage", f"{what}: {type(error).__name__}: {error}") \
+            from error
+
+
+class BaseServiceBusConsumer[L: BaseIdempotency[Any, Any]]:
+    """One Service Bus consumer: each message's effect once, settled explicitly.
+
+    `name` scopes its keys (two subscriptions of one topic each apply a message once);
+    `sends_to` names the destinations its builds send to (`tx.send`): the idempotency
+    must then have a dispatcher, checked here rather than at the first message.
+    """
+
+    def __init__(self, name: str, idempotency: L | None = None, *, sends_to: Collection[str] = (),
+                 telemetry: Telemetry | None = None) -> None:
+        self.name = _consumer_name(name)
+        self.idempotency = idempotency
+        self.store = idempotency.store if idempotency is not None else None
+        self.telemetry = telemetry or (idempotency.telemetry if idempotency else Telemetry())
+        if sends_to and (idempotency is None or idempotency.dispatcher is None):
+            raise ConfigurationError(
+                f"{name} sends to {', '.join(sorted(sends_to))} but its Idempotency has no "
+                "dispatcher: pass dispatcher=ServiceBusDispatcher(namespace, credential) (or "
+                "another shared.dispatch dispatcher) to Idempotency")
+
+    def _ledger(self) -> L:
+        if self.idempotency is None:
+            raise ConfigurationError(f"{self.name} was built without an Idempotency; "
+                                     "run and run_atomic need one")
+        return self.idempotency
+
+    def _identify[T](self, view: MessageView, parse: Callable[[MessageView], T],
+                     key: Callable[[T], str] | None, content: Callable[[T], Any] | None) -> _Item[T]:
+        value = _derive("parse", lambda: parse(view))
+        if key is None:
+            dedup_key = _derive("MessageId", lambda: DedupKey.from_message_id(self.name,
+                                                                               view.message_id))
+        else:
+            dedup_key = _derive("key", lambda: DedupKey.from_business_key(self.name, key(value)))
+        hashed = _derive("content", lambda: request_hash(value if content is None
+                                                          else content(value)))
+        return _Item(value, dedup_key, str(hashed))
+
+    @flowmethod
+    def _atomic[T](self, view: MessageView, build: Callable[..., Any],
+                   parse: Callable[[MessageView], T], key: Callable[[T], str] | None,
+                   content: Callable[[T], Any] | None, partition: Callable[[T], str] | None,
+                   document: Callable[[T], tuple[str, dict[str, Any]]] | None) -> Flow[Decision]:
+        item = self._identify(view, parse, key, content)
+        value = item.value
+        where = None if partition is None else _derive("partition", lambda: partition(value))
+        marker_id, marker_body = (None, None) if document is None else \
+            _derive("document", lambda: document(value))
+        outcome: Outcome = yield from self._ledger().run_atomic.flow(
+            item.key, item.request_hash, functools.partial(_build, build, value), partition=where,
+            marker_id=marker_id, marker_body=marker_body, expires=document is None,
+            context=view.context, read_first=view.delivery_count > 1)
+        return decision_for(outcome)
+
+    @flowmethod
+    def _two_phase[T](self, view: MessageView, handler: Callable[[T], Any],
+                      parse: Callable[[MessageView], T], key: Callable[[T], str] | None,
+                      content: Callable[[T], Any] | None, takeover_stale: bool) -> Flow[Decision]:
+        item = self._identify(view, parse, key, content)
+        value = item.value
+        outcome: Outcome = yield from self._ledger().run.flow(
+            item.key, item.request_hash, lambda: handler(value), takeover_stale=takeover_stale,
+            context=view.context)
+        return decision_for(outcome)
+
+    def _report(self, view: MessageView, decision: Decision) -> None:
+        """One alert event per dead-letter the consumer decides (a conflict has its own)."""
+        if decision.action is Action.DEADLETTER and decision.reason != EVENT_CONFLICT:
+            self.telemetry.dead_lettered(
+                consumer=self.name, reason=decision.reason or "",
+                context={**view.context, "error": (decision.description or "")[:500]})
+
+    def _span(self, view: MessageView) -> Any:
+        return message_span(self.name, properties=view.application_properties,
+                            message_id=view.message_id, correlation_id=view.correlation_id,
+                            attributes={"messaging.delivery_count": view.delivery_count})
+
+
+class ServiceBusConsumer(BaseServiceBusConsumer[Idempotency], Sync):
+    """Settles each message of a sync function (see `BaseServiceBusConsumer`).
+
+    Each method takes the trigger's message (or a `MessageView`) and its
+    `ServiceBusMessageActions` (None: decide only, settle nothing: a tool, a test) and
+    returns the `Decision` it settled with. `parse` reads the message (default: its body
+    as a JSON object); `key` gives a business key from what it read (default: the
+    MessageId); `content` what is hashed to tell a duplicate from a reused key (default:
+    all it read).
+    """
+
+    def process(self, message: Any, actions: MessageActions | None,
+                handle: Callable[[MessageView], Outcome | Decision | None]) -> Decision:
+        """The low-level entry: `handle(view)` runs whatever flow it likes and returns its
+        Outcome (or a Decision); its errors follow the settlement rule."""
+        view = MessageView.of(message)
+        with self._span(view):
+            try:
+                decision = decide(handle(view))
+            except Exception as error:
+                decision = decide_error(error, view, self.name)
+            return self._settle(decision, message, actions, view)
+
+    def run_atomic[T](self, message: Any, actions: MessageActions | None,
+                      build: Callable[[Any, T], Any], *,
+                      parse: Callable[[MessageView], T] = json_object,
+                      key: Callable[[T], str] | None = None,
+                      content: Callable[[T], Any] | None = None,
+                      partition: Callable[[T], str] | None = None,
+                      document: Callable[[T], tuple[str, dict[str, Any]]] | None = None) -> Decision:
+        """The atomic path: the marker and what `build(tx, item)` writes and sends commit in
+        one transaction, in `partition(item)` (default: the key's own). With `document`, the
+        marker is the business document `(id, body)` it returns, kept for good (an order
+        whose id is the order id)."""
+        return self.process(message, actions, lambda view: self._atomic(
+            view, build, parse, key, content, partition, document))
+
+    def run[T](self, message: Any, actions: MessageActions | None, handler: Callable[[T], Any], *,
+               parse: Callable[[MessageView], T] = json_object,
+               key: Callable[[T], str] | None = None, content: Callable[[T], Any] | None = None,
+               takeover_stale: bool = True) -> Decision:
+        """The two-phase path, for an effect outside the store: claim the key, run
+        `handler(item)` once under a renewed lease, record its result. An attempt that died
+        mid-effect is taken over (`takeover_stale`) or dead-lettered for a person."""
+        return self.process(message, actions, lambda view: self._two_phase(
+            view, handler, parse, key, content, takeover_stale))
+
+    def _settle(self, decision: Decision, message: Any, actions: MessageActions | None,
+                view: MessageView) -> Decision:
+        self._report(view, decision)
+        if actions is not None:
+            settle(decision, message, actions)
+        return decision
+
+
+class AsyncServiceBusConsumer(BaseServiceBusConsumer[AsyncIdempotency], Async):
+    """`ServiceBusConsumer` for an `async def` function on async stores
+    (`shared.aio.ServiceBusConsumer`): the same methods, awaited; builds, handlers and
+    `handle` may be async. Settlement calls (synchronous gRPC calls to the host in the
+    servicebus extension) run on a thread, off the event loop."""
+
+    def __init__(self, name: str, idempotency: AsyncIdempotency | None = None, *,
+                 sends_to: Collection[str] = (), telemetry: Telemetry | None = None) -> None:
+        if idempotency is not None and not isinstance(idempotency, Async):  # pyright: ignore[reportUnnecessaryIsInstance] - callers are not all type-checked
+            raise ConfigurationError(f"{name}: shared.aio.ServiceBusConsumer needs a "
+                                     "shared.aio.Idempotency (on an async store)")
+        super().__init__(name, idempotency, sends_to=sends_to, telemetry=telemetry)
+
+    async def process(self, message: Any, actions: MessageActions | None,
+                      handle: Callable[[MessageView], Awaitable[Outcome | Decision | None]
+                                       | Outcome | Decision | None]) -> Decision:
+        """`ServiceBusConsumer.process`, awaited."""
+        view = MessageView.of(message)
+        with self._span(view):
+            try:
+                result = handle(view)
+                decision = decide(await result if inspect.isawaitable(result) else result)
+            except Exception as error:
+                decision = decide_error(error, view, self.name)
+            return await self._settle(decision, message, actions, view)
+
+    async def run_atomic[T](self, message: Any, actions: MessageActions | None,
+                            build: Callable[[Any, T], Any], *,
+                            parse: Callable[[MessageView], T] = json_object,
+                            key: Callable[[T], str] | None = None,
+                            content: Callable[[T], Any] | None = None,
+                            partition: Callable[[T], str] | None = None,
+                            document: Callable[[T], tuple[str, dict[str, Any]]] | None = None
+                            ) -> Decision:
+        """`ServiceBusConsumer.run_atomic`, awaited; `build` may be async."""
+        return await self.process(message, actions, lambda view: self._atomic(
+            view, build, parse, key, content, partition, document))
+
+    async def run[T](self, message: Any, actions: MessageActions | None,
+                     handler: Callable[[T], Any], *, parse: Callable[[MessageView], T] = json_object,
+                     key: Callable[[T], str] | None = None,
+                     content: Callable[[T], Any] | None = None,
+                     takeover_stale: bool = True) -> Decision:
+        """`ServiceBusConsumer.run`, awaited; `handler` may be async."""
+        return await self.process(message, actions, lambda view: self._two_phase(
+            view, handler, parse, key, content, takeover_stale))
+
+    async def _settle(self, decision: Decision, message: Any, actions: MessageActions | None,
+                      view: MessageView) -> Decision:
+        self._report(view, decision)
+        if actions is not None and decision.action is not Action.WAIT:
+            await asyncio.to_thread(settle, decision, message, actions)
+        return decision
+
+
+def _build[T](build: Callable[[Any, T], Any], value: T, tx: Any) -> Any:
+    return build(tx, value)
+
+
+def _consumer_name(name: str) -> str:
+    try:
+        return DedupKey(name, "-").consumer
+    except InvalidKeyError as error:
+        raise ConfigurationError(str(error)) from error
+
+
+# -- Event Hubs ---------------------------------------------------------------------------------------
+#: The retry policy the batch rests on: the host re-runs a failed batch, without end, before it
+#: checkpoints past it (it checkpoints even when the function raised).
+RETRY_POLICY_HINT = ('@app.retry(strategy="exponential_backoff", max_retry_count="-1", '
+                     'minimum_interval="00:00:05", maximum_interval="00:05:00")')
+
+
+class _FunctionBuilder(Protocol):
+    """What the `azure.functions` decorators return: a builder of the function's metadata."""
+
+    def build(self) -> Any: ...
+
+
+class BaseEventHubConsumer[P: BasePartitionBatchProcessor[Any, Any, Any, Any, Any]]:
+    """One Event Hubs consumer: a cardinality-many batch of one partition to its processor.
+
+    The batch's correctness rests on the host running a failed batch again before it
+    checkpoints (it checkpoints after every batch even when the function raised): decorate
+    the function with `EventHubConsumer.checked`, above its trigger and retry decorators,
+    and a trigger without an unbounded retry policy fails indexing.
+    """
+
+    def __init__(self, processor: P) -> None:
+        self.processor = processor
+
+    @staticmethod
+    def checked[F: _FunctionBuilder](function: F) -> F:
+        """Refuse, at import, an Event Hubs trigger the host would checkpoint past a failed
+        batch: not cardinality many, or without a retry policy of `max_retry_count="-1"`."""
+        if not callable(getattr(function, "build", None)):
+            raise ConfigurationError("put @EventHubConsumer.checked above the function's "
+                                     "decorators (it checks the trigger and retry they declare)")
+        built = function.build()
+        name = built.get_function_name()
+        trigger = built.get_trigger()
+        binding: dict[str, Any] = trigger.get_dict_repr() if trigger is not None else {}
+        if binding.get("type") != "eventHubTrigger":
+            raise ConfigurationError(f"{name}: EventHubConsumer serves an eventHubTrigger; "
+                                     f"this function's trigger is {binding.get('type')!r}")
+        if str(getattr(binding.get("cardinality"), "value", binding.get("cardinality"))) != "many":
+            raise ConfigurationError(f'{name}: declare the trigger with cardinality="many" '
+                                     "(the processor commits a batch per account group)")
+        retry: dict[str, Any] = built.get_settings_dict("retry_policy") or {}
+        if str(retry.get("max_retry_count", "")).strip() != "-1":
+            found = f"max_retry_count={retry['max_retry_count']!r}" if retry else "no retry policy"
+            raise ConfigurationError(
+                f"{name}: the Event Hubs host checkpoints after a batch even when it failed, so a "
+                "batch that failed for a transient reason (store outage, throttling) must be run "
+                f"again until it succeeds; {found}. Add {RETRY_POLICY_HINT} below the function name")
+        return function
+
+    def _summary(self, report: BatchReport, views: Sequence[EventView], partition: str,
+                 started: float) -> None:
+        """One summary record per batch; the per-event outcomes are on the metrics."""
+        processor = self.processor
+        sequences = [view.sequence_number for view in views]
+        processor.ledger.telemetry.batch(
+            consumer=processor.consumer, partition_id=partition,
+            counts={"processed": report.applied, "duplicate": report.duplicates,
+                    "replay_skipped": report.replay_skipped,
+                    "parked": sum(report.parked.values())},
+            first_sequence=min(sequences), last_sequence=max(sequences),
+            duration=time.perf_counter() - started,
+            context={"parked_reasons": dict(report.parked)} if report.parked else None)
+
+
+class EventHubConsumer(BaseEventHubConsumer[PartitionBatchProcessor[Any, Any]]):
+    """Runs each batch through a sync `PartitionBatchProcessor` (see `BaseEventHubConsumer`).
+
+    `process` raises only when the batch must run again (a transient failure, a failed
+    dispatch, parking failed): the retry policy re-runs it, and the mark and the keys
+    absorb what was done.
+    """
+
+    def process(self, events: Sequence[Any]) -> BatchReport:
+        if not events:
+            return BatchReport()
+        started = time.perf_counter()
+        views, partition = event_views(events), partition_of(events)
+        with batch_span(self.processor.consumer, partition_id=partition, events=len(views)):
+            report = self.processor.process_batch(views, partition)
+            self._summary(report, views, partition, started)
+        return report
+
+
+class AsyncEventHubConsumer(BaseEventHubConsumer[AsyncPartitionBatchProcessor[Any, Any]]):
+    """`EventHubConsumer` for an `async def` function (`shared.aio.EventHubConsumer`)."""
+
+    async def process(self, events: Sequence[Any]) -> BatchReport:
+        if not events:
+            return BatchReport()
+        started = time.perf_counter()
+        views, partition = event_views(events), partition_of(events)
+        with batch_span(self.processor.consumer, partition_id=partition, events=len(views)):
+            report = await self.processor.process_batch(views, partition)
+            self._summary(report, views, partition, started)
+        return report
+
+
+# -- HTTP: the Idempotency-Key header ----------------------------------------------------------------
+#: Where problem types live: a tag URI (an identifier, not a link) whose suffix is the anchor of the
+#: type's section in the docs' HTTP page; pass the published docs' URL (ending in "#") to make each a
+#: link (RFC 9457: a type SHOULD resolve to documentation).
+DEFAULT_PROBLEM_BASE = "tag:idempotent-consumer,2026:problems/"
+#: Problem types the endpoint answers with: slug -> (status, title). A title names the type and
+#: does not change between occurrences (RFC 9457); the detail says what happened this time.
+PROBLEMS: Mapping[str, tuple[int, str]] = {
+    "idempotency-key-missing": (400, "Idempotency-Key header is required"),
+    "idempotency-key-invalid": (400, "Invalid Idempotency-Key"),
+    "caller-unreadable": (400, "Unreadable caller identity"),
+    "request-invalid": (400, "Invalid request"),
+    "idempotency-key-reused": (422, "Idempotency-Key reused with a different request"),
+    "request-refused": (422, "Request refused"),
+    "idempotency-key-in-progress": (409, "A request with this Idempotency-Key is being processed"),
+}
+# App Service authentication (Easy Auth) request headers.
+PRINCIPAL_ID = "X-MS-CLIENT-PRINCIPAL-ID"
+PRINCIPAL_IDP = "X-MS-CLIENT-PRINCIPAL-IDP"
+PRINCIPAL = "X-MS-CLIENT-PRINCIPAL"
+# Claims of X-MS-CLIENT-PRINCIPAL that name the caller, most specific first (Entra object id, then
+# the provider's subject); Static Web Apps' form carries `userId` instead.
+ID_CLAIMS = ("http://schemas.microsoft.com/identity/claims/objectidentifier", "oid",
+             "http://schemas.xmlsoap.org/ws/2005/05/identity/claims/nameidentifier", "sub")
+MAX_CALLER_CHARS = 1024
+MAX_PRINCIPAL_CHARS = 16 * 1024
+# C0 controls and DEL: not allowed in an HTTP field value (RFC 9110 5.5). The scope separator is one
+# of them, so no key a client can send ever looks like a scoped one.
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_SCOPE_SEPARATOR = "\x1f"
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")  # an RFC 9110 token
+
+
+@dataclass(frozen=True, slots=True)
+class HttpResult:
+    """A response: what a handler returns, what is stored for the key, what a retry gets."""
+
+    status: int
+    body: Any = None  # JSON
+    headers: Mapping[str, str] = field(default_factory=dict[str, str])
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who sent a request: where the identity came from (a header, an identity provider) and
+    the id it gives. Ids of different sources never share a scope."""
+
+    source: str
+    id: str
+
+    @property
+    def scope(self) -> str:
+        """The caller as text (JSON: unambiguous for any source and id)."""
+        return json.dumps([self.source, self.id], ensure_ascii=False, separators=(",", ":"))
+
+
+class CallerError(PoisonMessageError):
+    """The request's caller identity headers cannot be read; the detail says which and why."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__("caller-unreadable", detail)
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotentRequest[T]:
+    """What a handler of `IdempotencyKeyEndpoint` receives: the request body (a JSON object)
+    and what `parse` read from it (`item`), the key as sent, and the key in the caller's scope
+    (pass `scoped_key` to what the handler calls, so each layer can deduplicate its own work)."""
+
+    body: dict[str, Any]
+    item: T
+    key: str
+    scoped_key: str
+    caller: Caller | None
+    headers: Mapping[str, str]
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    lowered = name.lower()
+    return next((value for key, value in headers.items() if key.lower() == lowered), None)
+
+
+def _principal(encoded: str) -> Caller:
+    """The caller a base64 JSON `X-MS-CLIENT-PRINCIPAL` names (App Service's or Static Web Apps')."""
+    try:
+        principal = json.loads(base64.b64decode(encoded.strip(), validate=True))
+    except (binascii.Error, ValueError) as error:
+        raise CallerError(f"{PRINCIPAL} is not base64-encoded JSON") from error
+    if not isinstance(principal, dict):
+        raise CallerError(f"{PRINCIPAL} is not a JSON object")
+    fields = typing.cast(dict[str, Any], principal)
+    user_id = fields.get("userId")
+    if isinstance(user_id, str) and user_id:  # Static Web Apps
+        return Caller(f"easyauth:{fields.get('identityProvider', '')}", user_id)
+    claims = fields.get("claims")
+    found: dict[Any, Any] = {}
+    if isinstance(claims, list):
+        found = {claim.get("typ"): claim.get("val") for claim in
+                 (typing.cast(dict[str, Any], c) for c in typing.cast(list[Any], claims)
+                  if isinstance(c, dict))}
+    for claim in ID_CLAIMS:
+        value = found.get(claim)
+        if isinstance(value, str) and value:
+            return Caller(f"easyauth:{fields.get('auth_typ', '')}", value)
+    raise CallerError(f"{PRINCIPAL} carries no caller id claim ({', '.join(ID_CLAIMS)})")
+
+
+def caller_of(headers: Mapping[str, str], *, caller_header: str | None = None) -> Caller | None:
+    """The caller the request identifies, or None (the shared scope of unidentified callers).
+
+    The configured header wins: a front end that authenticates callers and calls the app
+    with one identity of its own names the real caller there (and must overwrite any copy a
+    client sent). Else App Service authentication's client principal, which the platform
+    sets and strips from client requests when authentication is on. CallerError for
+    identity headers that are present but unreadable.
+    """
+    if caller_header:
+        value = (_header(headers, caller_header) or "").strip()
+        if value:
+            if len(value) > MAX_CALLER_CHARS:
+                raise CallerError(f"{caller_header} is longer than {MAX_CALLER_CHARS} characters")
+            return Caller(f"header:{caller_header.lower()}", value)
+    principal_id = (_header(headers, PRINCIPAL_ID) or "").strip()
+    if principal_id:
+        if len(principal_id) > MAX_CALLER_CHARS:
+            raise CallerError(f"{PRINCIPAL_ID} is longer than {MAX_CALLER_CHARS} characters")
+        return Caller(f"easyauth:{(_header(headers, PRINCIPAL_IDP) or '').strip()}", principal_id)
+    principal = _header(headers, PRINCIPAL)
+    if principal and principal.strip():
+        if len(principal) > MAX_PRINCIPAL_CHARS:
+            raise CallerError(f"{PRINCIPAL} is longer than {MAX_PRINCIPAL_CHARS} characters")
+        return _principal(principal)
+    return None
+
+
+def scoped_key(caller: Caller | None, key: str) -> str:
+    """`key` in the caller's scope: the caller, a control character no header value holds, the
+    key; without a caller, the key itself. Two callers' keys never meet."""
+    return key if caller is None else f"{caller.scope}{_SCOPE_SEPARATOR}{key}"
+
+
+class BaseIdempotencyKeyEndpoint[L: BaseIdempotency[Any, Any]]:
+    """An HTTP endpoint whose requests carry an `Idempotency-Key` header (IETF httpapi draft).
+
+    First request: `handler` runs and its response is stored. A retry with the same key
+    and body: the stored response, with `Idempotent-Replayed: true`. Same key, other body:
+    422. Same key while the first request runs: 409 with Retry-After. No key: 400. A
+    transient failure (store outage, throttling, an outgoing message not confirmed): 503
+    with Retry-After; the caller's retry finishes the work. Errors are problem+json
+    (RFC 9457) with a type per problem (`PROBLEMS`) under `problem_base`.
+
+    Keys are scoped per caller (`caller_of`): a key another caller used is a new key for
+    this one, so no caller reads another's stored response or learns that a key exists.
+    """
+
+    def __init__(self, idempotency: L, *, name: str = "http", caller_header: str | None = None,
+                 max_body_bytes: int = MAX_REQUEST_BYTES, problem_base: str = DEFAULT_PROBLEM_BASE,
+                 retry_after_seconds: int = 1) -> None:
+        if caller_header is not None and not _HEADER_NAME.match(caller_header):
+            raise ConfigurationError(f"caller_header={caller_header!r} must be an HTTP header name")
+        if caller_header is not None and caller_header.lower() == "idempotency-key":
+            raise ConfigurationError("caller_header names the header that identifies the caller, "
+                                     "not Idempotency-Key")
+        self.name = _consumer_name(name)
+        self.idempotency = idempotency
+        self.store = idempotency.store
+        self.caller_header = caller_header
+        self.max_body_bytes = max_body_bytes
+        self.problem_base = problem_base
+        self.retry_after = str(retry_after_seconds)
+
+    def problem(self, slug: str, detail: str, **members: Any) -> HttpResult:
+        """A problem+json response of one of `PROBLEMS`."""
+        status, title = PROBLEMS[slug]
+        headers = {"Content-Type": "application/problem+json"}
+        if status == 409:
+            headers["Retry-After"] = self.retry_after
+        return HttpResult(status, {"type": f"{self.problem_base}{slug}", "title": title,
+                                   "status": status, "detail": detail, **members}, headers)
+
+    def unavailable(self, detail: str) -> HttpResult:
+        """503: nothing is wrong with the request; retry it after Retry-After."""
+        return HttpResult(503, {"type": "about:blank", "title": "Service Unavailable",
+                                "status": 503, "detail": detail},
+                          {"Content-Type": "application/problem+json",
+                           "Retry-After": self.retry_after})
+
+    def _request[T](self, headers: Mapping[str, str], body: bytes,
+                    parse: Callable[[dict[str, Any]], T]) -> IdempotentRequest[T] | HttpResult:
+        """The request, read and scoped; or the 400 problem that refuses it."""
+        raw = _header(headers, "Idempotency-Key")
+        if raw is None or not raw.strip():
+            return self.problem("idempotency-key-missing",
+                                "Send a unique key (e.g. a UUID) and reuse it on retries.")
+        raw = raw.strip().strip('"')
+        if len(raw) > MAX_KEY_CHARS:
+            return self.problem("idempotency-key-invalid", f"at most {MAX_KEY_CHARS} characters")
+        if _CONTROL.search(raw):
+            return self.problem("idempotency-key-invalid",
+                                "control characters are not allowed in an HTTP field value")
+        try:
+            caller = caller_of(headers, caller_header=self.caller_header)
+            scoped = scoped_key(caller, raw)
+            DedupKey.from_business_key(self.name, scoped, field="Idempotency-Key")
+            parsed = parse_json_object(body, max_bytes=self.max_body_bytes)
+            item = parse(parsed)
+        except CallerError as error:
+            return self.problem("caller-unreadable", error.detail)
+        except InvalidKeyError as error:
+            return self.problem("idempotency-key-invalid", str(error))
+        except InvalidPayloadError as error:
+            return self.problem("request-invalid", error.detail, reason=error.reason)
+        return IdempotentRequest(parsed, item, raw, scoped, caller, headers)
+
+    @flowmethod
+    def _answer[T](self, request: IdempotentRequest[T],
+                   handler: Callable[[IdempotentRequest[T]], Any]) -> Flow[HttpResult]:
+        key = DedupKey.from_business_key(self.name, request.scoped_key, field="Idempotency-Key")
+        try:
+            outcome: Outcome = yield from self.idempotency.run.flow(
+                key, request_hash(request.body), functools.partial(_stored, handler, request),
+                context={"idempotency_key": request.key})
+        except InvalidPayloadError as error:
+            return self.problem("request-invalid", error.detail, reason=error.reason)
+        except PoisonMessageError as error:
+            return self.problem("request-refused", error.detail, reason=error.reason)
+        except _TRANSIENT as error:
+            return self.unavailable(str(error))
+        if outcome.status is OutcomeStatus.CONFLICT:
+            return self.problem("idempotency-key-reused", "Use a new key for a new request.")
+        if outcome.status is OutcomeStatus.IN_PROGRESS:
+            return self.problem("idempotency-key-in-progress", "Retry after it completes.")
+        result: Any = outcome.result
+        stored = typing.cast(dict[str, Any], result) if isinstance(result, dict) else {}
+        headers: dict[str, str] = {"Content-Type": "application/json", **stored.get("headers", {})}
+        if outcome.status is OutcomeStatus.DUPLICATE:
+            headers["Idempotent-Replayed"] = "true"
+        return HttpResult(int(stored.get("status", 200)), stored.get("body"), headers)
+
+    def _unexpected(self, error: Exception) -> HttpResult:
+        logger.error("%s: unexpected error", self.name, exc_info=error)
+        return HttpResult(500, {"type": "about:blank", "title": "Internal Server Error",
+                                "status": 500, "detail": "the request failed; retry it later"},
+                          {"Content-Type": "application/problem+json"})
+
+
+#: Failures a retry of the same request can fix: 503 with Retry-After, never 4xx or 500.
+_TRANSIENT = (StoreUnavailableError, ConcurrencyRetriesExhaustedError, DispatchUnavailableError,
+              DispatchRejectedError, EffectUncertainError)
+
+
+def _stored[T](handler: Callable[[IdempotentRequest[T]], Any], request: IdempotentRequest[T]) -> Any:
+    """Run the handler; what is stored for the key (JSON: the status, body and headers)."""
+    result = handler(request)
+    if inspect.isawaitable(result):
+        return _stored_later(result)
+    return _as_stored(result)
+
+
+async def _stored_later(result: Awaitable[Any]) -> dict[str, Any]:
+    return _as_stored(await result)
+
+
+def _as_stored(result: Any) -> dict[str, Any]:
+    if not isinstance(result, HttpResult):
+        raise TypeError(f"an IdempotencyKeyEndpoint handler returns an HttpResult, not {result!r}")
+    stored: dict[str, Any] = {"status": result.status, "body": result.body}
+    headers = {k: v for k, v in result.headers.items() if k.lower() != "content-type"}
+    if headers:
+        stored["headers"] = headers
+    return stored
+
+
+def http_response(result: HttpResult) -> Any:
+    """The `azure.functions.HttpResponse` of a result (JSON body, its content type kept)."""
+    import azure.functions as func
+
+    headers = {k: v for k, v in result.headers.items() if k.lower() != "content-type"}
+    mimetype = _header(result.headers, "Content-Type") or "application/json"
+    return func.HttpResponse(json.dumps(result.body), status_code=result.status, headers=headers,
+                             mimetype=mimetype, charset="utf-8")
+
+
+def _request_parts(request: Any) -> tuple[dict[str, str], bytes]:
+    return dict(request.headers), request.get_body() or b""
+
+
+def _body(body: dict[str, Any]) -> Any:
+    return body
+
+
+class IdempotencyKeyEndpoint(BaseIdempotencyKeyEndpoint[Idempotency], Sync):
+    """`BaseIdempotencyKeyEndpoint` for a sync function (`handler` is sync).
+
+    `parse` reads the request's JSON body before anything is claimed (default: the body
+    itself); its `InvalidPayloadError` answers 400. The handler's `InvalidPayloadError`
+    answers 400 too, another `PoisonMessageError` (refused by the business rule) 422.
+    """
+
+    def handle[T](self, request: Any, handler: Callable[[IdempotentRequest[T]], HttpResult], *,
+                  parse: Callable[[dict[str, Any]], T] = _body) -> Any:
+        """Answer an `azure.functions.HttpRequest`: the `HttpResponse` to return."""
+        return http_response(self.answer(*_request_parts(request), handler, parse=parse))
+
+    def answer[T](self, headers: Mapping[str, str], body: bytes,
+                  handler: Callable[[IdempotentRequest[T]], HttpResult], *,
+                  parse: Callable[[dict[str, Any]], T] = _body) -> HttpResult:
+        """`handle` without azure.functions: headers and body in, the result out."""
+        request = self._request(headers, body, parse)
+        if isinstance(request, HttpResult):
+            return request
+        try:
+            return self._answer(request, handler)
+        except Exception as error:
+            return self._unexpected(error)
+
+
+class AsyncIdempotencyKeyEndpoint(BaseIdempotencyKeyEndpoint[AsyncIdempotency], Async):
+    """`IdempotencyKeyEndpoint` for an `async def` function (`shared.aio.IdempotencyKeyEndpoint`);
+    `handler` may be async."""
+
+    async def handle[T](self, request: Any, handler: Callable[[IdempotentRequest[T]], Any], *,
+                        parse: Callable[[dict[str, Any]], T] = _body) -> Any:
+        return http_response(await self.answer(*_request_parts(request), handler, parse=parse))
+
+    async def answer[T](self, headers: Mapping[str, str], body: bytes,
+                        handler: Callable[[IdempotentRequest[T]], Any], *,
+                        parse: Callable[[dict[str, Any]], T] = _body) -> HttpResult:
+        request = self._request(headers, body, parse)
+        if isinstance(request, HttpResult):
+            return request
+        try:
+            return await self._answer(request, handler)
+        except Exception as error:
+            return self._unexpected(error)
