@@ -263,13 +263,17 @@ class BaseServiceBusConsumer[L: BaseIdempotency[Any, Any]]:
                  telemetry: Telemetry | None = None) -> None:
         self.name = _consumer_name(name)
         self.idempotency = idempotency
-        self.store = idempotency.store if idempotency is not None else None
         self.telemetry = telemetry or (idempotency.telemetry if idempotency else Telemetry())
         if sends_to and (idempotency is None or idempotency.dispatcher is None):
             raise ConfigurationError(
                 f"{name} sends to {', '.join(sorted(sends_to))} but its Idempotency has no "
                 "dispatcher: pass dispatcher=ServiceBusDispatcher(namespace, credential) (or "
                 "another shared.dispatch dispatcher) to Idempotency")
+
+    @property
+    def store(self) -> Any:
+        """Where the consumer's flows run: its Idempotency's store."""
+        return None if self.idempotency is None else self.idempotency.store
 
     def _ledger(self) -> L:
         if self.idempotency is None:
@@ -279,11 +283,14 @@ class BaseServiceBusConsumer[L: BaseIdempotency[Any, Any]]:
 
     def _identify[T](self, view: MessageView, parse: Callable[[MessageView], T],
                      key: Callable[[T], str] | None, content: Callable[[T], Any] | None) -> _Item[T]:
-        value = _derive("parse", lambda: parse(view))
-        if key is None:
-            dedup_key = _derive("MessageId", lambda: DedupKey.from_message_id(self.name,
-                                                                               view.message_id))
+        if key is None:  # the MessageId: checked first (a message without one is refused as such)
+            try:
+                dedup_key = DedupKey.from_message_id(self.name, view.message_id)
+            except InvalidKeyError as error:
+                raise PoisonMessageError("InvalidMessageId", str(error)) from error
+            value = _derive("parse", lambda: parse(view))
         else:
+            value = _derive("parse", lambda: parse(view))
             dedup_key = _derive("key", lambda: DedupKey.from_business_key(self.name, key(value)))
         hashed = _derive("content", lambda: request_hash(value if content is None
                                                           else content(value)))

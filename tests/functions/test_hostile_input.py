@@ -119,4 +119,7 @@ def test_http_answers_400_with_a_reason_never_500(services, value, reason):
                                         "Content-Type": "application/json"})
     response = function("http_payments")(req=request)
     assert response.status_code == 400
-    assert json.loads(response.get_body())["title"] == reason
+    problem = json.loads(response.get_body())
+    assert problem["reason"] == reason
+    assert problem["title"] == "Invalid request"  # a type's title does not vary (RFC 9457)
+    assert problem["type"].endswith("request-invalid")

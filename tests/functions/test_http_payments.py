@@ -50,7 +50,7 @@ def test_same_key_with_a_different_body_is_422(services):
 
 def test_request_while_the_first_is_in_progress_is_409(services):
     account, key = f"acct-{uuid.uuid4().hex[:6]}", str(uuid.uuid4())
-    services.http_payments.idempotency.claim(DedupKey("http-payments", key),
+    services.http_payments.endpoint.idempotency.claim(DedupKey("http-payments", key),
                                              request_hash(payment(account)))
     response = post(payment(account), key)
     assert response.status_code == 409 and response.headers["Retry-After"] == "1"

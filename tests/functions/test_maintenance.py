@@ -12,10 +12,11 @@ from azure.functions.timer import TimerRequestConverter
 from shared import DedupKey, request_hash
 from tests.functions.conftest import function
 from tests.support.parking import parked_body
+from tests.support.services import records
 
 
 def test_timer_purges_expired_records_and_parks_abandoned_claims(services, clock):
-    idem = services.notify.idempotency
+    idem = records(services)
     done_key = DedupKey("notify", f"done-{uuid.uuid4().hex[:6]}")
     idem.run(done_key, request_hash("x"), lambda: "sent")
     clock.advance(idem.config.ttl.total_seconds() + 1)

@@ -13,6 +13,7 @@ from shared.records import RecordState
 from simulator.host_inputs import RecordingActions, SentMessage, service_bus_message
 from tests.functions.conftest import function
 from tests.support.parking import parked_body
+from tests.support.services import records
 
 pytestmark = pytest.mark.parametrize("backend", ["table"])  # notifications use Table Storage
 
@@ -60,7 +61,7 @@ def test_api_rejection_dead_letters(services, api, backend):
 
 def _stale_claim(services, message_id: str, body: dict, clock) -> None:
     """An earlier attempt claimed the key and died mid-call; its lease has run out."""
-    idem = services.notify.idempotency
+    idem = records(services)
     idem.claim(DedupKey.from_message_id("notify", message_id), request_hash(body))
     clock.advance(idem.config.lease.total_seconds() + 1)
 
@@ -83,7 +84,7 @@ def test_stale_record_is_parked_for_a_person_when_the_api_does_not_honour_keys(
     parked = parked_body(services.parking, "notify", message_id)
     assert parked["reason"] == "StaleInProgress"
     encoded = DedupKey("notify", message_id).encoded
-    record = services.notify.idempotency.store.get_record(encoded, encoded)
+    record = services.stores["notifications"].get_record(encoded, encoded)
     assert record.state is RecordState.COMPLETED  # closed: not left in progress
     assert send("notify", message_id, body, delivery_count=3)[0] == "complete"
     assert api.requests == []
@@ -91,7 +92,7 @@ def test_stale_record_is_parked_for_a_person_when_the_api_does_not_honour_keys(
 
 def test_live_in_progress_elsewhere_leaves_the_message_for_the_lock_to_expire(services, api, backend):
     message_id, body = mid(), {"text": "busy"}
-    services.notify.idempotency.claim(DedupKey.from_message_id("notify", message_id),
+    records(services).claim(DedupKey.from_message_id("notify", message_id),
                                       request_hash(body))
     # Not abandoned (that would redeliver at once and burn the delivery count): left
     # unsettled, it comes back after the lock duration.
@@ -118,14 +119,14 @@ def test_reused_message_id_with_other_content_is_dead_lettered(services, api, ba
 
 def test_lease_follows_the_lock(services, backend):
     lock = services.settings.window.lock_duration
-    assert services.notify.idempotency.config.lease == timedelta(seconds=54) < lock
+    assert records(services).config.lease == timedelta(seconds=54) < lock
 
 
 def test_a_crashed_holder_is_taken_over_at_the_next_delivery(services, api, backend, clock):
     """The lease is shorter than the lock: when the broker redelivers (one lock duration after
     the crashed delivery), the key is free, so no delivery is burnt waiting for it."""
     message_id, body = mid(), {"notificationId": "n-crash", "text": "hi"}
-    idem = services.notify.idempotency
+    idem = records(services)
     idem.claim(DedupKey("notify", message_id), request_hash(body))  # delivery 1 dies mid-call
     clock.advance(services.settings.window.lock_duration.total_seconds())  # the lock expires
     assert send("notify", message_id, body, delivery_count=2) == ("complete", None, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 
@@ -69,8 +70,8 @@ def test_newer_versions_apply_replays_change_nothing_and_stale_ones_are_rejected
     assert after.etag == before.etag
     assert stored(services, order_id)["status"] == "paid"
     with caplog.at_level("DEBUG", logger="shared"):
-        assert services.order_status.apply({"orderId": order_id, "version": 1,
-                                            "status": "accepted"}) == "stale"
+        assert asyncio.run(services.order_status.apply({"orderId": order_id, "version": 1,
+                                                        "status": "accepted"})) == "stale"
     (record,) = [r for r in caplog.records if getattr(r, "event", None) == EVENT_STALE_VERSION]
     assert (record.order_id, record.incoming_version, record.stored_version) == (order_id, 1, 2)
     assert outcomes(reader) == {("processed", None): 2, ("duplicate", "producer_retry"): 1,

@@ -18,7 +18,7 @@ from shared.stores.memory import InMemoryIdempotencyStore
 
 class CountingMemoryStore(InMemoryIdempotencyStore):
     """The in-memory store, counting each request it answers (`requests`): a create or a
-    replace is one commit, a group commit one request, as on the real backends."""
+    replace is one commit, a group commit one commit, as on the real backends."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -57,11 +57,6 @@ class CountingMemoryStore(InMemoryIdempotencyStore):
                written: list[Document] | None = None) -> IdempotencyRecord:
         self.requests += 1
         return super().commit(marker, operations, marker_body=marker_body, written=written)
-
-    def commit_group(self, markers: Sequence[IdempotencyRecord], operations: Sequence[WriteOp], *,
-                     written: list[Document] | None = None) -> list[IdempotencyRecord]:
-        self.requests += 1
-        return super().commit_group(markers, operations, written=written)
 
 
 class FailingDispatcher(InMemoryDispatcher):

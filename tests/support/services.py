@@ -31,3 +31,13 @@ def carrying_context[T](fn: Callable[..., T]) -> Callable[..., T]:
         return context.copy().run(fn, *args, **kwargs)
 
     return run
+
+
+def records(services: Services, role: str = "notifications") -> Any:
+    """A sync Idempotency on the sync store of `role`, configured as the app's consumers are:
+    to set up or read the records the (async) functions keep, from a sync test."""
+    from shared import Idempotency
+
+    face = services.notify.idempotency
+    return Idempotency(services.stores[role], config=face.config, telemetry=face.telemetry,
+                       dispatcher=services.dispatcher)

@@ -30,7 +30,7 @@ from shared.stores.cosmos_aio import AsyncCosmosIdempotencyStore
 from shared.stores.table_aio import AsyncTableIdempotencyStore
 from tests.functions.conftest import settings_for
 from tests.support.parking import parked_body
-from tests.support.services import carrying_context
+from tests.support.services import carrying_context, records
 from tests.support.settlement import SettlementRecorder
 
 SOURCE = "/payments/api"
@@ -383,7 +383,7 @@ def test_http_key_reused_with_another_body_is_422_in_progress_is_409_no_key_is_4
     assert conflict.status == 422 and conflict.header("Content-Type") == "application/problem+json"
 
     busy_key = str(uuid.uuid4())
-    services.http_payments.idempotency.claim(DedupKey("http-payments", busy_key),
+    services.http_payments.endpoint.idempotency.claim(DedupKey("http-payments", busy_key),
                                              request_hash(payment(account)))
     busy = post(worker, payment(account), busy_key)
     assert busy.status == 409 and busy.header("Retry-After") == "1"
@@ -419,7 +419,7 @@ def test_http_another_callers_key_gets_its_own_outcome_never_the_first_callers_b
 
 # -- Timer -----------------------------------------------------------------------------------
 def test_timer_runs_maintenance_which_parks_an_abandoned_claim(worker, services, clock):
-    idem = services.notify.idempotency
+    idem = records(services)
     stuck = DedupKey("audit", f"stuck-{uuid.uuid4().hex[:6]}")
     _, held = idem.claim(stuck, request_hash("y"))
     clock.advance(idem.config.lease.total_seconds() + services.settings.window.length.total_seconds()
