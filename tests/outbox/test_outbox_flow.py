@@ -16,6 +16,7 @@ import pytest
 from shared.aio import InMemoryIdempotencyStore as AsyncInMemoryIdempotencyStore
 from shared.dispatch import InMemoryDispatcher
 from shared.exceptions import (
+    ConfigurationError,
     DispatchUnavailableError,
     OutgoingMessageTooLargeError,
     RecordChangedError,
@@ -194,7 +195,7 @@ def test_a_body_over_the_limit_is_refused_in_the_build_before_anything_commits()
 
 def test_a_build_that_sends_without_a_dispatcher_fails_before_committing():
     store = CountingMemoryStore()
-    with pytest.raises(TypeError, match="no dispatcher"):
+    with pytest.raises(ConfigurationError, match="no dispatcher"):
         Idempotency(store).run_atomic(KEY, "h", build, partition="ORD-1")
     assert store.requests == 0
 
