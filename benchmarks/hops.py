@@ -400,25 +400,28 @@ def order_message(order_id: str, delivery_count: int, *, correlation_id: str = "
 
 
 def trace_order(services: Any, tracer: Tracer) -> None:
-    """A warm-up order untraced, then a new order and its duplicate traced."""
+    """A warm-up order untraced, then a new order and its duplicate traced, on one event loop
+    (the function is `async def`; its async clients keep to the loop of their first request)."""
     from simulator.host_inputs import RecordingActions
 
     orders = user_function("orders")
 
-    def deliver(order_id: str, delivery_count: int, *, traced: bool = True) -> None:
+    async def deliver(order_id: str, delivery_count: int, *, traced: bool = True) -> None:
         message = order_message(order_id, delivery_count)
         actions = RecordingActions()
         with tracer.active(f"order, delivery {delivery_count}") if traced else contextlib.nullcontext():
-            orders(message=message, message_actions=actions)
+            await orders(message=message, message_actions=actions)
         action = actions.last[0]
         if action != "complete":
             raise RuntimeError(f"order {order_id} delivery {delivery_count} was settled {actions.last}")
 
-    with installed(services):
-        deliver(f"ORD-warm-{unique()}", 1, traced=False)
+    with installed(services), asyncio.Runner() as runner:
+        tracer.link_tasks(runner.get_loop())
+        runner.run(deliver(f"ORD-warm-{unique()}", 1, traced=False))
         order_id = f"ORD-{unique()}"
-        deliver(order_id, 1)
-        deliver(order_id, 2)
+        runner.run(deliver(order_id, 1))
+        runner.run(deliver(order_id, 2))
+        runner.run(services.aclose())
 
 
 def trace_batch(services: Any, tracer: Tracer, *, events: int, accounts: int) -> None:

@@ -10,16 +10,20 @@ self and by cumulative time, per event. Only the variant's batches are profiled 
 setup, the warm-up batch, the RTT checks or the harness between batches). Self times are
 cProfile's (it inflates call-heavy code); the grouping is what to compare.
 
-`--orders N` profiles the Service Bus path instead: the registered `orders` function, called
-as the worker calls it (a `ServiceBusReceivedMessage` built by the worker's own converter,
-built before the profile starts) on services built as the host builds them (the hops
-benchmark's: real stores on the local servers, the outbox's Service Bus client a recording
-stand-in), N new orders and then each once more as a redelivery, on loopback.
+`--orders N` profiles the Service Bus path instead, two ways in one run: the registered `orders`
+function as deployed (`async def`, awaited on one event loop as the worker awaits it, on the
+async stores) and the same consumer on the sync face (sync stores and SDKs); each called with
+what the worker hands it (a `ServiceBusReceivedMessage` built by the worker's own converter,
+before the profile starts) on services built as the host builds them (the hops benchmark's:
+real stores on the local servers, the outbox's Service Bus client a recording stand-in), N
+new orders and then each once more as a redelivery, on loopback. It prints both and their
+ratio.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import cProfile
 import logging
 import os
@@ -89,33 +93,55 @@ def report(stats: pstats.Stats, events: int, top: int, unit: str = "event") -> s
     return "\n".join(lines)
 
 
+#: The Service Bus paths `--orders` compares in one run: the registered `orders` function as
+#: deployed (`async def` on the async stores and SDKs), and the same consumer on the sync face
+#: (the sync stores and SDKs, as the function ran before it was made async).
+ORDER_PATHS = ("function", "sync")
+
+
 def profile_orders(environment: dict[str, str], backend: str, count: int,
-                   profiler: cProfile.Profile | None) -> tuple[int, float]:
+                   profiler: cProfile.Profile | None, *, path: str = "function"
+                   ) -> tuple[int, float]:
     """Deliveries made and their CPU seconds: `count` new orders, then each redelivered."""
     from benchmarks import hops
+    from domain.orders import OrderService
+    from shared import Idempotency, ServiceBusConsumer
     from simulator.host_inputs import RecordingActions
 
     for name, value in hops.app_settings().items():  # `function_app` validates these on import
         os.environ.setdefault(name, value)
     services = hops.build(hops.settings_env(environment, backend))
-    orders = hops.user_function("orders")
     ids = [f"ORD-{hops.unique()}" for _ in range(count)]
     deliveries = [hops.order_message(order_id, delivery_count, correlation_id="profile")
                   for delivery_count in (1, 2) for order_id in ids]
     actions = RecordingActions()
-    with hops.installed(services):
-        warm_up = hops.order_message(f"ORD-warm-{hops.unique()}", 1, correlation_id="profile")
-        orders(message=warm_up, message_actions=actions)
+    if path == "function":
+        function = hops.user_function("orders")
+
+        def deliver(message: Any) -> None:
+            runner.run(function(message=message, message_actions=actions))
+    else:
+        face = services.orders.consumer.idempotency
+        sync = OrderService(ServiceBusConsumer("orders", Idempotency(
+            services.stores["orders"], config=face.config, telemetry=face.telemetry,
+            dispatcher=services.dispatcher), sends_to=(services.settings.notifications_topic,)),
+            notifications_topic=services.settings.notifications_topic)
+
+        def deliver(message: Any) -> None:
+            sync.handle(message, actions)
+    with hops.installed(services), asyncio.Runner() as runner:
+        deliver(hops.order_message(f"ORD-warm-{hops.unique()}", 1, correlation_id="profile"))
         started = time.process_time()
         if profiler:
             profiler.enable()
         try:
             for delivery in deliveries:
-                orders(message=delivery, message_actions=actions)
+                deliver(delivery)
         finally:
             if profiler:
                 profiler.disable()
         cpu = time.process_time() - started
+        runner.run(services.aclose())
     settled = {action for action, *_ in actions.settled}
     if settled != {"complete"}:
         raise RuntimeError(f"orders were settled {sorted(settled)}, not only completed")
@@ -150,16 +176,21 @@ def main(argv: list[str] | None = None) -> int:
     rtt.check_probes = lambda _probes: None
     profiler = cProfile.Profile(time.process_time)  # CPU, not wall time spent waiting
     if args.orders:
+        cpu_per: dict[str, float] = {}
         with LocalStack() as stack:
-            deliveries, cpu = profile_orders(stack.environment(), args.backend, args.orders,
-                                             None if args.no_cprofile else profiler)
-        print(f"orders / {args.backend}: {deliveries} deliveries ({args.orders} new, "
-              f"{args.orders} redelivered), {cpu * 1000 / deliveries:.3f} ms CPU/delivery"
-              + ("" if args.no_cprofile else " (under cProfile)"))
-        if not args.no_cprofile:
-            print(report(pstats.Stats(profiler), deliveries, args.top, unit="delivery"))
-            if args.dump:
-                profiler.dump_stats(args.dump)
+            for path in ORDER_PATHS:
+                profiler = cProfile.Profile(time.process_time)
+                deliveries, cpu = profile_orders(stack.environment(), args.backend, args.orders,
+                                                 None if args.no_cprofile else profiler, path=path)
+                cpu_per[path] = cpu * 1000 / deliveries
+                print(f"orders ({path}) / {args.backend}: {deliveries} deliveries ({args.orders} "
+                      f"new, {args.orders} redelivered), {cpu_per[path]:.3f} ms CPU/delivery"
+                      + ("" if args.no_cprofile else " (under cProfile)"))
+                if not args.no_cprofile:
+                    print(report(pstats.Stats(profiler), deliveries, args.top, unit="delivery"))
+                    if args.dump:
+                        profiler.dump_stats(f"{args.dump}.{path}")
+        print(f"function / sync: {cpu_per['function'] / cpu_per['sync']:.2f}x CPU per delivery")
         return 0
     with LocalStack() as stack:
         endpoints = Endpoints(stack.table_connection_string, stack.cosmos_endpoint, COSMOS_LOCAL_KEY,

@@ -75,6 +75,7 @@ from shared import (
     OutcomeStatus,
     request_hash,
 )
+from shared.aio import InMemoryIdempotencyStore as AsyncInMemoryIdempotencyStore
 from shared.batch import BatchReport
 from shared.cache import CompletedKeyCache
 from shared.cloudevents import parse_cloudevent
@@ -111,6 +112,15 @@ class StoreSet:
 
         def store(role: str) -> IdempotencyStore:
             return self.sync.get(role) or spare.setdefault(role, InMemoryIdempotencyStore())
+
+        return store
+
+    def async_factory(self) -> Callable[[str], Any]:
+        """For `build_services(async_stores=...)`: the async roles here, the others in memory."""
+        spare: dict[str, Any] = {}
+
+        def store(role: str) -> Any:
+            return self.aio.get(role) or spare.setdefault(role, AsyncInMemoryIdempotencyStore())
 
         return store
 
@@ -701,8 +711,8 @@ class AppPath(SyncAppPath):
 
     def restart(self) -> None:
         self.services = build_services(
-            self.settings, stores=self.stores.factory(), async_stores=self.stores.aio.__getitem__,
-            dispatcher=AsyncCostedDispatcher(self.setup.tally, self.setup.rtt_ms))
+            self.settings, stores=self.stores.factory(), async_stores=self.stores.async_factory(),
+            async_dispatcher=AsyncCostedDispatcher(self.setup.tally, self.setup.rtt_ms))
 
     def _report(self, events: list[EventView], partition_id: str) -> BatchReport:
         assert self.stores.run is not None

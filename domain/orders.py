@@ -17,10 +17,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from shared import Transaction, aio
+from shared import ServiceBusConsumer, Transaction, aio
 from shared.keys import store_safe_id
 from shared.payload import InvalidPayloadError, exact_integer, parse_json_object
-from shared.settlement import Decision
 from shared.triggers import MessageView
 
 CONSUMER = "orders"
@@ -100,18 +99,22 @@ def order_accepted(order: Order) -> dict[str, Any]:
             "currency": order.currency, "total": order.total, "lineCount": len(order.lines)}
 
 
-class OrderService:
+class OrderService[C: (ServiceBusConsumer, aio.ServiceBusConsumer)]:
     """Persists each order once: the order document is the dedup marker (its id is the order
     id, in its own partition); its lines and an `OrderAccepted` to the notifications topic
     commit with it (the outbox). A copy finds the document: the same content is a duplicate,
-    other content under the same id is dead-lettered (and alerted)."""
+    other content under the same id is dead-lettered (and alerted).
 
-    def __init__(self, consumer: aio.ServiceBusConsumer, *, notifications_topic: str) -> None:
+    On either face: `handle` returns the consumer's Decision, awaitable on the async one
+    (the function's); the sync one serves tools and the profiler's comparison.
+    """
+
+    def __init__(self, consumer: C, *, notifications_topic: str) -> None:
         self.consumer = consumer
         self.notifications_topic = notifications_topic
 
-    async def handle(self, message: Any, actions: Any = None) -> Decision:
-        return await self.consumer.run_atomic(
+    def handle(self, message: Any, actions: Any = None):  # noqa: ANN201 - Decision, or awaitable on the async face
+        return self.consumer.run_atomic(
             message, actions, self.accept, parse=parse_order, content=Order.immutable_fields,
             partition=lambda order: order.document_id, document=Order.document)
 

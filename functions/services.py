@@ -267,7 +267,7 @@ class Services:
     settings: Settings
     stores: dict[str, IdempotencyStore]  # by role: the sync stores
     async_stores: dict[str, Any]  # by role: the async stores the functions run on
-    orders: OrderService
+    orders: OrderService[aio.ServiceBusConsumer]
     notify: NotificationService
     audit: NotificationService
     order_status: OrderStatusService

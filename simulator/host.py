@@ -545,7 +545,9 @@ class SimulatedHost:
         outcome = "unsettled"
         try:
             sent: SentMessage = delivery.message.sent
-            with INVOCATIONS.running(invocation_id, inv):
+            # Found by the registry on the worker's pool threads (sync functions), by the
+            # context (`invocation`) in an async function's tasks and threads.
+            with INVOCATIONS.running(invocation_id, inv), invocation(inv):
                 result = self.worker.invoke_service_bus(
                     fn.name, sent, lock_token=delivery.lock_token,
                     delivery_count=delivery.delivery_count,
