@@ -49,8 +49,8 @@ class BalanceChanged:
 
     @property
     def partition(self) -> str:
-        """The view's partition: one per account (its marker lives there too)."""
-        return view_partition(self.account_id)
+        """The view's partition (as text; stored escaped): one per account, its markers there."""
+        return f"balance-view|{self.account_id}"
 
 
 def parse_balance_changed(message: MessageView) -> BalanceChanged:
@@ -73,7 +73,7 @@ def parse_balance_changed(message: MessageView) -> BalanceChanged:
 
 
 def view_partition(account_id: str) -> str:
-    """The view's partition: one per account (its marker lives there too)."""
+    """The view's partition as stored: one per account (its markers live there too)."""
     return store_safe_id(f"balance-view|{account_id}")
 
 

@@ -52,8 +52,9 @@ class Order:
         return store_safe_id(self.order_id)
 
     def document(self) -> tuple[str, dict[str, Any]]:
-        """The order document, which is also the dedup marker (kept for good)."""
-        return self.document_id, {
+        """The order document, which is also the dedup marker (kept for good): its id is the
+        order id (stored escaped, as `document_id`)."""
+        return self.order_id, {
             "orderId": self.order_id, "customerId": self.customer_id, "currency": self.currency,
             "total": self.total, "lineCount": len(self.lines), "status": "accepted",
             "kind": "order"}
@@ -116,7 +117,7 @@ class OrderService[C: (ServiceBusConsumer, aio.ServiceBusConsumer)]:
     def handle(self, message: Any, actions: Any = None):  # noqa: ANN201 - Decision, or awaitable on the async face
         return self.consumer.run_atomic(
             message, actions, self.accept, parse=parse_order, content=Order.immutable_fields,
-            partition=lambda order: order.document_id, document=Order.document)
+            partition=lambda order: order.order_id, document=Order.document)
 
     def accept(self, tx: Transaction | aio.Transaction, order: Order) -> dict[str, Any]:
         """The order's lines and its notification, in the order document's transaction."""

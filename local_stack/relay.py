@@ -154,11 +154,14 @@ def _loop() -> asyncio.AbstractEventLoop:
 class Relay:
     """A relay in front of 127.0.0.1:`target_port`, as a context manager.
 
-    `delay_ms` is the one-way delay per chunk (added RTT = 2 x `delay_ms`).
+    `delay_ms` is the one-way delay per chunk (added RTT = 2 x `delay_ms`). `listen_port`
+    (default: a free one) lets a relay stopped to cut its clients off (a store outage) be
+    started again where they connect.
     """
 
     def __init__(self, target_port: int, *, delay_ms: float, target_host: str = "127.0.0.1",
-                 handshake: bool = True, process: bool = True, timeout: float = 10.0) -> None:
+                 handshake: bool = True, process: bool = True, timeout: float = 10.0,
+                 listen_port: int = 0) -> None:
         _check_loopback(target_host)
         if delay_ms < 0:
             raise ValueError("delay_ms must not be negative")
@@ -167,7 +170,7 @@ class Relay:
         self.handshake = handshake
         self.process = process
         self.timeout = timeout
-        self.port = 0
+        self.port = listen_port
         self._proc: subprocess.Popen[str] | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -187,7 +190,8 @@ class Relay:
 
     def _start_process(self) -> None:
         argv = [sys.executable, "-m", "local_stack.relay", "--target-port", str(self.target[1]),
-                "--target-host", self.target[0], "--delay-ms", str(self.delay_ms)]
+                "--target-host", self.target[0], "--delay-ms", str(self.delay_ms),
+                "--listen-port", str(self.port)]
         if not self.handshake:
             argv.append("--no-handshake")
         self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True,  # noqa: S603
@@ -215,7 +219,8 @@ class Relay:
             asyncio.set_event_loop(self._loop)
             self._loop.run_until_complete(serve(
                 self.target[1], delay=self.delay_ms / 1000, target_host=self.target[0],
-                handshake=self.handshake, started=started, port_box=box, stop=self._stop))
+                listen_port=self.port, handshake=self.handshake, started=started, port_box=box,
+                stop=self._stop))
 
         self._thread = threading.Thread(target=run, name="relay", daemon=True)
         self._thread.start()

@@ -93,8 +93,12 @@ def azurite_tables(port: int) -> ServerProcess:
     return ServerProcess("azurite-table", argv, port)
 
 
-def cosmos_server(port: int) -> ServerProcess:
+def cosmos_server(port: int, *, advertise_port: int | None = None) -> ServerProcess:
+    """The Cosmos server on `port`; with `advertise_port`, its account names that port as its
+    endpoint (a relay there then carries every request the SDK makes)."""
     argv = ["node", str(ROOT / "tools" / "cosmos-server" / "launch.js"), "--port", str(port)]
+    if advertise_port is not None:
+        argv += ["--advertise-port", str(advertise_port)]
     return ServerProcess("cosmos-server", argv, port)
 
 

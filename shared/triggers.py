@@ -67,7 +67,7 @@ from shared.exceptions import (
 )
 from shared.flow import Async, Flow, Sync, flowmethod
 from shared.idempotency import AsyncIdempotency, BaseIdempotency, Idempotency
-from shared.keys import DedupKey, request_hash
+from shared.keys import DedupKey, request_hash, store_safe_id
 from shared.observability import batch_span, message_span
 from shared.payload import InvalidPayloadError, parse_json_object
 from shared.records import Outcome, OutcomeStatus
@@ -303,9 +303,12 @@ class BaseServiceBusConsumer[L: BaseIdempotency[Any, Any]]:
                    document: Callable[[T], tuple[str, dict[str, Any]]] | None) -> Flow[Decision]:
         item = self._identify(view, parse, key, content)
         value = item.value
-        where = None if partition is None else _derive("partition", lambda: partition(value))
+        where = None if partition is None else \
+            _derive("partition", lambda: store_safe_id(partition(value)))
         marker_id, marker_body = (None, None) if document is None else \
             _derive("document", lambda: document(value))
+        if marker_id is not None:
+            marker_id = store_safe_id(marker_id)
         outcome: Outcome = yield from self._ledger().run_atomic.flow(
             item.key, item.request_hash, functools.partial(_build, build, value), partition=where,
             marker_id=marker_id, marker_body=marker_body, expires=document is None,
@@ -369,7 +372,8 @@ class ServiceBusConsumer(BaseServiceBusConsumer[Idempotency], Sync):
         """The atomic path: the marker and what `build(tx, item)` writes and sends commit in
         one transaction, in `partition(item)` (default: the key's own). With `document`, the
         marker is the business document `(id, body)` it returns, kept for good (an order
-        whose id is the order id)."""
+        whose id is the order id). The partition and that id may be any text: they are
+        stored escaped (`shared.keys.store_safe_id`), as keys are."""
         return self.process(message, actions, lambda view: self._atomic(
             view, build, parse, key, content, partition, document))
 

@@ -21,7 +21,13 @@
  * The server is also started with keep-alive on (it answers `Connection: close`
  * by default, which costs a TLS handshake per request).
  *
+ * `--advertise-port N` makes the account advertise port N as its endpoint (the
+ * SDK follows the advertised endpoint after its first request): a relay on N,
+ * in front of this server, then carries every request, so stopping the relay
+ * is a network outage the client meets.
+ *
  * Usage: node tools/cosmos-server/launch.js [--port 8081] [--host 127.0.0.1]
+ *                                           [--advertise-port N]
  */
 "use strict";
 
@@ -115,6 +121,7 @@ function parseArgs(argv) {
   for (let i = 0; i < argv.length; i += 1) {
     if (argv[i] === "--port" || argv[i] === "-p") args.port = parseInt(argv[(i += 1)], 10);
     else if (argv[i] === "--host") args.host = argv[(i += 1)];
+    else if (argv[i] === "--advertise-port") args.advertisePort = parseInt(argv[(i += 1)], 10);
   }
   return args;
 }
@@ -123,10 +130,16 @@ function main() {
   install();
   // Loaded only after the handlers are replaced, so its routes see the wrappers.
   const { createHttpsServer } = require("@vercel/cosmosdb-server");
-  const { port, host } = parseArgs(process.argv.slice(2));
+  const { port, host, advertisePort } = parseArgs(process.argv.slice(2));
   // Keep-alive: the default answers "Connection: close", a TLS handshake per request.
-  const server = createHttpsServer({ keepAlive: true }).listen(port, host, () => {
-    console.log(`Ready to accept HTTPS connections at ${host}:${server.address().port}`);
+  const server = createHttpsServer({ keepAlive: true });
+  const address = server.address.bind(server);
+  if (advertisePort) {
+    // The server builds its account from server.address() once it listens.
+    server.address = () => ({ ...address(), port: advertisePort });
+  }
+  server.listen(port, host, () => {
+    console.log(`Ready to accept HTTPS connections at ${host}:${address().port}`);
   });
   const stop = () => server.close(() => process.exit(0));
   process.on("SIGTERM", stop);
