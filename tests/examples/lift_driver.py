@@ -62,7 +62,7 @@ def main() -> None:
     app_dir, config = sys.argv[1], json.loads(sys.argv[2])
     import azure.servicebus.aio
 
-    azure.servicebus.aio.ServiceBusClient = RecordingServiceBusClient  # type: ignore[misc] - the outbox's broker
+    azure.servicebus.aio.ServiceBusClient = RecordingServiceBusClient  # the outbox's broker
     relay = Relay(config["target_port"], delay_ms=0, handshake=False, process=False,
                   listen_port=config["relay_port"]).start()
     host = WorkerHost.start(app_dir, config["settings"])
