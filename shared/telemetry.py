@@ -24,9 +24,9 @@ message rate:
   sent after their commit, and dispatch attempts that failed (by error type).
 * `outbox.oldest_pending_age` (gauge, s): the oldest outgoing message the
   sweeper found still pending (0 when none); the Bicep alert watches it.
-* `dedup.clock_skew` (histogram, s): this instance's clock minus the store's (positive:
+* `dedup.clock_skew` (gauge, s): this instance's clock minus the store's (positive:
   ahead), from the server time a record write answers anyway (Cosmos `_ts`, a Table
-  etag); one point per minute at most, by backend. Leases are judged on each instance's
+  etag); sampled once a minute at most, by backend. Leases are judged on each instance's
   own clock: above a fraction of the lease, a WARNING (`ClockSkewDetected`, at most one
   per 15 minutes) says so.
 
@@ -195,7 +195,7 @@ class Telemetry:
         self.mark_lag = meter.create_histogram(
             METRIC_MARK_LAG, unit="s",
             description="Age of the newest event of a batch when the Event Hubs mark advanced")
-        self.clock_skew_seconds = meter.create_histogram(
+        self.clock_skew_seconds = meter.create_gauge(  # a gauge: a skew can be negative
             METRIC_CLOCK_SKEW, unit="s",
             description="This instance's clock minus the store's at a record write (sampled)")
         self._skew_every = clock_skew_sample_seconds
@@ -329,7 +329,7 @@ class Telemetry:
         if now < self._next_skew_sample:
             return
         self._next_skew_sample = now + self._skew_every
-        self.clock_skew_seconds.record(skew, {"backend": backend})
+        self.clock_skew_seconds.set(skew, {"backend": backend})
         if abs(skew) <= threshold or now < self._next_skew_warning:
             return
         self._next_skew_warning = now + self._skew_warn_every
