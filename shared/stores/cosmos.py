@@ -73,6 +73,11 @@ class CosmosMapping:
     def container(self) -> Any:
         return self._container
 
+    @property
+    def partition_key_field(self) -> str:
+        """The property the container is partitioned on (`/pk` -> "pk")."""
+        return self._pk_field
+
     def _record_document(self, record: IdempotencyRecord,
                          body: dict[str, Any] | None = None) -> dict[str, Any]:
         document = record_fields(record, chunk_chars=PENDING_CHUNK_CHARS)  # a new dict: ours
