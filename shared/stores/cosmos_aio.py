@@ -89,12 +89,14 @@ class AsyncCosmosIdempotencyStore(CosmosMapping, AsyncDocumentStore):
                 if self._cosmos is not None and not self._entered:
                     await async_store_call(BACKEND, self._cosmos.__aenter__)
                     self._entered = True
-                connection: Any = self._container.client_connection
-                account = cached_account(connection)
-                if account is None:  # a caller's client not entered yet: one account read
-                    account = await async_store_call(BACKEND, connection.GetDatabaseAccount)
-                check_write_regions(account, endpoint=str(getattr(connection, "url_connection", "")),
-                                    accept=self._accept_multi_region)
+                connection: Any = getattr(self._container, "client_connection", None)
+                if connection is not None:  # None: not an SDK container (a test's stand-in)
+                    account = cached_account(connection)
+                    if account is None:  # a caller's client not entered yet: one account read
+                        account = await async_store_call(BACKEND, connection.GetDatabaseAccount)
+                    check_write_regions(account,
+                                        endpoint=str(getattr(connection, "url_connection", "")),
+                                        accept=self._accept_multi_region)
                 self._initialized = True
 
     async def _send[T](self, request: Request[T]) -> T:
