@@ -151,6 +151,8 @@ class RealAsyncStores:
                 database=settings.cosmos_database, container=role,
                 partition_key_path=COSMOS_CONTAINERS[role],
                 connection_verify=settings.cosmos_verify_tls,
+                accept_duplicates_across_write_regions=(
+                    settings.cosmos_accept_duplicates_across_write_regions),
                 **{**transport, **self.budget.cosmos_options(), **self.client_options})
         options = {**transport, **self.budget.table_options(), **self.client_options}
         codec = settings.table_batch_codec
@@ -249,7 +251,9 @@ def real_stores(settings: Settings, *, budget: RetryBudget = RETRY_BUDGET,
         if role not in built:
             if database is not None and role in COSMOS_CONTAINERS:
                 built[role] = CosmosIdempotencyStore.from_container(
-                    database.get_container_client(role), COSMOS_CONTAINERS[role])
+                    database.get_container_client(role), COSMOS_CONTAINERS[role],
+                    accept_duplicates_across_write_regions=(
+                        settings.cosmos_accept_duplicates_across_write_regions))
             else:
                 built[role] = TableIdempotencyStore.from_table_client(
                     table_service.get_table_client(TABLE_FOR[role]),

@@ -40,6 +40,7 @@ APP_SETTINGS = (
     "COSMOS_ENDPOINT",
     "COSMOS_KEY",
     "COSMOS_DATABASE",
+    "COSMOS_ACCEPT_DUPLICATES_ACROSS_WRITE_REGIONS",
     "TABLE_ENDPOINT",
     "TABLE_CONNECTION_STRING",
     "TABLE_BATCH_CODEC",
@@ -177,6 +178,9 @@ class Settings:
     # always counted by cause in the dedup.messages metric.
     log_duplicates: bool = False
     trace_sampling_ratio: float = DEFAULT_SAMPLING_RATIO  # share of traces exported (TRACE_SAMPLING_RATIO)
+    # Run on a Cosmos account with several write regions, where a message can take effect once
+    # per region (the stores refuse such an account otherwise; see shared.stores.cosmos).
+    cosmos_accept_duplicates_across_write_regions: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -256,6 +260,8 @@ class Settings:
             http_caller_header=caller_header,
             log_duplicates=_bool(env, "DEDUP_LOG_DUPLICATES", False),
             trace_sampling_ratio=_ratio(env),
+            cosmos_accept_duplicates_across_write_regions=_bool(
+                env, "COSMOS_ACCEPT_DUPLICATES_ACROSS_WRITE_REGIONS", False),
         )
         settings.idempotency_config()  # the retention rule is a startup error
         settings.check_outbox_window()

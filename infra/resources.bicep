@@ -359,6 +359,9 @@ var appSettings = {
   DEDUP_BACKEND: dedupBackend
   COSMOS_ENDPOINT: cosmos.outputs.endpoint
   COSMOS_DATABASE: cosmosDatabaseName
+  // The account core/cosmos.bicep creates has one write region (enableMultipleWriteLocations:
+  // false), so the app never needs to accept duplicates across write regions there.
+  COSMOS_ACCEPT_DUPLICATES_ACROSS_WRITE_REGIONS: 'false'
   TABLE_ENDPOINT: storage.outputs.tableEndpoint
   TABLE_BATCH_CODEC: tableBatchCodec
   NOTIFICATION_API_URL: notificationApiUrl

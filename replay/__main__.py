@@ -8,6 +8,7 @@
     python -m replay discard dlq:orders/43 --note "duplicate order, refunded by hand"
     python -m replay outbox [--older-than 10m]            # outgoing messages still pending
     python -m replay outbox --dispatch [--dry-run]        # dispatch them (same message ids)
+    python -m replay reused-keys [--consumer payments]    # one key in two partitions (full read)
 
 The app's settings come from the environment (as the function app reads them)
 or from a local.settings.json (`--settings`). Azure: the stores with
@@ -28,12 +29,13 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Mapping
+from datetime import UTC, datetime
 
 from functions.services import build_services
 from functions.settings import Settings, SettingsError
 from replay.deadletters import ServiceBusDeadLetters
 from replay.render import counts_text, items_text, progress_line, results_text, show_text
-from replay.stores import document_lister
+from replay.stores import ReuseScan, document_lister
 from replay.tool import (
     Filters,
     Options,
@@ -42,6 +44,7 @@ from replay.tool import (
     Result,
     app_entities,
     pending_outgoing,
+    reused_keys,
 )
 from shared.parking import ParkingLot
 
@@ -114,6 +117,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     outbox.add_argument("--dispatch", action="store_true",
                         help="dispatch and record them (their ids are the recorded ones)")
     outbox.add_argument("--dry-run", action="store_true", help="with --dispatch: change nothing")
+    reused = commands.add_parser(
+        "reused-keys", parents=[common],
+        help="dedup keys recorded in more than one partition (a producer that reused an id for "
+             "another account or order: both were applied); reads every record once")
+    reused.add_argument("--consumer", help="only this consumer's records (e.g. payments)")
     discard = commands.add_parser("discard", parents=[common], help="close an item with a note")
     discard.add_argument("id")
     discard.add_argument("--note", required=True, help="why (kept on the entry)")
@@ -184,6 +192,8 @@ def build_tool(args: argparse.Namespace, env: Mapping[str, str]) -> ReplayTool:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.command == "reused-keys":
+        args.no_servicebus = True  # the stores only
     try:
         tool = build_tool(args, app_settings(args.settings))
     except SettingsError as error:
@@ -201,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(tool: ReplayTool, args: argparse.Namespace) -> int:
-    """One command on a built tool; prints text or JSON; exit 0, or 1 when a replay failed."""
+    """One command on a built tool; prints text or JSON; exit 0, or 1 when a replay failed (or
+    `reused-keys` found a key in more than one partition)."""
     now = tool.now()
     if args.command == "list":
         filters = Filters(consumer=args.consumer, reason=args.reason, source=args.source,
@@ -222,6 +233,9 @@ def run(tool: ReplayTool, args: argparse.Namespace) -> int:
                       f"{ids}{'  ' + p.detail if p.detail else ''}")
             print(f"{len(pending)} marker(s) with pending outgoing messages")
         return 1 if any(p.status == "failed" for p in pending) else 0
+    if args.command == "reused-keys":
+        return print_reused_keys(reused_keys(tool.services, consumer=args.consumer),
+                                 as_json=args.json)
     if args.command == "show":
         item, facts = tool.show(args.id)
         print(json.dumps({**item.to_json(now, full=True), "facts": facts}, indent=2, default=str)
@@ -249,6 +263,32 @@ def run(tool: ReplayTool, args: argparse.Namespace) -> int:
         print(json.dumps([r.to_json() for r in results], indent=2) if args.json
               else results_text(results))
     return 1 if any(r.status == "failed" for r in results) else 0
+
+
+def print_reused_keys(scans: list[ReuseScan], *, as_json: bool) -> int:
+    """Each store's cost, then each key found in several partitions; exit 1 when any was."""
+    found = sum(len(scan.reused) for scan in scans)
+    if as_json:
+        print(json.dumps([{"store": scan.store, "records": scan.records, "requests": scan.requests,
+                           "requestUnits": scan.request_units,
+                           "reused": [{"consumer": r.consumer, "key": r.key,
+                                       "partitions": [{"partition": p, "createdAt": _iso(c)}
+                                                      for p, c in r.partitions]}
+                                      for r in scan.reused]} for scan in scans], indent=2))
+        return 1 if found else 0
+    for scan in scans:
+        print(f"{scan.store}: {scan.cost}")
+        for reused in scan.reused:
+            where = ", ".join(f"{partition} (created {_iso(created)})"
+                              for partition, created in reused.partitions)
+            print(f"  {reused.consumer} key {reused.key!r} in {len(reused.partitions)} "
+                  f"partitions: {where}")
+    print(f"{found} key(s) recorded in more than one partition")
+    return 1 if found else 0
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
 
 
 if __name__ == "__main__":

@@ -1,14 +1,23 @@
-"""Listing the parking lot: the one query the store interfaces leave to each backend.
+"""The queries the store interfaces leave to each backend: listing the parking lot, and
+finding one dedup key in several partitions.
 
 `shared.parking.ParkingLot.entries` takes a lister (documents of one partition,
 or of all); this module builds one for the app's parked store, which is a
 Table in every deployment (`functions.settings.TABLE_FOR`) and may be a Cosmos
 container in tests. Reads only; errors translated as every store call is.
+
+`scan_reused_keys` reads every record of a store once (Cosmos: one cross-partition query of
+its records; Table: a full scan, the only way to filter on a property that is not a key)
+and reports each (consumer, key) recorded in more than one partition: a producer that reused
+an id for another business entity (a payment event id for another account), which the
+per-partition markers cannot refuse. Its cost is counted as it runs: requests, and for Cosmos
+the request units the service charged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from azure.data.tables import EntityProperty
@@ -71,3 +80,110 @@ def document_lister(store: IdempotencyStore) -> EntryLister:
 
         return cosmos
     raise TypeError(f"cannot list the documents of a {type(inner).__name__}")
+
+
+@dataclass(frozen=True)
+class ReusedKey:
+    """One dedup key recorded in more than one partition: the partitions, with when each
+    record was created (epoch seconds), in the order the scan met them."""
+
+    consumer: str
+    key: str
+    partitions: tuple[tuple[str, float], ...]
+
+
+@dataclass
+class ReuseScan:
+    """What scanning one store found, and what it cost."""
+
+    store: str  # "Cosmos DB container <id>" / "Table Storage table <name>"
+    records: int = 0
+    requests: int = 0  # query pages (Cosmos: plus the partition-key-range reads)
+    request_units: float | None = None  # Cosmos: the charge the service billed
+    reused: list[ReusedKey] = field(default_factory=list[ReusedKey])
+
+    @property
+    def cost(self) -> str:
+        if self.request_units is not None:
+            return (f"{self.records} record(s) read by a cross-partition query: "
+                    f"{self.requests} request(s), {self.request_units:.2f} RU")
+        return (f"{self.records} record(s) returned by a full table scan: {self.requests} "
+                "request(s) of up to 1,000 entities each")
+
+
+class _Partitions:
+    """Each (consumer, key) seen once, with its first partition; those seen in another
+    partition too, with all of theirs. Memory grows with the number of distinct keys."""
+
+    def __init__(self) -> None:
+        self.first: dict[tuple[str, str], tuple[str, float]] = {}
+        self.more: dict[tuple[str, str], dict[str, float]] = {}
+
+    def add(self, consumer: str, key: str, partition: str, created: float) -> None:
+        name = (consumer, key)
+        first = self.first.setdefault(name, (partition, created))
+        if first[0] != partition:
+            self.more.setdefault(name, {first[0]: first[1]})[partition] = created
+
+    def reused(self) -> list[ReusedKey]:
+        return [ReusedKey(consumer, key, tuple(partitions.items()))
+                for (consumer, key), partitions in sorted(self.more.items())]
+
+
+def store_scope(store: IdempotencyStore) -> str:
+    """What a store reads: stores of one table or container (several roles) share it."""
+    inner = _unwrap(store)
+    if isinstance(inner, TableIdempotencyStore):
+        return inner.sweep_scope
+    if isinstance(inner, CosmosIdempotencyStore):
+        return str(inner.container.container_link)
+    return f"{type(inner).__name__}@{id(inner)}"
+
+
+def scan_reused_keys(store: IdempotencyStore, *, consumer: str | None = None) -> ReuseScan:
+    """Every (consumer, key) with records in more than one partition of `store` (optionally one
+    consumer's), with what reading them cost; TypeError for a store that is neither Table nor
+    Cosmos."""
+    inner = _unwrap(store)
+    seen = _Partitions()
+    if isinstance(inner, TableIdempotencyStore):
+        client = inner.client
+        scan = ReuseScan(f"Table Storage table {client.table_name}")
+        query = "idemState ne ''" + (" and idemConsumer eq @consumer" if consumer else "")
+        pages = client.query_entities(
+            query, parameters={"consumer": consumer} if consumer else None,
+            select=["PartitionKey", "idemConsumer", "idemKey", "idemCreatedAt"]).by_page()
+        for page in _drain("Table Storage", pages):
+            scan.requests += 1
+            for entity in page:
+                if "idemKey" in entity and "idemConsumer" in entity:
+                    scan.records += 1
+                    seen.add(entity["idemConsumer"], entity["idemKey"], entity["PartitionKey"],
+                             float(entity.get("idemCreatedAt") or 0.0))
+        scan.reused = seen.reused()
+        return scan
+    if isinstance(inner, CosmosIdempotencyStore):
+        container = inner.container
+        scan = ReuseScan(f"Cosmos DB container {container.id}", request_units=0.0)
+
+        def charged(pipeline_response: Any) -> None:
+            scan.requests += 1
+            charge = pipeline_response.http_response.headers.get("x-ms-request-charge")
+            scan.request_units = (scan.request_units or 0.0) + float(charge or 0.0)
+
+        # The sweep's query: it filters on the one indexed record field only (the containers
+        # index nothing else, infra/core/cosmos.bicep); the rest is read from the documents.
+        pages = container.query_items("SELECT * FROM c WHERE IS_DEFINED(c.idemState)",
+                                      enable_cross_partition_query=True,
+                                      raw_response_hook=charged)
+        field_name = inner.partition_key_field
+        for item in _drain("Cosmos DB", pages):
+            if "idemKey" not in item or "idemConsumer" not in item:
+                continue
+            scan.records += 1
+            if consumer is None or item["idemConsumer"] == consumer:
+                seen.add(item["idemConsumer"], item["idemKey"], str(item.get(field_name)),
+                         float(item.get("idemCreatedAt") or 0.0))
+        scan.reused = seen.reused()
+        return scan
+    raise TypeError(f"cannot scan the records of a {type(inner).__name__}")

@@ -39,6 +39,7 @@ from replay.deadletters import (
     NotInDeadLetterQueueError,
     ResubmitDroppedError,
 )
+from replay.stores import ReuseScan, scan_reused_keys, store_scope
 from shared import DedupKey, IdempotencyError, OutcomeStatus
 from shared.cloudevents import InvalidEventError, parse_cloudevent
 from shared.exceptions import InvalidKeyError
@@ -698,3 +699,14 @@ def pending_outgoing(services: Services, *, older_than: float, now: float, dispa
                     entry.status, entry.detail = "failed", str(error)
             found.append(entry)
     return found
+
+
+def reused_keys(services: Services, *, consumer: str | None = None) -> list[ReuseScan]:
+    """Each dedup key the app recorded in more than one partition, store by store: every table
+    or container of the app's records read once (the parking lot holds none)."""
+    scans: dict[str, ReuseScan] = {}
+    for role, store in services.stores.items():
+        scope = store_scope(store)
+        if role != "parked" and scope not in scans:
+            scans[scope] = scan_reused_keys(store, consumer=consumer)
+    return list(scans.values())

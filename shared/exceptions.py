@@ -214,3 +214,14 @@ class DispatchRejectedError(IdempotencyError):
     def __init__(self, message: str, *, error: BaseException | None = None) -> None:
         super().__init__(message)
         self.error = error
+
+
+class MultiRegionWritesError(ConfigurationError):
+    """The Cosmos DB account accepts writes in more than one region, so no single region
+    arbitrates a key: two regions can each accept a copy's marker, and last-writer-wins
+    resolves the conflict only after both effects ran. Raised when a store is built (async:
+    on its first request); the message names the setting and the fix."""
+
+    def __init__(self, message: str, *, regions: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.regions = regions

@@ -83,6 +83,15 @@ from shared.telemetry import Telemetry
 logger = logging.getLogger(__name__)
 Context = Mapping[str, Any]
 
+#: A held lease is renewed every 1/LEASE_RENEWALS of its length while the handler runs.
+LEASE_RENEWALS = 3
+#: Leases are judged on each instance's clock. A renewal lands every lease/3, so the expiry
+#: another instance reads is at least 2/3 of a lease ahead of the holder's clock: two clocks may
+#: differ by less than 2/3 of the lease (minus a renewal's round trip), i.e. each may be off the
+#: store's by less than 1/3. `dedup.clock_skew` warns at half that, 1/6 of the lease, while the
+#: pair still has room for the renewal latency and the 1-second resolution of Cosmos's `_ts`.
+CLOCK_SKEW_WARNING_FRACTION = 1 / 6
+
 
 @dataclass(frozen=True)
 class GroupMessage:
@@ -130,6 +139,14 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D]:
     # -- helpers -------------------------------------------------------------------
     def _now(self) -> float:
         return self.config.clock()
+
+    def _clock_seen(self, written: IdempotencyRecord) -> None:
+        """Compare this instance's clock (the record's `updated_at`) with the store's, where the
+        write answered it (`server_time`); telemetry samples it. No request, a subtraction."""
+        if written.server_time is not None:
+            self.telemetry.clock_skew(
+                written.updated_at - written.server_time, backend=self.store.name,
+                threshold=self.config.lease.total_seconds() * CLOCK_SKEW_WARNING_FRACTION)
 
     def _new_record(self, key: DedupKey, request_hash: str, state: RecordState, *,
                     partition: str | None = None, record_id: str | None = None,
@@ -258,6 +275,7 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D]:
         def attempt() -> Flow[tuple[Outcome, IdempotencyRecord | None]]:
             try:
                 held: IdempotencyRecord = yield PutRecordIfAbsent(fresh)
+                self._clock_seen(held)
                 return Outcome(OutcomeStatus.PROCESSED, key, request_hash, None, held), held
             except RecordExistsError:
                 pass
@@ -281,6 +299,7 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D]:
                 lease_expires_at=now + self.config.lease.total_seconds(),
                 expires_at=now + self.config.ttl.total_seconds())
             held = yield ReplaceRecordIfUnchanged(taken)  # a lost race: look again
+            self._clock_seen(held)
             status = OutcomeStatus.TAKEN_OVER if stale else OutcomeStatus.PROCESSED
             return Outcome(status, key, request_hash, None, held), held
 
@@ -303,6 +322,7 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D]:
                            updated_at=self._now())
         try:
             done = yield ReplaceRecordIfUnchanged(done)
+            self._clock_seen(done)
         except RecordChangedError as error:
             current = yield GetRecord(held.partition_key, held.id)
             raise LeaseLostError(f"lease on {held.key.encoded} lost before completion",
@@ -315,8 +335,10 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D]:
     def renew(self, held: IdempotencyRecord) -> Flow[IdempotencyRecord]:
         """Extend a held lease (etag-conditional); RecordChangedError when it was lost."""
         now = self._now()
-        return (yield ReplaceRecordIfUnchanged(held.evolve(
-            lease_expires_at=now + self.config.lease.total_seconds(), updated_at=now)))
+        renewed: IdempotencyRecord = yield ReplaceRecordIfUnchanged(held.evolve(
+            lease_expires_at=now + self.config.lease.total_seconds(), updated_at=now))
+        self._clock_seen(renewed)
+        return renewed
 
     @flowmethod
     def release(self, held: IdempotencyRecord) -> Flow[None]:
@@ -350,7 +372,7 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D]:
         config = self.config
         ran: HandlerRun = yield RunHandler(
             handler, held, lambda record: self.renew.flow(record),
-            every=config.lease.total_seconds() / 3,
+            every=config.lease.total_seconds() / LEASE_RENEWALS,
             until=config.clock() + config.max_lease_renewal.total_seconds(), clock=config.clock)
         if isinstance(ran.error, EffectUncertainError):
             ran.error.record = ran.held  # kept in progress: reconciled, never retried blindly
@@ -413,6 +435,7 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D]:
                 committed: Committed = yield Commit(
                     marker.evolve(result=built.value, outbox=tuple(built.writes.outgoing)),
                     built.writes, marker_body)
+                self._clock_seen(committed.markers[0])
                 return Outcome(OutcomeStatus.PROCESSED, key, request_hash, built.value,
                                committed.markers[0])
             except (RecordExistsError, RecordChangedError):
@@ -507,6 +530,7 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D]:
                 lost_race(-1)
                 continue
             first = committed.markers[0]
+            self._clock_seen(first)
             if position is None:
                 first = yield from self.dispatch_pending.flow(first)
             for index, marker, result in zip(chunk, (first, *committed.markers[1:]), results,

@@ -53,6 +53,10 @@ class IdempotencyRecord:
     # pending while the partition's mark does not cover it (the mark records the dispatch);
     # None: pending until recorded as dispatched (`outboxPendingSince`, the sweeper's).
     outbox_position: EventPosition | None = None
+    # The store's clock when it wrote this record, where its answer tells it for free (Cosmos
+    # `_ts`, the time in a Table etag); None otherwise. Never stored: the flow compares it with
+    # `updated_at`, this instance's clock, to notice clock skew (leases are judged locally).
+    server_time: float | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         # request_hash() answers a str subclass that can also judge a previous-form hash; a

@@ -24,6 +24,11 @@ message rate:
   sent after their commit, and dispatch attempts that failed (by error type).
 * `outbox.oldest_pending_age` (gauge, s): the oldest outgoing message the
   sweeper found still pending (0 when none); the Bicep alert watches it.
+* `dedup.clock_skew` (gauge, s): this instance's clock minus the store's (positive:
+  ahead), from the server time a record write answers anyway (Cosmos `_ts`, a Table
+  etag); sampled once a minute at most, by backend. Leases are judged on each instance's
+  own clock: above a fraction of the lease, a WARNING (`ClockSkewDetected`, at most one
+  per 15 minutes) says so.
 
 Log records, with the dedup key and the message and correlation ids as fields
 (`extra`, customDimensions in Application Insights), are written only where
@@ -52,6 +57,7 @@ Insights via azure-monitor-opentelemetry when its connection string is set).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -92,6 +98,12 @@ EVENT_DISPATCH_FAILED = "OutboxDispatchFailed"
 EVENT_OUTBOX_SWEEP = "OutboxSweep"
 METRIC_SEQUENCE_RESET = "dedup.eventhubs.sequence_reset"
 METRIC_MARK_LAG = "dedup.eventhubs.mark_lag"
+METRIC_CLOCK_SKEW = "dedup.clock_skew"
+EVENT_CLOCK_SKEW = "ClockSkewDetected"
+#: At most one `dedup.clock_skew` point per this many seconds (per Telemetry), so the per-write
+#: cost is one clock read and a comparison; and at most one WARNING per `..._WARNING_SECONDS`.
+CLOCK_SKEW_SAMPLE_SECONDS = 60.0
+CLOCK_SKEW_WARNING_SECONDS = 900.0
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +160,9 @@ class Telemetry:
 
     def __init__(self, meter_name: str = "idempotent-consumer", *,
                  meter_provider: metrics.MeterProvider | None = None,
-                 log_duplicates: bool = False) -> None:
+                 log_duplicates: bool = False,
+                 clock_skew_sample_seconds: float = CLOCK_SKEW_SAMPLE_SECONDS,
+                 clock_skew_warning_seconds: float = CLOCK_SKEW_WARNING_SECONDS) -> None:
         meter = (meter_provider.get_meter(meter_name) if meter_provider is not None
                  else metrics.get_meter(meter_name))
         self.log_duplicates = log_duplicates
@@ -181,6 +195,13 @@ class Telemetry:
         self.mark_lag = meter.create_histogram(
             METRIC_MARK_LAG, unit="s",
             description="Age of the newest event of a batch when the Event Hubs mark advanced")
+        self.clock_skew_seconds = meter.create_gauge(  # a gauge: a skew can be negative
+            METRIC_CLOCK_SKEW, unit="s",
+            description="This instance's clock minus the store's at a record write (sampled)")
+        self._skew_every = clock_skew_sample_seconds
+        self._skew_warn_every = clock_skew_warning_seconds
+        self._next_skew_sample = 0.0  # time.monotonic() values
+        self._next_skew_warning = 0.0
 
     def outcome(self, outcome: Outcome, *, latency: float, backend: str, source: str = "store",
                 context: Mapping[str, Any] | None = None) -> None:
@@ -298,6 +319,31 @@ class Telemetry:
     def mark_lagging(self, seconds: float, *, consumer: str, partition_id: str) -> None:
         """How old the newest event of a batch was when the mark advanced past it."""
         self.mark_lag.record(max(0.0, seconds), {"consumer": consumer, "partition": partition_id})
+
+    def clock_skew(self, skew: float, *, backend: str, threshold: float) -> None:
+        """This instance's clock minus the store's (seconds, positive: ahead), seen at a
+        record write. Sampled: a point at most every `clock_skew_sample_seconds`, so calling
+        it on every write costs a clock read; a WARNING when beyond `threshold` either way,
+        at most every `clock_skew_warning_seconds`."""
+        now = time.monotonic()
+        if now < self._next_skew_sample:
+            return
+        self._next_skew_sample = now + self._skew_every
+        self.clock_skew_seconds.set(skew, {"backend": backend})
+        if abs(skew) <= threshold or now < self._next_skew_warning:
+            return
+        self._next_skew_warning = now + self._skew_warn_every
+        direction, risk = (("ahead of", "it may take over another instance's live lease")
+                           if skew > 0 else
+                           ("behind", "the leases it writes end early for the other instances, "
+                            "which may take them over while it still works"))
+        logger.warning("%s backend=%s skew=%.1fs threshold=%.1fs: this instance's clock is %.1f s "
+                       "%s the store's; leases are judged on each instance's own clock, so %s. "
+                       "Synchronise its clock (NTP)", EVENT_CLOCK_SKEW, backend, skew, threshold,
+                       abs(skew), direction, risk,
+                       extra=_safe_extra({"event": EVENT_CLOCK_SKEW, "backend": backend,
+                                          "clock_skew_s": round(skew, 3),
+                                          "threshold_s": round(threshold, 3)}))
 
     def batch(self, *, consumer: str, partition_id: str, counts: Mapping[str, int],
               first_sequence: int | None, last_sequence: int | None, duration: float,

@@ -6,10 +6,16 @@ after it, all in the marker's logical partition: all commit or none do, and a
 409 at index 0 identifies the duplicate. Markers carry a native `ttl`
 (container default TTL -1 turns per-item TTL on) and an `idemExpiresAt` that
 every read checks, since expiry runs in the background.
+
+A store refuses an account with more than one write region (`check_write_regions`):
+the conditional create is then arbitrated per region, so two regions can each accept a
+copy's marker. It reads what the SDK client already read when it was set up (the sync
+client in its constructor, the async one in `__aenter__`): no request of its own.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Self
@@ -18,7 +24,7 @@ from azure.core import MatchConditions
 from azure.cosmos import ContainerProxy, CosmosClient
 from azure.cosmos.exceptions import CosmosBatchOperationError
 
-from shared.exceptions import RecordExistsError
+from shared.exceptions import MultiRegionWritesError, RecordExistsError
 from shared.outbox import PENDING_COUNT, PENDING_SINCE
 from shared.records import IdempotencyRecord, RecordState
 from shared.stores.base import (
@@ -36,6 +42,12 @@ from shared.stores.base import (
 from shared.stores.codec import check_flat, is_record, pending_names, record_fields, record_from_fields
 
 BACKEND = "Cosmos DB"
+#: The WARNING record of a store that runs, by the caller's choice, on an account with several
+#: write regions.
+EVENT_MULTI_REGION_WRITES = "CosmosMultiRegionWrites"
+#: The keyword (of every Cosmos store's constructor) that accepts such an account.
+ACCEPT_MULTI_REGION = "accept_duplicates_across_write_regions"
+logger = logging.getLogger(__name__)
 _SYSTEM = ("_rid", "_self", "_etag", "_attachments", "_ts", "ttl")
 IF_UNCHANGED = MatchConditions.IfNotModified
 # Cosmos DB keeps a key's pending messages in one string property (no 64 KiB property limit as
@@ -60,6 +72,11 @@ class CosmosMapping:
     @property
     def container(self) -> Any:
         return self._container
+
+    @property
+    def partition_key_field(self) -> str:
+        """The property the container is partitioned on (`/pk` -> "pk")."""
+        return self._pk_field
 
     def _record_document(self, record: IdempotencyRecord,
                          body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -117,7 +134,8 @@ class CosmosMapping:
         etags = [_etag_in(result) for result in results]
         if written is not None:
             written += written_documents(marker.partition_key, operations, etags[1:])
-        return marker.evolve(etag=etags[0])
+        first: dict[str, Any] = results[0].get("resourceBody") or {}
+        return marker.evolve(etag=etags[0], server_time=server_time(first))
 
     @staticmethod
     def _dispatched_patch(marker: IdempotencyRecord) -> list[dict[str, Any]]:
@@ -143,20 +161,22 @@ class CosmosMapping:
 
     def _put_record_if_absent(self, record: IdempotencyRecord) -> Request[IdempotencyRecord]:
         return Request(lambda container: container.create_item(self._record_document(record)),
-                       lambda created: record.evolve(etag=created.get("_etag")),
+                       lambda created: record.evolve(etag=created.get("_etag"),
+                                                     server_time=server_time(created)),
                        on_status={409: lambda: RecordExistsError(record.id)})
 
     def _replace_record_if_unchanged(self, record: IdempotencyRecord) -> Request[IdempotencyRecord]:
         return Request(lambda container: container.replace_item(
             record.id, self._record_document(record), etag=record.etag,
-            match_condition=IF_UNCHANGED), lambda replaced: record.evolve(etag=replaced.get("_etag")),
+            match_condition=IF_UNCHANGED), lambda replaced: record.evolve(
+                etag=replaced.get("_etag"), server_time=server_time(replaced)),
             on_status=changed_statuses(record.id))
 
     def _record_dispatched(self, marker: IdempotencyRecord) -> Request[IdempotencyRecord]:
         return Request(lambda container: container.patch_item(
             marker.id, marker.partition_key, self._dispatched_patch(marker), etag=marker.etag,
             match_condition=IF_UNCHANGED),
-            lambda patched: marker.evolve(etag=patched.get("_etag"), outbox=()),
+            lambda patched: marker.evolve(etag=patched.get("_etag"), outbox=(), server_time=None),
             on_status=changed_statuses(marker.id))
 
     def _delete_record_if_unchanged(self, record: IdempotencyRecord) -> Request[None]:
@@ -181,6 +201,61 @@ class CosmosMapping:
         return _batch(marker.partition_key, self._commit_batch(marker, operations, marker_body),
                       marker.id, lambda results: self._committed(marker, operations, results,
                                                                  written))
+
+
+def cached_account(connection: Any) -> Any | None:
+    """The account properties (`azure.cosmos.DatabaseAccount`) an SDK client connection read
+    when it was set up and keeps for endpoint discovery, or None when it has none (an async
+    client not entered yet, or an SDK that keeps them elsewhere)."""
+    manager = getattr(connection, "_global_endpoint_manager", None)
+    return getattr(manager, "_database_account_cache", None)
+
+
+def write_regions(account: Any) -> tuple[bool, tuple[str, ...]]:
+    """(enableMultipleWriteLocations, the names of the writable locations) of an account."""
+    # azure-cosmos 4.x reads `enableMultipleWriteLocations` into a private attribute only.
+    multiple = bool(getattr(account, "_EnableMultipleWritableLocations", False))
+    locations: list[dict[str, Any]] = list(getattr(account, "WritableLocations", None) or [])
+    return multiple, tuple(str(location.get("name", "?")) for location in locations)
+
+
+def check_write_regions(account: Any, *, endpoint: str, accept: bool) -> None:
+    """Refuse an account that accepts writes in more than one region (MultiRegionWritesError),
+    unless the caller accepted it (`accept`): then one WARNING record says what that costs.
+
+    The flag alone refuses too: on such an account, adding a region makes it multi-write
+    without a restart of this process, so a single region today is no guarantee.
+    """
+    multiple, regions = write_regions(account)
+    if not multiple and len(regions) <= 1:
+        return
+    where = f"{len(regions)} region(s): {', '.join(regions)}" if regions else "several regions"
+    risk = ("each write region arbitrates a conditional create on its own, so two regions can "
+            "each accept a copy's dedup marker; last-writer-wins resolves the conflict after "
+            "both effects ran")
+    if accept:
+        logger.warning("%s endpoint=%s regions=%s: %s (accepted with %s=True)",
+                       EVENT_MULTI_REGION_WRITES, endpoint, ",".join(regions), risk,
+                       ACCEPT_MULTI_REGION,
+                       extra={"event": EVENT_MULTI_REGION_WRITES, "endpoint": endpoint,
+                              "write_regions": ",".join(regions)})
+        return
+    raise MultiRegionWritesError(
+        f"The Cosmos DB account at {endpoint} accepts writes in {where} "
+        f"(enableMultipleWriteLocations={str(multiple).lower()}): {risk}. Keep the dedup "
+        "containers in an account with a single write region: set enableMultipleWriteLocations "
+        "to false on this account (Bicep/ARM property; `az cosmosdb update --name <account> "
+        "--resource-group <group> --enable-multiple-write-locations false`) or use another "
+        "account; read regions and service-managed failover keep it available. To run on it "
+        f"anyway, accepting that a message can take effect once per write region, pass "
+        f"{ACCEPT_MULTI_REGION}=True.", regions=regions)
+
+
+def server_time(document: dict[str, Any]) -> float | None:
+    """When the service wrote `document`, by its `_ts` (whole seconds, truncated: the middle
+    of that second is the estimate, within half a second), or None."""
+    ts = document.get("_ts")
+    return ts + 0.5 if isinstance(ts, int | float) and not isinstance(ts, bool) else None
 
 
 def _etag_in(result: dict[str, Any]) -> str | None:
@@ -215,13 +290,19 @@ class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
     `native_ttl`: whether the container expires markers itself (a default TTL is
     set, so the markers' `ttl` applies) and `purge_expired` need not query; None
     (default) asks the container once.
+
+    An account with more than one write region is refused here (MultiRegionWritesError),
+    from the properties the SDK client read when it was built: no request of the store's
+    own. `accept_duplicates_across_write_regions=True` runs on it anyway, with a WARNING.
     """
 
     name = "cosmos"
 
     def __init__(self, endpoint: str, credential: Any = None, *, database: str, container: str,
                  partition_key_path: str = "/pk", container_client: ContainerProxy | None = None,
-                 native_ttl: bool | None = None, **client_options: Any) -> None:
+                 native_ttl: bool | None = None,
+                 accept_duplicates_across_write_regions: bool = False,
+                 **client_options: Any) -> None:
         self._native_ttl = native_ttl
         if not partition_key_path.startswith("/") or "/" in partition_key_path[1:]:
             raise ValueError("partition_key_path must be a top-level path such as '/pk'")
@@ -233,15 +314,40 @@ class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
             container_client = (self._cosmos.get_database_client(database)
                                 .get_container_client(container))
         self._container = container_client
+        try:
+            self._check_account(accept=accept_duplicates_across_write_regions)
+        except BaseException:
+            self.close()  # a client this store created; a caller's stays open
+            raise
+
+    def _check_account(self, *, accept: bool) -> None:
+        """Refuse a multi-write account, from what the client read when it was built (the
+        sync client reads the account in its constructor); an SDK that keeps it elsewhere
+        costs one account read here."""
+        connection: Any = getattr(self._container, "client_connection", None)
+        if connection is None:
+            return  # not an SDK container (a test's stand-in): no account to check
+        account = cached_account(connection)
+        if account is None:
+            account = store_call(BACKEND, connection.GetDatabaseAccount)
+        check_write_regions(account, endpoint=str(getattr(connection, "url_connection", "")),
+                            accept=accept)
 
     @classmethod
     def from_connection_string(cls, conn_str: str, *, database: str, container: str,
-                               partition_key_path: str = "/pk", **client_options: Any
-                               ) -> CosmosIdempotencyStore:
+                               partition_key_path: str = "/pk",
+                               accept_duplicates_across_write_regions: bool = False,
+                               **client_options: Any) -> CosmosIdempotencyStore:
         client = store_call(BACKEND, lambda: CosmosClient.from_connection_string(  # pyright: ignore[reportUnknownMemberType] - its credential parameter is partly untyped
             conn_str, **client_options))
-        store = cls.from_container(client.get_database_client(database).get_container_client(container),
-                                   partition_key_path)
+        try:
+            store = cls.from_container(
+                client.get_database_client(database).get_container_client(container),
+                partition_key_path,
+                accept_duplicates_across_write_regions=accept_duplicates_across_write_regions)
+        except BaseException:
+            client.close()
+            raise
         store._cosmos = client  # closed with the store
         return store
 

@@ -23,7 +23,7 @@ from shared.stores.base import (
     async_store_call,
     send_request_async,
 )
-from shared.stores.cosmos import BACKEND, CosmosMapping
+from shared.stores.cosmos import BACKEND, CosmosMapping, cached_account, check_write_regions
 
 
 class AsyncCosmosIdempotencyStore(CosmosMapping, AsyncDocumentStore):
@@ -37,18 +37,27 @@ class AsyncCosmosIdempotencyStore(CosmosMapping, AsyncDocumentStore):
     `__init__`, and `close` closes it. A container passed to `from_container`
     stays its caller's, who initializes (`async with CosmosClient(...)`) and
     closes it. `async with store:` initializes and closes an owned client.
+
+    The account is checked on that first request (or `async with`), not in `__init__`,
+    which makes no request: one with more than one write region is refused then
+    (MultiRegionWritesError, on every request until the account changes), from the
+    properties the client read when it was entered; `accept_duplicates_across_write_regions`
+    as for the sync store.
     """
 
     name = "cosmos"
 
     def __init__(self, endpoint: str, credential: Any = None, *, database: str, container: str,
                  partition_key_path: str = "/pk", container_client: ContainerProxy | None = None,
+                 accept_duplicates_across_write_regions: bool = False,
                  **client_options: Any) -> None:
         if not partition_key_path.startswith("/") or "/" in partition_key_path[1:]:
             raise ValueError("partition_key_path must be a top-level path such as '/pk'")
         self._pk_field = partition_key_path[1:]
         self._cosmos: CosmosClient | None = None  # the client this store owns, if any
-        self._initialized = False
+        self._accept_multi_region = accept_duplicates_across_write_regions
+        self._entered = False  # an owned client initialized
+        self._initialized = False  # and the account checked
         self._initializing = asyncio.Lock()  # binds to a loop on first contention only
         if container_client is None:
             self._cosmos = CosmosClient(endpoint, credential, **client_options)  # no I/O here
@@ -58,22 +67,36 @@ class AsyncCosmosIdempotencyStore(CosmosMapping, AsyncDocumentStore):
 
     @classmethod
     def from_connection_string(cls, conn_str: str, *, database: str, container: str,
-                               partition_key_path: str = "/pk", **client_options: Any
-                               ) -> AsyncCosmosIdempotencyStore:
+                               partition_key_path: str = "/pk",
+                               accept_duplicates_across_write_regions: bool = False,
+                               **client_options: Any) -> AsyncCosmosIdempotencyStore:
         client = CosmosClient.from_connection_string(conn_str, **client_options)
-        store = cls.from_container(client.get_database_client(database).get_container_client(container),
-                                   partition_key_path)
+        store = cls.from_container(
+            client.get_database_client(database).get_container_client(container),
+            partition_key_path,
+            accept_duplicates_across_write_regions=accept_duplicates_across_write_regions)
         store._cosmos = client  # initialized on first use and closed with the store
         return store
 
     async def _ready(self) -> None:
-        """Initialize an owned client once (account read, session consistency), as
-        `async with CosmosClient(...)` would; a caller's client is the caller's to initialize."""
-        if self._cosmos is None or self._initialized:
+        """Once: initialize an owned client (account read, session consistency), as
+        `async with CosmosClient(...)` would (a caller's client is the caller's to initialize),
+        then check the account it read (`check_write_regions`)."""
+        if self._initialized:
             return
         async with self._initializing:
             if not self._initialized:
-                await async_store_call(BACKEND, self._cosmos.__aenter__)
+                if self._cosmos is not None and not self._entered:
+                    await async_store_call(BACKEND, self._cosmos.__aenter__)
+                    self._entered = True
+                connection: Any = getattr(self._container, "client_connection", None)
+                if connection is not None:  # None: not an SDK container (a test's stand-in)
+                    account = cached_account(connection)
+                    if account is None:  # a caller's client not entered yet: one account read
+                        account = await async_store_call(BACKEND, connection.GetDatabaseAccount)
+                    check_write_regions(account,
+                                        endpoint=str(getattr(connection, "url_connection", "")),
+                                        accept=self._accept_multi_region)
                 self._initialized = True
 
     async def _send[T](self, request: Request[T]) -> T:

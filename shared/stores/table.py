@@ -15,6 +15,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
 from typing import Any, Self
 
 from azure.core import MatchConditions
@@ -72,6 +73,28 @@ def etag_of(metadata: dict[str, Any] | None) -> str | None:
     return (metadata or {}).get("etag")
 
 
+_ETAG_TIME = "W/\"datetime'"
+
+
+def etag_time(etag: str | None) -> float | None:
+    """When the service wrote an entity, from its etag (`W/"datetime'2026-01-02T03%3A04%3A05.
+    1234567Z'"`: the entity's Timestamp, to 100 ns), or None for another form. Under a
+    microsecond: every write answers its etag, so this costs no request."""
+    if etag is None or not etag.startswith(_ETAG_TIME):
+        return None
+    try:
+        return datetime.fromisoformat(etag[len(_ETAG_TIME):-2].replace("%3A", ":")).timestamp()
+    except ValueError:
+        return None
+
+
+def written_record(record: IdempotencyRecord, metadata: dict[str, Any] | None
+                   ) -> IdempotencyRecord:
+    """`record` as the service answered its write: its new etag, and the time in it."""
+    etag = etag_of(metadata)
+    return record.evolve(etag=etag, server_time=etag_time(etag))
+
+
 def _typed(entity: dict[str, Any]) -> dict[str, Any]:
     """Python ints beyond Int32 are sent as Edm.Int64 (the SDK refuses them otherwise)."""
     return {name: EntityProperty(value, EdmType.INT64)
@@ -114,7 +137,7 @@ class TableMapping:
         if written is not None:
             written += written_documents(marker.partition_key, operations,
                                          [etag_of(meta) for meta in results[1:]])
-        return marker.evolve(etag=etag_of(results[0]))
+        return written_record(marker, results[0])
 
     @staticmethod
     def _record_entity(record: IdempotencyRecord,
@@ -202,21 +225,21 @@ class TableMapping:
 
     def _put_record_if_absent(self, record: IdempotencyRecord) -> Request[IdempotencyRecord]:
         return Request(lambda client: client.create_entity(self._record_entity(record)),
-                       lambda metadata: record.evolve(etag=etag_of(metadata)),
+                       lambda metadata: written_record(record, metadata),
                        on_status={409: lambda: RecordExistsError(record.id)})
 
     def _replace_record_if_unchanged(self, record: IdempotencyRecord) -> Request[IdempotencyRecord]:
         entity = self._record_entity(record)
         return Request(lambda client: client.update_entity(
             entity, mode=UpdateMode.REPLACE, etag=record.etag, match_condition=IF_UNCHANGED),
-            lambda metadata: record.evolve(etag=etag_of(metadata)),
+            lambda metadata: written_record(record, metadata),
             on_status=changed_statuses(record.id))
 
     def _record_dispatched(self, marker: IdempotencyRecord) -> Request[IdempotencyRecord]:
         entity = self._dispatched_entity(marker)
         return Request(lambda client: client.update_entity(
             entity, mode=UpdateMode.MERGE, etag=marker.etag, match_condition=IF_UNCHANGED),
-            lambda metadata: marker.evolve(etag=etag_of(metadata), outbox=()),
+            lambda metadata: marker.evolve(etag=etag_of(metadata), outbox=(), server_time=None),
             on_status=changed_statuses(marker.id))
 
     def _delete_record_if_unchanged(self, record: IdempotencyRecord) -> Request[None]:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from functions.settings import COSMOS_CONTAINERS, COSMOS_INDEXING
-from replay.stores import document_lister
+from replay.stores import document_lister, scan_reused_keys
 from shared.stores import CosmosIdempotencyStore
 from shared.stores.cosmos_indexing import indexed_properties, point_indexing_policy, record_indexing_policy
 from simulator.check import scan
@@ -78,6 +78,8 @@ def issued_queries(partition_key_path: str) -> list[tuple[str, list[dict[str, An
     lister = document_lister(store)
     list(lister(None))
     list(lister("p"))
+    # The replay tool's search for one key in several partitions.
+    scan_reused_keys(store)
     # The simulator's invariant scan (local stack only), all and by partition prefix.
     scan(store)
     scan(store, "p")
