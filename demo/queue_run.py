@@ -71,7 +71,8 @@ class QueueScenarioConfig:
     undecodable: int = 1  # not base64: the host poisons them without running the function
     crash_rate: float = 0.05  # orders whose messages crash the host once before the delete
     outage_seconds: float = 2.0  # one store outage, 503 on every dedup store request
-    outage_after_calls: int = 40  # it begins at this dedup store request
+    outage_after_calls: int | None = None  # it begins at this store request (default: about
+    #                                        halfway, each new order costing two requests)
     receive_visibility: float = 3.0  # the host's invisibility while running (Azure: 10 min)
     visibility_timeout: float = 2.0  # host.json visibilityTimeout: a failed message's delay
     max_dequeue_count: int = 5
@@ -310,7 +311,8 @@ def run_queue_scenario(config: QueueScenarioConfig, endpoints: QueueEndpoints) -
     queue_name = f"audit-{work.run}"
     settings = app_settings(config, endpoints, queue_name)
     real = real_stores(settings)
-    outage = outage_store(real("dedup"), after_calls=config.outage_after_calls,
+    after_calls = config.outage_after_calls or max(1, config.orders)
+    outage = outage_store(real("dedup"), after_calls=after_calls,
                           seconds=config.outage_seconds if config.outage_seconds > 0 else 0.0)
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
@@ -544,8 +546,10 @@ def servers(backends: Sequence[str]) -> Iterator[QueueEndpoints]:
             cosmos_key=COSMOS_LOCAL_KEY if cosmos else "")
 
 
-def _logs_to(path: str | None) -> None:
-    """The app logs each refusal at ERROR and each retry at WARNING: into a file, not the report."""
+@contextlib.contextmanager
+def _logs_to(path: str | None) -> Iterator[None]:
+    """The app logs each refusal at ERROR and each retry at WARNING: into a file for the run,
+    not into the report (the root logger's handlers are put back afterwards)."""
     import logging
     import warnings
 
@@ -555,23 +559,32 @@ def _logs_to(path: str | None) -> None:
     warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
     logging.getLogger("azure").setLevel(logging.WARNING)
     if path is None:
+        yield
         return
     root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
+    saved, level = list(root.handlers), root.level
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    for old in saved:
+        root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+        for old in saved:
+            root.addHandler(old)
+        root.setLevel(level)
 
 
 def run_demo(backends: Sequence[str], *, seed: int = 2024, log_path: str | None = None,
              **options: Any) -> tuple[str, dict[str, Any], bool]:
     """Every backend's run, one after the other: (report text, numbers, ok). The app's logs
     go to `log_path` when given."""
-    _logs_to(log_path)
     reports: list[QueueReport] = []
-    with servers(backends) as endpoints:
+    with _logs_to(log_path), servers(backends) as endpoints:
         for backend in backends:
             reports.append(run_queue_scenario(
                 QueueScenarioConfig(backend=backend, seed=seed, **options), endpoints))
