@@ -220,6 +220,7 @@ class QueueReport:
     lost: int = 0
     left_on_queue: int = 0
     invalid_not_refused: int = 0
+    refused_first: int = 0  # bad messages refused with their reason on their first delivery
     refused_late: int = 0  # refused, but not on the first delivery
     valid_refused: int = 0
     seconds: float = 0.0
@@ -267,6 +268,8 @@ class QueueReport:
             f"duplicates absorbed: {sum(self.duplicates.values())} of {self.duplicates_expected} "
             f"copies (producer re-sends + redeliveries after a crash; by the metric's cause: "
             f"{duplicates or 'none'})",
+            f"bad messages refused with their reason on their first delivery: {self.refused_first} "
+            f"of {self.sent['invalid'] + self.sent['conflict']}",
             f"poison queue: {sum(self.poison_envelopes.values())} envelopes with a reason "
             f"({envelopes or 'none'}), {self.poison_host_copies} host copies (not base64, never run)",
             f"double effects {self.double_effects}, lost {self.lost}, left on the queue "
@@ -463,6 +466,8 @@ def _check(report: QueueReport, work: Workload, sent: list[Sent], deliveries: li
                                        f"{message.expected_reason}: {found}")
             elif min(int(e.get("dequeueCount", 0)) for e in found) != 1:
                 report.refused_late += 1
+            else:
+                report.refused_first += 1
         elif message.kind in ("order", "duplicate") and found:
             report.valid_refused += 1
             report.problems.append(f"valid {message.order_id} refused: {found[0].get('reason')}")

@@ -30,6 +30,7 @@ def test_queue_chaos_keeps_every_invariant_with_real_redeliveries(endpoints, bac
     assert sum(report.duplicates.values()) == report.duplicates_expected >= 8 + 4
     assert report.poison_envelopes["IdempotencyKeyConflict"] == 2
     assert sum(report.poison_envelopes.values()) == 5 + 2 and report.poison_host_copies == 1
+    assert report.refused_first == 5 + 2
 
 
 @pytest.mark.parametrize("backend", ["table", "cosmos"])
