@@ -158,3 +158,55 @@ def test_an_app_that_allows_more_deliveries_than_the_host_leaves_a_reasonless_ho
     assert json.loads(base64.b64decode(text))["type"] == "OrderAccepted"
     with pytest.raises(ValueError):
         envelope(text)
+
+
+def test_the_async_consumer_on_the_async_table_store_and_an_async_poison_client(stack,
+                                                                                 queue_service):
+    """The async face on real parts: the async Table store on Azurite, and the aio queue client
+    writing the envelope to Azurite's queue service."""
+    import asyncio
+
+    from azure.data.tables import TableServiceClient
+    from azure.storage.queue import TextBase64EncodePolicy
+    from azure.storage.queue.aio import QueueClient as AsyncQueueClient
+
+    from shared import AsyncTableIdempotencyStore, aio
+    from shared.queues import AsyncStorageQueueConsumer, QueueMessageView
+
+    table = f"t{uuid.uuid4().hex[:16]}"
+    tables = TableServiceClient.from_connection_string(stack.table_connection_string)
+    tables.create_table(table)
+    poison_name = f"audit-{uuid.uuid4().hex[:8]}-poison"
+
+    async def scenario() -> list[str]:
+        store = AsyncTableIdempotencyStore.from_connection_string(stack.table_connection_string,
+                                                                   table_name=table)
+        poison = AsyncQueueClient.from_connection_string(
+            queue_service, poison_name, message_encode_policy=TextBase64EncodePolicy())
+        await poison.create_queue()
+        consumer = AsyncStorageQueueConsumer("order_audit", aio.Idempotency(store), poison=poison)
+
+        async def build(tx, item):
+            current = await tx.read("summary")
+            tx.upsert("summary", {"orders": (current.body["orders"] if current else 0) + 1})
+
+        body = json.dumps(order(order_id="o-1", customer="c-1")).encode()
+        outcomes = []
+        for message_id, raw in (("m-1", body), ("m-2", body), ("m-3", b"{")):
+            decision = await consumer.run_atomic(QueueMessageView(message_id, raw), build,
+                                                 key=lambda item: item["orderId"],
+                                                 partition="customer-c-1")
+            outcomes.append(decision.outcome or decision.reason)
+        summary = await store.read_document("customer-c-1", "summary")
+        assert summary.body["orders"] == 1
+        texts = [m.content async for m in poison.receive_messages()]
+        assert [envelope(t)["reason"] for t in texts] == ["MalformedJson"]
+        await poison.delete_queue()
+        await poison.close()
+        await store.close()
+        return outcomes
+
+    try:
+        assert asyncio.run(scenario()) == ["processed", "duplicate", "MalformedJson"]
+    finally:
+        tables.delete_table(table)
