@@ -21,6 +21,7 @@ from functions import (
     http_payments,
     maintenance,
     notifications,
+    order_audit,
     order_status,
     orders,
     payments,
@@ -43,6 +44,6 @@ configure_observability(sampling_ratio=_settings.trace_sampling_ratio)
 app = func.FunctionApp()
 
 for blueprint in (orders.bp, order_status.bp, notifications.bp, payments.bp, balance_projection.bp,
-                  http_payments.bp, maintenance.bp):
+                  http_payments.bp, maintenance.bp, order_audit.bp):
     app.register_functions(blueprint)
 

@@ -145,9 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as servers:
         endpoints = {backend: servers.enter_context(stack_for(backend)) for backend in backends}
         results = run_backends(args, backends, endpoints, log_dir)
+    from demo.queue_run import run_demo as run_queue_demo  # the Storage queue, on a real queue
+
+    queue_text, queue_numbers, queue_ok = run_queue_demo(
+        backends, seed=args.seed, log_path=os.path.join(log_dir, "queue.log"))
     elapsed = time.perf_counter() - started
-    ok = all(results[b][2] for b in backends)
+    ok = all(results[b][2] for b in backends) and queue_ok
     text = final_report(args, backends, results, ok=ok, elapsed=elapsed, log_dir=log_dir)
+    text += "\n\n" + queue_text
     print()
     print(text)
     text_path, html_path = write_reports(args, backends, results, text + "\n")
@@ -155,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump({"ok": ok, "wallSeconds": elapsed, "args": vars(args),
-                       "backends": {b: results[b][1] for b in backends}}, handle, indent=2,
+                       "backends": {b: results[b][1] for b in backends},
+                       "storageQueue": queue_numbers}, handle, indent=2,
                       default=str)
     return 0 if ok else 1
 

@@ -29,6 +29,8 @@ from domain.balance_projection import BalanceProjection
 from domain.http_payments import CONSUMER as HTTP_CONSUMER
 from domain.http_payments import HttpPaymentService
 from domain.notifications import NotificationService, Sender, urllib_sender
+from domain.order_audit import CONSUMER as AUDIT_CONSUMER
+from domain.order_audit import OrderAuditTrail
 from domain.order_status import OrderStatusService
 from domain.orders import OrderService
 from domain.payments import (
@@ -41,10 +43,13 @@ from domain.payments import (
 from functions.settings import (
     COSMOS_CONTAINERS,
     COSMOS_INDEXING,
+    QUEUE_CONNECTION,
+    QUEUE_SERVICE_URI,
     STORE_ROLES,
     TABLE_FOR,
     TABLES,
     Settings,
+    SettingsError,
 )
 from shared import (
     CosmosIdempotencyStore,
@@ -60,6 +65,7 @@ from shared.cache import DocumentCache  # the payments ledger's remembered balan
 from shared.dispatch import InMemoryDispatcher  # the default when stores are given (tests)
 from shared.exceptions import DispatchRejectedError
 from shared.maintenance import Maintenance  # the timer's purge, sweep and outbox sweeper
+from shared.queues import StorageQueueConsumer
 from shared.sdk_transport import async_transport, sync_transport
 from shared.stores.base import IdempotencyStore  # what the sync store factory returns
 from shared.stores.retry import RetryBudget
@@ -211,6 +217,24 @@ def real_dispatcher(settings: Settings) -> ServiceBusDispatcher | UnconfiguredDi
                                 topics=topics)
 
 
+def poison_queue(settings: Settings) -> Any:
+    """The order-audit queue's `<queue>-poison` client on the trigger's connection, with the
+    trigger's message encoding (base64, the host's default), so its envelopes read like the
+    host's own poison messages."""
+    from azure.storage.queue import QueueClient, TextBase64EncodePolicy
+
+    name = f"{settings.order_audit_queue}-poison"
+    options = {"message_encode_policy": TextBase64EncodePolicy(), "transport": sync_transport()}
+    if settings.queue_connection:
+        return QueueClient.from_connection_string(settings.queue_connection, name, **options)
+    if settings.queue_service_uri:
+        return QueueClient(settings.queue_service_uri, name, credential=_credential(settings),
+                           **options)
+    raise SettingsError(f"set {QUEUE_CONNECTION} (local: a connection string) or "
+                        f"{QUEUE_SERVICE_URI} (Azure, identity): the order_audit trigger's poison "
+                        "queue is reached through that connection")
+
+
 def real_stores(settings: Settings, *, budget: RetryBudget = RETRY_BUDGET,
                 **client_options: Any) -> StoreFactory:
     """The stores of `STORE_ROLES` in Cosmos DB or Table Storage, as settings say.
@@ -276,6 +300,7 @@ class Services:
     audit: NotificationService
     order_status: OrderStatusService
     balance_projection: BalanceProjection
+    order_audit: OrderAuditTrail  # the Storage Queue consumer (sync: a queue trigger)
     payments: PaymentProcessor  # the sync payments path: HTTP requests, the replay tool
     payments_async: AsyncPaymentProcessor  # the Event Hubs trigger's path; same stores
     payments_consumer: aio.EventHubConsumer
@@ -374,6 +399,9 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
             aio.ServiceBusConsumer("order_status", telemetry=telemetry), on_loop["order-status"]),
         balance_projection=BalanceProjection(
             aio.ServiceBusConsumer("balance_projection", async_idem("dedup"))),
+        order_audit=OrderAuditTrail(StorageQueueConsumer(
+            AUDIT_CONSUMER, idem("dedup"), poison=lambda: poison_queue(settings),
+            max_dequeue_count=settings.queue_max_dequeue_count)),
         payments=payments,
         payments_async=payments_async,
         payments_consumer=aio.EventHubConsumer(payments_async),

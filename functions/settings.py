@@ -33,6 +33,7 @@ BINDING_SETTINGS = (
     "PAYMENTS_HUB_NAME",
     "PAYMENTS_CONSUMER_GROUP",
     "MAINTENANCE_SCHEDULE",
+    "ORDER_AUDIT_QUEUE_NAME",
 )
 # Read by the app at startup.
 APP_SETTINGS = (
@@ -67,6 +68,8 @@ APP_SETTINGS = (
     "HTTP_CALLER_HEADER",
     "DEDUP_LOG_DUPLICATES",
     "TRACE_SAMPLING_RATIO",
+    "ORDER_AUDIT_QUEUE_NAME",
+    "QUEUE_MAX_DEQUEUE_COUNT",
 )
 # Only for local runs (keys, emulator TLS); Azure uses the app's managed identity instead.
 LOCAL_ONLY_SETTINGS = ("COSMOS_KEY", "COSMOS_VERIFY_TLS", "TABLE_CONNECTION_STRING")
@@ -99,6 +102,10 @@ class SettingsError(ValueError):
 # connection string locally, the namespace + the app's identity in Azure).
 SERVICE_BUS_CONNECTION = "ServiceBusConnection"
 SERVICE_BUS_NAMESPACE = "ServiceBusConnection__fullyQualifiedNamespace"
+# How the order-audit consumer reaches its poison queue: the queue trigger's connection, as the
+# host reads it (a connection string locally, the queue endpoint + the app's identity in Azure).
+QUEUE_CONNECTION = "AzureWebJobsStorage"
+QUEUE_SERVICE_URI = "AzureWebJobsStorage__queueServiceUri"
 
 
 def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
@@ -142,6 +149,18 @@ def _url(env: Mapping[str, str], name: str) -> str:
     return raw
 
 
+_QUEUE_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62}$")
+
+
+def _queue_name(env: Mapping[str, str], name: str, default: str) -> str:
+    """A Storage queue name that leaves room for the host's `-poison` suffix (63 chars)."""
+    value = (env.get(name) or default).strip()
+    if not _QUEUE_NAME.match(value) or len(value) > 63 - len("-poison"):
+        raise SettingsError(f"{name}={value!r} must be a Storage queue name (3-56 lowercase letters, "
+                            "digits and single hyphens, so that `<name>-poison` is one too)")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     """The app's configuration, validated once at startup."""
@@ -181,6 +200,13 @@ class Settings:
     # Run on a Cosmos account with several write regions, where a message can take effect once
     # per region (the stores refuse such an account otherwise; see shared.stores.cosmos).
     cosmos_accept_duplicates_across_write_regions: bool = False
+    # The order-audit Storage queue (its poison queue is `<name>-poison`, as the host names it).
+    order_audit_queue: str = "order-audit"
+    # The host's maxDequeueCount (host.json extensions.queues; Bicep sets both from one parameter):
+    # the consumer poisons a message with its reason on that delivery instead of the host.
+    queue_max_dequeue_count: int = 5
+    queue_connection: str | None = None  # a connection string (local runs)
+    queue_service_uri: str | None = None  # https://<account>.queue.core.windows.net (identity)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -262,6 +288,10 @@ class Settings:
             trace_sampling_ratio=_ratio(env),
             cosmos_accept_duplicates_across_write_regions=_bool(
                 env, "COSMOS_ACCEPT_DUPLICATES_ACROSS_WRITE_REGIONS", False),
+            order_audit_queue=_queue_name(env, "ORDER_AUDIT_QUEUE_NAME", "order-audit"),
+            queue_max_dequeue_count=_int(env, "QUEUE_MAX_DEQUEUE_COUNT", 5, 1),
+            queue_connection=(env.get(QUEUE_CONNECTION) or "").strip() or None,
+            queue_service_uri=(env.get(QUEUE_SERVICE_URI) or "").strip() or None,
         )
         settings.idempotency_config()  # the retention rule is a startup error
         settings.check_outbox_window()

@@ -48,6 +48,9 @@ param auditSubscriptionName string = 'audit'
 @description('BALANCE_CHANGES_QUEUE')
 param balanceChangesQueueName string = 'balance-changes'
 
+@description('ORDER_AUDIT_QUEUE_NAME: the Storage queue the order_audit trigger reads (its poison queue is `<name>-poison`).')
+param orderAuditQueueName string = 'order-audit'
+
 @description('PAYMENTS_HUB_NAME')
 param paymentsHubName string = 'payments'
 
@@ -82,6 +85,16 @@ param duplicateDetectionHistoryTimeWindow string = 'PT10M'
 
 @description('Default message time to live on the queues and the topic (ISO 8601).')
 param defaultMessageTimeToLive string = 'P14D'
+
+@description('Storage queue deliveries before the Functions host moves a message to `<queue>-poison`. Overrides host.json extensions.queues.maxDequeueCount AND sets QUEUE_MAX_DEQUEUE_COUNT (the app poisons with its reason on that delivery).')
+@minValue(1)
+@maxValue(100)
+param queueMaxDequeueCount int = 5
+
+@description('Seconds before a Storage queue message whose function failed is visible again. Overrides host.json extensions.queues.visibilityTimeout (default 0: at once), so maxDequeueCount deliveries span a short store outage instead of a few milliseconds.')
+@minValue(0)
+@maxValue(3599)
+param queueVisibilityTimeoutSeconds int = 30
 
 @description('DEDUP_LEASE_SECONDS: how long an in-progress marker blocks other consumers before it is considered stale. Shorter than the lock (the app refuses otherwise) and renewed while the handler runs.')
 @minValue(1)
@@ -213,6 +226,11 @@ var renewalMinutes = padLeft(string((serviceBusMaxAutoLockRenewalSeconds % 3600)
 var renewalSeconds = padLeft(string(serviceBusMaxAutoLockRenewalSeconds % 60), 2, '0')
 var maxAutoLockRenewalDuration = '${renewalHours}:${renewalMinutes}:${renewalSeconds}'
 
+// The queue trigger's retry delay as host.json writes it (hh:mm:ss); under an hour.
+var queueRetryMinutes = padLeft(string(queueVisibilityTimeoutSeconds / 60), 2, '0')
+var queueRetrySeconds = padLeft(string(queueVisibilityTimeoutSeconds % 60), 2, '0')
+var queueVisibilityTimeout = '00:${queueRetryMinutes}:${queueRetrySeconds}'
+
 module identity 'core/identity.bicep' = {
   name: 'identity'
   params: {
@@ -252,6 +270,7 @@ module storage 'core/storage.bicep' = {
     location: location
     tags: tags
     deploymentContainerName: deploymentContainerName
+    auditQueueName: orderAuditQueueName
     appPrincipalId: identity.outputs.principalId
     developerPrincipalId: principalId
     developerPrincipalType: principalType
@@ -340,6 +359,8 @@ module alerts 'core/alerts.bicep' = {
 var appSettings = {
   AzureWebJobsStorage__blobServiceUri: storage.outputs.blobEndpoint
   AzureWebJobsStorage__tableServiceUri: storage.outputs.tableEndpoint
+  // The order_audit queue trigger (and the app's poison-queue client) on the same account.
+  AzureWebJobsStorage__queueServiceUri: storage.outputs.queueEndpoint
   AzureWebJobsStorage__credential: 'managedidentity'
   AzureWebJobsStorage__clientId: identity.outputs.clientId
   ServiceBusConnection__fullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
@@ -354,6 +375,10 @@ var appSettings = {
   NOTIFY_SUBSCRIPTION_NAME: notifySubscriptionName
   AUDIT_SUBSCRIPTION_NAME: auditSubscriptionName
   BALANCE_CHANGES_QUEUE: balanceChangesQueueName
+  ORDER_AUDIT_QUEUE_NAME: orderAuditQueueName
+  QUEUE_MAX_DEQUEUE_COUNT: string(queueMaxDequeueCount)
+  AzureFunctionsJobHost__extensions__queues__maxDequeueCount: string(queueMaxDequeueCount)
+  AzureFunctionsJobHost__extensions__queues__visibilityTimeout: queueVisibilityTimeout
   PAYMENTS_HUB_NAME: paymentsHubName
   PAYMENTS_CONSUMER_GROUP: paymentsConsumerGroupName
   DEDUP_BACKEND: dedupBackend

@@ -13,6 +13,10 @@ simulator and the tests describe deliveries with `SentMessage` / `SentEvent`.
   `PropertiesArray`, `SystemPropertiesArray` (SequenceNumber, Offset,
   PartitionKey, EnqueuedTimeUtc), `SequenceNumberArray`, `OffsetArray`,
   `PartitionKeyArray`, `EnqueuedTimeUtcArray`.
+* **Storage queue** (`QueueMessage`): the message text (decoded from base64 by the host,
+  per host.json `messageEncoding`) as a string, plus trigger metadata `QueueTrigger`, `Id`,
+  `DequeueCount`, `InsertionTime`, `ExpirationTime`, `NextVisibleTime`, `PopReceipt` (the
+  names azure.functions' `QueueMessageInConverter` reads).
 * **Timer**: the timer info as JSON (`Schedule`, `ScheduleStatus`, `IsPastDue`).
 
 Metadata values are plain Python values here; `local_stack.worker` converts
@@ -131,6 +135,36 @@ def event_batch_metadata(events: list[SentEvent], *, partition_id: str, event_hu
         "PartitionKeyArray": [s["PartitionKey"] or "" for s in system],
         "EnqueuedTimeUtcArray": [e.enqueued_at for e in events],
     }
+
+
+@dataclass(frozen=True)
+class ReceivedQueueMessage:
+    """A Storage queue message as the host received it (the queue's own values)."""
+
+    message_id: str
+    body: bytes  # after the host's messageEncoding decoding
+    dequeue_count: int
+    pop_receipt: str
+    insertion_time: datetime | None = None
+    expiration_time: datetime | None = None
+    next_visible_time: datetime | None = None
+
+
+def queue_text(body: bytes) -> str:
+    """The body as the host hands a string-typed queue trigger its text: UTF-8, with invalid
+    bytes replaced (.NET's `Encoding.UTF8.GetString`)."""
+    return body.decode("utf-8", errors="replace")
+
+
+def queue_metadata(message: ReceivedQueueMessage) -> dict[str, Any]:
+    """Trigger metadata the host sends with a queue message (JSON-able values)."""
+    metadata: dict[str, Any] = {
+        "QueueTrigger": queue_text(message.body), "Id": message.message_id,
+        "DequeueCount": message.dequeue_count, "PopReceipt": message.pop_receipt,
+        "InsertionTime": message.insertion_time, "ExpirationTime": message.expiration_time,
+        "NextVisibleTime": message.next_visible_time,
+    }
+    return {key: value for key, value in metadata.items() if value is not None}
 
 
 def timer_info(*, past_due: bool = False, now: datetime | None = None,

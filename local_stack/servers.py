@@ -93,6 +93,29 @@ def azurite_tables(port: int) -> ServerProcess:
     return ServerProcess("azurite-table", argv, port)
 
 
+def azurite_queues(port: int) -> ServerProcess:
+    """Azurite's queue service: a real at-least-once queue (visibility timeouts, dequeue
+    counts, pop receipts). `--skipApiVersionCheck`: azure-storage-queue 12.18 sends an API
+    version newer than Azurite 3.35 knows."""
+    argv = [
+        str(NODE_BIN / "azurite-queue"),
+        "--inMemoryPersistence",
+        "--queueHost",
+        "127.0.0.1",
+        "--queuePort",
+        str(port),
+        "--disableTelemetry",
+        "--skipApiVersionCheck",
+    ]
+    return ServerProcess("azurite-queue", argv, port)
+
+
+def queue_connection_string(port: int) -> str:
+    """The connection string of an Azurite queue service on loopback `port`."""
+    return (f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+            f"QueueEndpoint=http://127.0.0.1:{port}/{AZURITE_ACCOUNT};")
+
+
 def cosmos_server(port: int, *, advertise_port: int | None = None) -> ServerProcess:
     """The Cosmos server on `port`; with `advertise_port`, its account names that port as its
     endpoint (a relay there then carries every request the SDK makes)."""

@@ -59,10 +59,13 @@ from local_stack.host_data import (
     MODEL_BINDING_CONTENT_TYPE,
     MODEL_BINDING_VERSION,
     SERVICE_BUS_SOURCE,
+    ReceivedQueueMessage,
     SentEvent,
     SentMessage,
     event_batch_metadata,
     json_text,
+    queue_metadata,
+    queue_text,
     service_bus_content,
     service_bus_metadata,
     system_metadata,
@@ -641,6 +644,19 @@ class WorkerHost:
         metadata = event_batch_metadata(list(events), partition_id=partition_id, event_hub=hub,
                                         consumer_group=group, namespace=namespace)
         return self.invoke(function, {self._trigger_name(function): data}, metadata, **options)
+
+    def invoke_queue(self, function: str, message: ReceivedQueueMessage,
+                     **options: Any) -> InvocationResult:
+        """One Storage queue message: its text (bytes when the binding's dataType is binary)
+        and the trigger metadata the host sends (`local_stack.host_data.queue_metadata`)."""
+        pb = self.protos
+        trigger = self._metadata[function].trigger
+        if str(trigger.get("dataType", "")).lower() == "binary":
+            data = pb.TypedData(bytes=message.body)
+        else:
+            data = pb.TypedData(string=queue_text(message.body))
+        return self.invoke(function, {self._trigger_name(function): data},
+                           queue_metadata(message), **options)
 
     def invoke_service_bus(self, function: str, message: SentMessage, *,
                            lock_token: uuid.UUID | None = None, delivery_count: int = 1,

@@ -6,6 +6,7 @@ account, and against Azure Table Storage, set:
 
     IDEMPOTENCY_TEST_COSMOS_ENDPOINT, IDEMPOTENCY_TEST_COSMOS_KEY
     IDEMPOTENCY_TEST_TABLE_CONNECTION_STRING
+    IDEMPOTENCY_TEST_QUEUE_CONNECTION_STRING (the Storage queue tests)
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import urllib3
 from azure.cosmos import CosmosClient, PartitionKey
 from azure.data.tables import TableServiceClient
 
-from local_stack import LocalStack
+from local_stack import LocalStack, free_port
+from local_stack.servers import azurite_queues, queue_connection_string
 from shared.stores import (
     CosmosIdempotencyStore,
     IdempotencyStore,
@@ -80,6 +82,22 @@ def stack() -> Iterator[StackInfo]:
     finally:
         if local is not None:
             local.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def queue_service() -> Iterator[str]:
+    """Azurite's queue service, started for the tests that ask for it: its connection string.
+    IDEMPOTENCY_TEST_QUEUE_CONNECTION_STRING points the same tests at an Azure Storage account."""
+    external = os.environ.get("IDEMPOTENCY_TEST_QUEUE_CONNECTION_STRING")
+    if external:
+        yield external
+        return
+    server = azurite_queues(free_port())
+    server.start()
+    try:
+        yield queue_connection_string(server.port)
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

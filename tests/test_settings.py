@@ -37,6 +37,9 @@ def test_defaults_are_valid_and_hold_the_retention_rule():
     ({"TRACE_SAMPLING_RATIO": "5%"}, "TRACE_SAMPLING_RATIO"),
     ({"TRACE_SAMPLING_RATIO": "2"}, "between 0 and 1"),
     ({"TABLE_BATCH_CODEC": "fast"}, "TABLE_BATCH_CODEC"),
+    ({"ORDER_AUDIT_QUEUE_NAME": "Order_Audit"}, "ORDER_AUDIT_QUEUE_NAME"),
+    ({"ORDER_AUDIT_QUEUE_NAME": "a" * 57}, "-poison"),  # the host's poison queue: 63 at most
+    ({"QUEUE_MAX_DEQUEUE_COUNT": "0"}, "QUEUE_MAX_DEQUEUE_COUNT"),
 ])
 def test_invalid_settings_fail_with_the_setting_named(overrides, message):
     with pytest.raises(SettingsError, match=message):
@@ -47,6 +50,30 @@ def test_ttl_shorter_than_the_redelivery_window_fails_startup():
     with pytest.raises(RetentionConfigError, match="redelivery window"):
         Settings.from_env({**BASE, "DEDUP_TTL_SECONDS": "3600",
                            "SERVICEBUS_MAX_DELIVERY_COUNT": "20"})
+
+
+def test_the_order_audit_queue_settings_and_the_triggers_connection():
+    settings = Settings.from_env({**BASE, "AzureWebJobsStorage": "UseDevelopmentStorage=true"})
+    assert (settings.order_audit_queue, settings.queue_max_dequeue_count) == ("order-audit", 5)
+    assert settings.queue_connection == "UseDevelopmentStorage=true"
+    azure = Settings.from_env({**BASE, "AzureWebJobsStorage__queueServiceUri":
+                               "https://acct.queue.core.windows.net", "ORDER_AUDIT_QUEUE_NAME": "a" * 56})
+    assert azure.queue_connection is None
+    assert azure.queue_service_uri == "https://acct.queue.core.windows.net"
+
+
+def test_the_order_audit_poison_queue_is_reached_through_the_triggers_connection():
+    from functions.services import poison_queue
+
+    local = poison_queue(Settings.from_env({**BASE, "AzureWebJobsStorage": "UseDevelopmentStorage=true"}))
+    assert local.url == "http://127.0.0.1:10001/devstoreaccount1/order-audit-poison"
+    # The trigger's encoding (base64), so the envelopes read like the host's poison messages.
+    assert type(local._message_encode_policy).__name__ == "TextBase64EncodePolicy"
+    azure = poison_queue(Settings.from_env({**BASE, "AzureWebJobsStorage__queueServiceUri":
+                                            "https://acct.queue.core.windows.net"}))
+    assert azure.url == "https://acct.queue.core.windows.net/order-audit-poison"
+    with pytest.raises(SettingsError, match="AzureWebJobsStorage__queueServiceUri"):
+        poison_queue(Settings.from_env(BASE))
 
 
 def test_table_backend_needs_no_cosmos():

@@ -15,7 +15,14 @@ def trigger(name: str) -> dict:
 
 def test_every_function_is_registered():
     assert set(bindings()) == {"orders", "order_status", "notify", "audit", "payments",
-                               "balance_projection", "http_payments", "maintenance"}
+                               "balance_projection", "http_payments", "maintenance", "order_audit"}
+
+
+def test_order_audit_reads_its_storage_queue_on_the_hosts_connection():
+    binding = trigger("order_audit")
+    assert binding["type"] == "queueTrigger"
+    assert binding["queueName"] == "%ORDER_AUDIT_QUEUE_NAME%"
+    assert binding["connection"] == "AzureWebJobsStorage"
 
 
 def test_service_bus_triggers_settle_explicitly_on_named_entities():

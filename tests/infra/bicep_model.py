@@ -32,6 +32,7 @@ ENTITY_SETTINGS = {
     "BALANCE_CHANGES_QUEUE": "balance-changes",
     "PAYMENTS_HUB_NAME": "payments",
     "PAYMENTS_CONSUMER_GROUP": "payments-processor",
+    "ORDER_AUDIT_QUEUE_NAME": "order-audit",
 }
 COSMOS_DATABASE = "idempotency"
 COSMOS_CONTAINERS = {"orders": "/orderId", "order-status": "/orderId", "ledger": "/pk", "dedup": "/pk"}

@@ -185,6 +185,7 @@ def test_triggers_read_the_granted_entities(code):
                               "subscriptionName": {"NOTIFY_SUBSCRIPTION_NAME", "AUDIT_SUBSCRIPTION_NAME"}},
         "eventHubTrigger": {"eventHubName": {"PAYMENTS_HUB_NAME"},
                             "consumerGroup": {"PAYMENTS_CONSUMER_GROUP"}},
+        "queueTrigger": {"queueName": {"ORDER_AUDIT_QUEUE_NAME"}},
     }
     seen = set()
     for binding in bindings:

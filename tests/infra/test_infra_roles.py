@@ -40,6 +40,8 @@ EXPECTED_APP_ROLES = {
     "core/storage.bicep": {
         ("storageBlobDataOwner", "Microsoft.Storage/storageAccounts"),
         ("storageTableDataContributor", "Microsoft.Storage/storageAccounts"),
+        # The order_audit trigger's queue and its poison queue, each on its own (never the account).
+        ("storageQueueDataContributor", "Microsoft.Storage/storageAccounts/queueServices/queues"),
     },
     "core/servicebus.bicep": {
         ("serviceBusDataOwner", "Microsoft.ServiceBus/namespaces/queues"),
@@ -61,8 +63,7 @@ EXPECTED_APP_ROLES = {
     },
 }
 FORBIDDEN_FOR_APP = {
-    "eventHubsDataSender", "eventHubsDataOwner",
-    "storageQueueDataContributor", "owner", "contributor",
+    "eventHubsDataSender", "eventHubsDataOwner", "owner", "contributor",
 }
 # Receiving entities of the bindings: setting -> role the app needs on that very entity.
 # Service Bus: Data Owner, because the target-based scaler reads the entity's runtime properties
@@ -135,6 +136,22 @@ def test_app_identity_never_gets_send_owner_or_management_roles():
         if assignment["principal"] == APP_PRINCIPAL:
             role = ROLE_NAME.get(assignment["role"], assignment["role"])
             assert role not in FORBIDDEN_FOR_APP, f"{relative}:{assignment['name']} grants {role}"
+
+
+def test_app_queue_role_is_scoped_to_exactly_the_audit_queue_and_its_poison_queue():
+    """Storage Queue Data Contributor (the trigger updates messages: Message Processor lacks
+    messages/write) on the queue ORDER_AUDIT_QUEUE_NAME names and on `<that>-poison`, nothing else."""
+    _, relative, queue = entity_resource("ORDER_AUDIT_QUEUE_NAME")
+    assert relative == "core/storage.bicep"
+    queues = of_type(relative, "Microsoft.Storage/storageAccounts/queueServices/queues")
+    (poison,) = [symbol for symbol in queues if symbol != queue]
+    scope = scope_of(relative, {"auditQueueName": ENTITY_SETTINGS["ORDER_AUDIT_QUEUE_NAME"]})
+    assert evaluate(body(queues[poison])["name"], scope) == "order-audit-poison"
+    granted = {a["scope"] for a in role_assignments(relative) if a["principal"] == APP_PRINCIPAL
+               and ROLE_NAME.get(a["role"]) == "storageQueueDataContributor"}
+    assert granted == {queue, poison}
+    (account,) = of_type(relative, "Microsoft.Storage/storageAccounts")
+    assert "storageQueueDataContributor" not in app_roles_on(relative, account)
 
 
 def test_app_assignments_are_unconditional_and_developer_ones_optional():

@@ -240,3 +240,42 @@ def test_no_flex_deprecated_settings_are_deployed():
 def test_sample_names_the_worker_runtime_for_core_tools():
     sample = json.loads((REPO / "local.settings.sample.json").read_text())["Values"]
     assert sample["FUNCTIONS_WORKER_RUNTIME"] == "python"
+
+
+# --- The Storage queue trigger: one dequeue limit for the host and the app ---------------------
+QUEUE_HOST_LIMIT = "AzureFunctionsJobHost__extensions__queues__maxDequeueCount"
+QUEUE_HOST_RETRY = "AzureFunctionsJobHost__extensions__queues__visibilityTimeout"
+
+
+def test_queue_dequeue_limit_of_the_host_and_the_app_share_one_parameter():
+    """The consumer poisons a message with its reason on the delivery the host would give up on:
+    both numbers come from `queueMaxDequeueCount` (host.json's default 5 when unset)."""
+    settings = app_settings()
+    for name in ("QUEUE_MAX_DEQUEUE_COUNT", QUEUE_HOST_LIMIT):
+        assert settings[name]["function"]["parameters"]["value_to_convert"] == "queueMaxDequeueCount"
+    for count in (1, 5, 17):
+        values = _setting_values({"queueMaxDequeueCount": count})
+        assert values["QUEUE_MAX_DEQUEUE_COUNT"] == values[QUEUE_HOST_LIMIT] == str(count)
+    from functions.settings import Settings
+
+    sample = json.loads((REPO / "local.settings.sample.json").read_text())["Values"]
+    host = json.loads((REPO / "host.json").read_text())["extensions"].get("queues", {})
+    assert sample["QUEUE_MAX_DEQUEUE_COUNT"] == _setting_values()["QUEUE_MAX_DEQUEUE_COUNT"] == \
+        str(host.get("maxDequeueCount", 5)) == str(Settings.queue_max_dequeue_count)
+
+
+@pytest.mark.parametrize(("seconds", "timespan"), [(0, "00:00:00"), (30, "00:00:30"),
+                                                   (61, "00:01:01"), (3599, "00:59:59")])
+def test_queue_retry_delay_is_written_as_the_host_reads_it(seconds, timespan):
+    assert _setting_values({"queueVisibilityTimeoutSeconds": seconds})[QUEUE_HOST_RETRY] == timespan
+    assert _setting_values()[QUEUE_HOST_RETRY] == "00:00:30"
+
+
+def test_the_audit_queue_setting_and_the_queue_come_from_one_parameter():
+    assert app_settings()["ORDER_AUDIT_QUEUE_NAME"] == "orderAuditQueueName"
+    assert module_params("resources.bicep", "storage")["auditQueueName"] == "orderAuditQueueName"
+    from tests.infra.bicep_model import accessor_path
+
+    # The trigger's identity-based connection reaches the queues of the account that holds them.
+    assert accessor_path(app_settings()["AzureWebJobsStorage__queueServiceUri"]) == [
+        "storage", "outputs", "queueEndpoint"]

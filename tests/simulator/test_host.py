@@ -50,7 +50,7 @@ def small(kind: str, tag: str, *, messages: int = 12, events: int = 0):
 def test_functions_and_retry_policy_come_from_the_workers_metadata():
     functions = registered_functions()
     assert set(functions) == {"orders", "order_status", "notify", "audit", "payments",
-                              "balance_projection", "http_payments", "maintenance"}
+                              "balance_projection", "http_payments", "maintenance", "order_audit"}
     retry = functions["payments"].retry
     assert (retry.strategy, retry.max_retry_count) == ("exponential_backoff", -1)
     assert [retry.interval(n) for n in (1, 2, 7)] == [5.0, 10.0, 300.0]

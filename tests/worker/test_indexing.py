@@ -18,7 +18,7 @@ from local_stack.worker import sample_settings
 from tests.support.worker_probe import ROOT, probe
 
 FUNCTIONS = {"orders", "order_status", "notify", "audit", "payments", "balance_projection",
-             "http_payments", "maintenance"}
+             "http_payments", "maintenance", "order_audit"}
 SERVICE_BUS = {"orders": {"queueName": "%ORDERS_QUEUE_NAME%"},
                "order_status": {"queueName": "%ORDER_STATUS_QUEUE_NAME%"},
                "balance_projection": {"queueName": "%BALANCE_CHANGES_QUEUE%"},
@@ -92,6 +92,17 @@ def test_payments_takes_batches_and_reports_its_retry_policy(report):
     assert report["functions"]["payments"]["retry"] == {
         "strategy": "exponential_backoff", "max_retry_count": -1, "minimum_interval": 5.0,
         "maximum_interval": 300.0, "delay_interval": None}
+
+
+def test_order_audit_is_a_storage_queue_trigger_on_the_hosts_connection(report):
+    """A built-in binding (azure.functions.QueueMessage): no deferred binding, no retry policy
+    (the queue's own redelivery and maxDequeueCount are the retries)."""
+    binding = trigger(report, "order_audit")
+    assert binding == {"direction": "IN", "type": "queueTrigger", "name": "message",
+                       "queueName": "%ORDER_AUDIT_QUEUE_NAME%", "connection": "AzureWebJobsStorage"}
+    assert report["functions"]["order_audit"]["bindings"] == {
+        "message": {"type": "queueTrigger", "direction": "in", "data_type": "undefined"}}
+    assert report["functions"]["order_audit"]["retry"] is None
 
 
 def test_http_and_timer_bindings(report):

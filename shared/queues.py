@@ -1,0 +1,553 @@
+"""Azure Storage Queue triggers, made idempotent: the Functions queue trigger's contract.
+
+The queue trigger has no settlement calls. What the function does with the message is
+what it returns: a normal return and the host deletes the message; an exception and the
+host leaves it on the queue, where it comes back after host.json `visibilityTimeout`
+(default 0 s) with the same id and its dequeue count raised by one. A failure on the
+delivery whose dequeue count reached `maxDequeueCount` (default 5) makes the host copy
+the body to `<queue>-poison` (a new message: no reason, not the original id) and delete
+the original. While a function runs, the host keeps the message invisible (10 minutes,
+renewed); if the host dies first, the message comes back when that runs out. So a queue
+message is delivered at least once: a crash after the effect and before the delete
+repeats it, and a producer that retries a send puts a second message (another id) on
+the queue.
+
+`StorageQueueConsumer` takes one delivery through the dedup flow and applies the
+library's settlement rule (`shared.settlement`) the only way this trigger allows:
+
+* processed now, or a duplicate of a processed message: return (the host deletes it);
+* the key reused for other content, bad input (`InvalidPayloadError`, a missing business
+  key), a request the store refuses for good: write the message to the poison queue
+  with the reason (a JSON envelope: reason, detail, the original body and id, the dedup
+  key), then return, on its first delivery;
+* a transient store or dispatch failure, another attempt holding the key: raise
+  `MessageRetryError` (chained to the cause), so the host leaves the message to come
+  back; any other exception propagates as it is;
+* on the last delivery the host allows (`max_dequeue_count`, the host's
+  `maxDequeueCount`), what would raise goes to the poison queue instead, with its
+  reason (`MaxDequeueCountReached`): the host's own poison copy would carry no reason.
+
+The dedup key is the message id (stable across the queue's redeliveries) or a business
+key (`key=`): a producer's retry is a new message with a new id, so only a business key
+absorbs it, and only a business key survives a resubmission from the poison queue.
+
+    consumer = StorageQueueConsumer("order-audit", Idempotency(store), poison=poison_client)
+
+    @app.queue_trigger(arg_name="message", queue_name="order-audit", connection="AzureWebJobsStorage")
+    def order_audit(message: func.QueueMessage) -> None:
+        consumer.run_atomic(message, build, key=lambda order: order["orderId"])
+
+`AsyncStorageQueueConsumer` is the same for `async def` functions on `shared.aio.Idempotency`.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+import inspect
+import json
+import logging
+import threading
+from collections.abc import Callable, Generator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+from shared.exceptions import ConfigurationError, IdempotencyError, InvalidKeyError, PoisonMessageError
+from shared.idempotency import AsyncIdempotency, Idempotency
+from shared.keys import DedupKey, request_hash
+from shared.observability import message_span
+from shared.payload import parse_json_object
+from shared.records import Outcome, OutcomeStatus
+from shared.settlement import MAX_DESCRIPTION_CHARS, Action, Decision, decision_for, decision_for_error
+from shared.telemetry import EVENT_CONFLICT, Telemetry
+
+logger = logging.getLogger(__name__)
+
+#: The host's `maxDequeueCount` default (host.json `extensions.queues`).
+DEFAULT_MAX_DEQUEUE_COUNT = 5
+#: A queue message holds at most 64 KiB; with the trigger's base64 encoding that is 48 KiB of
+#: text. The envelope stays within it whichever encoding the poison client uses.
+MAX_POISON_TEXT_BYTES = 48 * 1024
+#: Poison envelopes never expire (`time_to_live=-1`): a person decides what becomes of them.
+NEVER_EXPIRES = -1
+REASON_LAST_DELIVERY = "MaxDequeueCountReached"
+REASON_INVALID_KEY = "InvalidKey"
+REASON_STALE = "StaleClaim"
+REASON_POISON_UNAVAILABLE = "PoisonQueueUnavailable"
+
+
+class PoisonQueue(Protocol):
+    """What the consumer needs of the poison queue: `azure.storage.queue.QueueClient` (or its
+    `aio` twin, for the async consumer). Build it with the trigger's message encoding (the
+    default `base64`: `message_encode_policy=TextBase64EncodePolicy()`), so the envelopes
+    read like the host's own poison messages."""
+
+    def send_message(self, content: Any, **kwargs: Any) -> Any: ...
+
+
+@dataclass(frozen=True)
+class QueueMessageView:
+    """A Storage Queue message as the consumer sees it (what the trigger's metadata carries).
+
+    `message_id` and `dequeue_count` come from the queue: the id is the same on every
+    redelivery, the count rises by one with each. `pop_receipt` changes with each delivery.
+    """
+
+    message_id: str | None
+    body: bytes
+    dequeue_count: int = 1
+    insertion_time: datetime.datetime | None = None
+    expiration_time: datetime.datetime | None = None
+    next_visible_time: datetime.datetime | None = None
+    pop_receipt: str | None = None
+
+    @classmethod
+    def of(cls, message: Any) -> QueueMessageView:
+        """From `azure.functions.QueueMessage` (the trigger's binding), an
+        `azure.storage.queue.QueueMessage` (a consumer of its own), or a view."""
+        if isinstance(message, QueueMessageView):
+            return message
+        if hasattr(message, "get_body"):  # azure.functions.QueueMessage
+            return cls(
+                message_id=_text_or_none(message.id), body=_bytes(message.get_body()),
+                dequeue_count=_count(message.dequeue_count),
+                insertion_time=message.insertion_time, expiration_time=message.expiration_time,
+                next_visible_time=message.time_next_visible,
+                pop_receipt=_text_or_none(message.pop_receipt))
+        if hasattr(message, "content"):  # azure.storage.queue.QueueMessage
+            return cls(
+                message_id=_text_or_none(message.id), body=_bytes(message.content),
+                dequeue_count=_count(message.dequeue_count), insertion_time=message.inserted_on,
+                expiration_time=message.expires_on, next_visible_time=message.next_visible_on,
+                pop_receipt=_text_or_none(message.pop_receipt))
+        raise TypeError(f"not a queue message: {type(message).__name__}")
+
+    def context(self, key: DedupKey | None = None) -> dict[str, Any]:
+        """What the logs and metrics say about this delivery (`delivery_count` tells a
+        redelivery from a producer's retry in the duplicate metric)."""
+        return {"message_id": self.message_id, "delivery_count": self.dequeue_count,
+                **({"dedup_key": key.key} if key is not None else {})}
+
+
+def _text_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _count(value: Any) -> int:
+    return int(value) if value else 1
+
+
+def _bytes(body: Any) -> bytes:
+    if body is None:
+        return b""
+    if isinstance(body, (bytes, bytearray)):
+        return bytes(cast(bytes, body))
+    return str(body).encode("utf-8")
+
+
+class MessageRetryError(IdempotencyError):
+    """Raised to the queue trigger so the host leaves the message to come back.
+
+    The message is valid; what failed may succeed later (the store was unavailable,
+    another attempt holds the key). `decision` says why (its `reason`: Transient,
+    InProgress, ...); the cause is chained. The host redelivers after host.json
+    `visibilityTimeout`, or moves the body to `<queue>-poison` after `maxDequeueCount`
+    (the consumer does that itself, with the reason, on the last delivery).
+    """
+
+    def __init__(self, decision: Decision, *, message_id: str | None) -> None:
+        super().__init__(f"{decision.reason}: {decision.description} (message {message_id} is "
+                         "left on the queue to come back)")
+        self.decision = decision
+        self.reason = decision.reason
+
+
+def poison_envelope(view: QueueMessageView, *, consumer: str, reason: str, detail: str,
+                    key: DedupKey | None = None, now: datetime.datetime | None = None) -> str:
+    """The poison queue message for `view`: JSON with the reason, the detail, the original
+    id, dequeue count, insertion time, dedup key and body (as text when it is UTF-8, else
+    base64). A body that would not fit in one queue message is cut, and the envelope
+    says so (`bodyTruncated`, `bodyBytes`, `bodySha256`)."""
+    envelope: dict[str, Any] = {
+        "reason": reason,
+        "detail": detail[:MAX_DESCRIPTION_CHARS],
+        "consumer": consumer,
+        "messageId": view.message_id,
+        "dequeueCount": view.dequeue_count,
+        "insertionTime": view.insertion_time.isoformat() if view.insertion_time else None,
+        "dedupKey": key.key if key is not None else None,
+        "poisonedAt": (now or datetime.datetime.now(datetime.UTC)).isoformat(),
+    }
+    try:
+        envelope["body"] = view.body.decode("utf-8")
+    except UnicodeDecodeError:
+        envelope["bodyBase64"] = base64.b64encode(view.body).decode("ascii")
+    text = _json(envelope)
+    if len(text.encode("utf-8")) <= MAX_POISON_TEXT_BYTES:
+        return text
+    field = "body" if "body" in envelope else "bodyBase64"
+    whole = str(envelope.pop(field))
+    envelope.update(bodyTruncated=True, bodyBytes=len(view.body),
+                    bodySha256=hashlib.sha256(view.body).hexdigest())
+    low, high = 0, len(whole)  # the longest prefix that fits, escaping included
+    while low < high:
+        middle = (low + high + 1) // 2
+        if len(_json({**envelope, field: whole[:middle]}).encode("utf-8")) <= MAX_POISON_TEXT_BYTES:
+            low = middle
+        else:
+            high = middle - 1
+    envelope[field] = whole[:low]
+    return _json(envelope)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+Handle = Callable[[QueueMessageView], Any]  # -> Outcome | Decision (awaitable on the async face)
+Parse = Callable[[QueueMessageView], Any]
+KeyOf = Callable[[Any], str | DedupKey | None]  # None: the item has no key (refused)
+
+
+@dataclass(frozen=True)
+class _Identified:
+    """One message's item, key and request hash (what the dedup flow is called with)."""
+
+    item: Any
+    key: DedupKey
+    request_hash: str
+
+
+class BaseStorageQueueConsumer:
+    """What both faces share: identifying a message, the settlement rule, the envelope."""
+
+    def __init__(self, name: str, idempotency: Any, *,
+                 poison: PoisonQueue | Callable[[], PoisonQueue],
+                 telemetry: Telemetry | None = None, max_body_bytes: int = 64 * 1024,
+                 max_dequeue_count: int = DEFAULT_MAX_DEQUEUE_COUNT,
+                 poison_time_to_live: int = NEVER_EXPIRES) -> None:
+        try:
+            DedupKey(name, "-")
+        except InvalidKeyError as error:
+            raise ConfigurationError(f"consumer name {name!r}: {error}") from error
+        if max_dequeue_count < 1:
+            raise ConfigurationError(f"max_dequeue_count={max_dequeue_count} must be at least 1 (set it "
+                             "to host.json extensions.queues.maxDequeueCount)")
+        if poison is None:
+            raise ConfigurationError("poison: give the `<queue>-poison` queue client (or a factory of "
+                             "it): the queue trigger has no dead-letter call of its own")
+        self.name = name
+        self.idempotency = idempotency
+        self.telemetry: Telemetry = telemetry or idempotency.telemetry
+        self.max_body_bytes = max_body_bytes
+        self.max_dequeue_count = max_dequeue_count
+        self.poison_time_to_live = poison_time_to_live
+        self._poison_given = poison
+        self._poison: PoisonQueue | None = None
+        self._poison_lock = threading.Lock()
+
+    # -- identifying a message ------------------------------------------------------------
+    def identify(self, view: QueueMessageView, *, parse: Parse | None = None,
+                 key: KeyOf | None = None, content: Callable[[Any], Any] | None = None
+                 ) -> _Identified:
+        """Parse the body, take the key, hash the content. Bad input raises
+        InvalidPayloadError / InvalidKeyError (the caller refuses it with its reason)."""
+        item = parse(view) if parse is not None else parse_json_object(
+            view.body, max_bytes=self.max_body_bytes)
+        if key is None:
+            dedup_key = DedupKey.from_message_id(self.name, view.message_id)
+        else:
+            value = key(item)
+            dedup_key = (value if isinstance(value, DedupKey)
+                         else DedupKey.from_business_key(self.name, value))
+        payload: Any = view.body  # an item that is not JSON: its bytes
+        if content is not None:
+            payload = content(item)
+        elif isinstance(item, (dict, list)):
+            payload = cast(Any, item)
+        return _Identified(item, dedup_key, request_hash(payload))
+
+    @staticmethod
+    def _partition(partition: str | Callable[[Any], str] | None, item: Any) -> str | None:
+        return partition(item) if callable(partition) else partition
+
+    # -- the settlement rule --------------------------------------------------------------
+    def decide(self, result: Outcome | Decision) -> Decision:
+        """The decision for what the dedup flow (or a handle) answered."""
+        if isinstance(result, Decision):
+            return result
+        if result.status is OutcomeStatus.STALE:
+            return Decision.deadletter(
+                REASON_STALE, f"{result.key.encoded} was claimed by an attempt that stopped "
+                "renewing it; the effect may have partly happened: reconcile it before "
+                "resubmitting this message", result.status.value)
+        return decision_for(result)
+
+    def decide_error(self, error: Exception, view: QueueMessageView) -> Decision | None:
+        """The decision for an error, or None when it is not one the rule knows."""
+        if isinstance(error, PoisonMessageError):  # bad input, or refused by the business rule
+            return Decision.deadletter(error.reason, error.detail)
+        if isinstance(error, InvalidKeyError):
+            return Decision.deadletter(REASON_INVALID_KEY, str(error))
+        return decision_for_error(error, delivery_count=view.dequeue_count)
+
+    def last_delivery(self, view: QueueMessageView) -> bool:
+        """Whether a failure now makes the host move the message to the poison queue."""
+        return view.dequeue_count >= self.max_dequeue_count
+
+    def _final(self, decision: Decision, view: QueueMessageView) -> Decision:
+        """A retry on the last delivery becomes a poison message with the reason."""
+        if decision.action in (Action.ABANDON, Action.WAIT) and self.last_delivery(view):
+            return Decision.deadletter(
+                REASON_LAST_DELIVERY, f"{decision.reason}: {decision.description} (dequeue "
+                f"count {view.dequeue_count} of {self.max_dequeue_count})", decision.outcome)
+        return decision
+
+    def _on_unknown(self, error: Exception, view: QueueMessageView) -> Decision:
+        """Any other exception: the last delivery poisons it with the error; earlier ones
+        re-raise it, so the host logs it and the message comes back."""
+        if not self.last_delivery(view):
+            raise error
+        return Decision.deadletter(
+            REASON_LAST_DELIVERY, f"{type(error).__name__}: {error} (dequeue count "
+            f"{view.dequeue_count} of {self.max_dequeue_count})")
+
+    def _retry(self, decision: Decision, view: QueueMessageView, key: DedupKey | None,
+               cause: BaseException | None) -> MessageRetryError:
+        logger.warning("%s: %s, message left to come back: %s", self.name, decision.reason,
+                       decision.description, extra=view.context(key))
+        error = MessageRetryError(decision, message_id=view.message_id)
+        error.__cause__ = cause
+        return error
+
+    def _refused(self, decision: Decision, view: QueueMessageView, key: DedupKey | None) -> str:
+        """Alert (the conflict has its own record) and build the envelope."""
+        if decision.reason != EVENT_CONFLICT:
+            self.telemetry.dead_lettered(
+                consumer=self.name, reason=decision.reason or "",
+                context={**view.context(key), "error": (decision.description or "")[:500]})
+        return poison_envelope(view, consumer=self.name, reason=decision.reason or "",
+                               detail=decision.description or "", key=key)
+
+    def _poison_client(self) -> PoisonQueue:
+        with self._poison_lock:
+            if self._poison is None:
+                given = self._poison_given
+                self._poison = (cast(Callable[[], PoisonQueue], given)() if not hasattr(
+                    given, "send_message") else cast(PoisonQueue, given))
+            return self._poison
+
+    @contextmanager
+    def _span(self, view: QueueMessageView) -> Generator[None]:
+        with message_span(self.name, message_id=view.message_id,
+                          attributes={"messaging.system": "azure_storage_queue",
+                                      "messaging.delivery_count": view.dequeue_count}):
+            yield
+
+
+def _key_of(result: Any) -> DedupKey | None:
+    return result.key if isinstance(result, Outcome) else None
+
+
+class StorageQueueConsumer(BaseStorageQueueConsumer):
+    """One queue-triggered function's consumer on a sync `Idempotency`.
+
+    Each method returns the `Decision` it applied (complete: the host deletes the message;
+    deadletter: it was written to the poison queue) or raises `MessageRetryError`.
+    `name` scopes the dedup keys; `poison` is the `<queue>-poison` client or a factory of it
+    (called on first use); `max_dequeue_count` must be the host's `maxDequeueCount`.
+    """
+
+    idempotency: Idempotency
+
+    def __init__(self, name: str, idempotency: Idempotency, *,
+                 poison: PoisonQueue | Callable[[], PoisonQueue],
+                 telemetry: Telemetry | None = None, max_body_bytes: int = 64 * 1024,
+                 max_dequeue_count: int = DEFAULT_MAX_DEQUEUE_COUNT,
+                 poison_time_to_live: int = NEVER_EXPIRES) -> None:
+        super().__init__(name, idempotency, poison=poison, telemetry=telemetry,
+                         max_body_bytes=max_body_bytes, max_dequeue_count=max_dequeue_count,
+                         poison_time_to_live=poison_time_to_live)
+
+    def run_atomic(self, message: Any, build: Callable[[Any, Any], Any], *,
+                   parse: Parse | None = None, key: KeyOf | None = None,
+                   content: Callable[[Any], Any] | None = None,
+                   partition: str | Callable[[Any], str] | None = None,
+                   marker: Callable[[Any], tuple[str, dict[str, Any]]] | None = None) -> Decision:
+        """Commit the marker and `build(tx, item)`'s writes in one transaction, once per key.
+
+        `parse(view)` makes the item (default: the body as a JSON object); `key(item)` the
+        business key (default: the message id); `content(item)` what is hashed to tell a
+        duplicate from a reused key (default: the item); `partition` (or `partition(item)`)
+        where the marker and the writes go; `marker(item)` -> (id, body) makes a business
+        document its own marker, kept for good (the order's audit entry, say).
+        """
+        def handle(view: QueueMessageView) -> Outcome:
+            found = self.identify(view, parse=parse, key=key, content=content)
+            marker_id, marker_body = marker(found.item) if marker is not None else (None, None)
+
+            def built(tx: Any) -> Any:
+                return build(tx, found.item)
+
+            return self.idempotency.run_atomic(
+                found.key, found.request_hash, built,
+                partition=self._partition(partition, found.item), marker_id=marker_id,
+                marker_body=marker_body, expires=marker is None, context=view.context(found.key),
+                read_first=view.dequeue_count > 1)
+
+        return self.process(message, handle)
+
+    def run(self, message: Any, handler: Callable[[Any], Any], *, parse: Parse | None = None,
+            key: KeyOf | None = None, content: Callable[[Any], Any] | None = None,
+            takeover_stale: bool = True) -> Decision:
+        """Two phases, for an effect that cannot join a transaction: claim the key, run
+        `handler(item)` once, record its result. A claim left by a crashed attempt is taken
+        over once its lease runs out (`takeover_stale=False`: poisoned as StaleClaim)."""
+        def handle(view: QueueMessageView) -> Outcome:
+            found = self.identify(view, parse=parse, key=key, content=content)
+            return self.idempotency.run(found.key, found.request_hash,
+                                        lambda: handler(found.item),
+                                        takeover_stale=takeover_stale,
+                                        context=view.context(found.key))
+
+        return self.process(message, handle)
+
+    def process(self, message: Any, handle: Handle) -> Decision:
+        """Low level: `handle(view)` returns an Outcome or a Decision; the rule settles it."""
+        view = QueueMessageView.of(message)
+        with self._span(view):
+            key: DedupKey | None = None
+            cause: Exception | None = None
+            try:
+                result = handle(view)
+                key = _key_of(result)
+                decision = self.decide(result)
+            except Exception as error:
+                cause = error
+                decision = self.decide_error(error, view) or self._on_unknown(error, view)
+            decision = self._final(decision, view)
+            if decision.action in (Action.ABANDON, Action.WAIT):
+                raise self._retry(decision, view, key, cause)
+            if decision.action is Action.DEADLETTER:
+                self._send_poison(self._refused(decision, view, key), view, cause)
+            return decision
+
+    def _send_poison(self, envelope: str, view: QueueMessageView,
+                     cause: BaseException | None) -> None:
+        try:
+            sent = self._poison_client().send_message(envelope,
+                                                      time_to_live=self.poison_time_to_live)
+        except Exception as error:
+            raise self._retry(Decision.abandon(REASON_POISON_UNAVAILABLE, str(error)), view,
+                              None, error) from error
+        if inspect.isawaitable(sent):
+            _close(sent)
+            raise TypeError("an async poison queue client needs AsyncStorageQueueConsumer")
+
+
+class AsyncStorageQueueConsumer(BaseStorageQueueConsumer):
+    """`StorageQueueConsumer` for `async def` functions (`shared.aio.StorageQueueConsumer`):
+    the same methods, awaited, on `shared.aio.Idempotency`; builds and handlers may be async,
+    the poison client sync or async (`azure.storage.queue.aio.QueueClient`)."""
+
+    idempotency: AsyncIdempotency
+
+    def __init__(self, name: str, idempotency: AsyncIdempotency, *,
+                 poison: PoisonQueue | Callable[[], PoisonQueue],
+                 telemetry: Telemetry | None = None, max_body_bytes: int = 64 * 1024,
+                 max_dequeue_count: int = DEFAULT_MAX_DEQUEUE_COUNT,
+                 poison_time_to_live: int = NEVER_EXPIRES) -> None:
+        super().__init__(name, idempotency, poison=poison, telemetry=telemetry,
+                         max_body_bytes=max_body_bytes, max_dequeue_count=max_dequeue_count,
+                         poison_time_to_live=poison_time_to_live)
+
+    async def run_atomic(self, message: Any, build: Callable[[Any, Any], Any], *,
+                         parse: Parse | None = None, key: KeyOf | None = None,
+                         content: Callable[[Any], Any] | None = None,
+                         partition: str | Callable[[Any], str] | None = None,
+                         marker: Callable[[Any], tuple[str, dict[str, Any]]] | None = None
+                         ) -> Decision:
+        """`StorageQueueConsumer.run_atomic`, awaited (`build` may be async)."""
+        async def handle(view: QueueMessageView) -> Outcome:
+            found = self.identify(view, parse=parse, key=key, content=content)
+            marker_id, marker_body = marker(found.item) if marker is not None else (None, None)
+
+            def built(tx: Any) -> Any:
+                return build(tx, found.item)
+
+            return await self.idempotency.run_atomic(
+                found.key, found.request_hash, built,
+                partition=self._partition(partition, found.item), marker_id=marker_id,
+                marker_body=marker_body, expires=marker is None, context=view.context(found.key),
+                read_first=view.dequeue_count > 1)
+
+        return await self.process(message, handle)
+
+    async def run(self, message: Any, handler: Callable[[Any], Any], *,
+                  parse: Parse | None = None, key: KeyOf | None = None,
+                  content: Callable[[Any], Any] | None = None,
+                  takeover_stale: bool = True) -> Decision:
+        """`StorageQueueConsumer.run`, awaited (`handler` may be async)."""
+        async def handle(view: QueueMessageView) -> Outcome:
+            found = self.identify(view, parse=parse, key=key, content=content)
+            return await self.idempotency.run(found.key, found.request_hash,
+                                              lambda: handler(found.item),
+                                              takeover_stale=takeover_stale,
+                                              context=view.context(found.key))
+
+        return await self.process(message, handle)
+
+    async def process(self, message: Any, handle: Handle) -> Decision:
+        """`StorageQueueConsumer.process`, awaited (`handle` may be async)."""
+        view = QueueMessageView.of(message)
+        with self._span(view):
+            key: DedupKey | None = None
+            cause: Exception | None = None
+            try:
+                result = handle(view)
+                if inspect.isawaitable(result):
+                    result = await cast(Any, result)
+                key = _key_of(result)
+                decision = self.decide(result)
+            except Exception as error:
+                cause = error
+                decision = self.decide_error(error, view) or self._on_unknown(error, view)
+            decision = self._final(decision, view)
+            if decision.action in (Action.ABANDON, Action.WAIT):
+                raise self._retry(decision, view, key, cause)
+            if decision.action is Action.DEADLETTER:
+                await self._send_poison(self._refused(decision, view, key), view)
+            return decision
+
+    async def _send_poison(self, envelope: str, view: QueueMessageView) -> None:
+        try:
+            sent = self._poison_client().send_message(envelope,
+                                                      time_to_live=self.poison_time_to_live)
+            if inspect.isawaitable(sent):
+                await sent
+        except Exception as error:
+            raise self._retry(Decision.abandon(REASON_POISON_UNAVAILABLE, str(error)), view,
+                              None, error) from error
+
+
+def _close(value: object) -> None:
+    close = getattr(value, "close", None)
+    if callable(close):
+        close()  # a coroutine never awaited: no "was never awaited" warning
+
+
+def read_envelope(text: str | bytes) -> Mapping[str, Any]:
+    """A poison envelope as written by the consumer (for tools and tests that read the
+    poison queue); ValueError when it is not one."""
+    data = json.loads(text)
+    if not isinstance(data, dict) or "reason" not in data or "messageId" not in data:
+        raise ValueError("not a poison envelope (no reason or messageId)")
+    return cast(dict[str, Any], data)
+
+
+__all__ = [
+    "DEFAULT_MAX_DEQUEUE_COUNT", "AsyncStorageQueueConsumer", "MessageRetryError", "PoisonQueue",
+    "QueueMessageView", "StorageQueueConsumer", "poison_envelope", "read_envelope",
+]
