@@ -8,7 +8,11 @@ async interface (a test double, a backend with no async SDK).
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from shared.batch import AsyncPartitionBatchProcessor as PartitionBatchProcessor
@@ -33,6 +37,22 @@ __all__ = ["AsyncStore", "CosmosIdempotencyStore", "EventHubConsumer", "EventHub
            "ServiceBusDispatcher", "TableIdempotencyStore", "ThreadedStore", "Transaction"]
 
 
+#: Threads for sync stores' requests behind the async interface: each request holds one while it
+#: waits on the network, so a slow store must not exhaust them (the loop's default executor has
+#: only cores + 4); shared by every ThreadedStore of the process.
+THREADED_STORE_THREADS = 64
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _threads() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(THREADED_STORE_THREADS, thread_name_prefix="threaded-store")
+        return _pool
+
+
 class ThreadedStore(AsyncDocumentStore):
     """A sync store behind the async interface, each request on a worker thread.
 
@@ -49,7 +69,9 @@ class ThreadedStore(AsyncDocumentStore):
         return str(self.sync.name)
 
     async def _call[T](self, request: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return await asyncio.to_thread(request, *args, **kwargs)
+        context = contextvars.copy_context()  # as asyncio.to_thread: the caller's context goes along
+        return await asyncio.get_running_loop().run_in_executor(
+            _threads(), functools.partial(context.run, request, *args, **kwargs))
 
     async def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
         return await self._call(self.sync.get_record, partition, record_id)
