@@ -201,7 +201,7 @@ def _measure(backend: str, stack: Any, messages: int, payments_cpu_ms: float | N
     class Counter(RequestCounter):
         """Data-plane requests to either server (Table and Cosmos share one transport)."""
 
-        def record(self, layer: str, method: str, url: str) -> None:
+        def record(self, layer: str, method: str, url: str, request: Any = None) -> None:
             kind = classify("cosmos" if url.startswith(stack.cosmos_endpoint) else "table", method, url)
             with self._lock:
                 self.counts[(layer, kind)] += 1

@@ -26,11 +26,12 @@ dispatcher would make and waits one round trip for each (`SendTally`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -78,8 +79,30 @@ def classify(backend: str, method: str, url: str) -> str:
     return "data"
 
 
+@dataclass(frozen=True)
+class SentRequest:
+    """One request as it went on the wire (recorded while `RequestCounter.recording`)."""
+
+    method: str
+    url: str
+    headers: dict[str, str]
+    body: bytes
+
+
+def _body_of(request: Any) -> bytes:
+    """The body of an azure-core request (`azure.core.rest.HttpRequest.content`, or the
+    pipeline transport request's `body`) as bytes."""
+    body = getattr(request, "content", None)
+    if body is None:
+        body = getattr(request, "body", None)
+    if body is None:
+        return b""
+    return body.encode("utf-8") if isinstance(body, str) else bytes(body)
+
+
 class RequestCounter:
-    """Thread-safe tallies of store requests, by layer and kind."""
+    """Thread-safe tallies of store requests, by layer and kind; while `recording`, the
+    requests themselves (what the same-transactions variant learns the app's bytes from)."""
 
     def __init__(self, backend: str) -> None:
         self.backend = backend
@@ -87,13 +110,29 @@ class RequestCounter:
         self.counts: Counter[tuple[str, str]] = Counter()  # (layer, kind) -> n
         self.requests: Counter[tuple[str, str]] = Counter()  # (method, kind) -> n, wire layer
         self.errors: Counter[str] = Counter()  # transport failures (the SDK may send again)
+        self._recorded: list[SentRequest] | None = None
 
-    def record(self, layer: str, method: str, url: str) -> None:
+    def record(self, layer: str, method: str, url: str, request: Any = None) -> None:
         kind = classify(self.backend, method, url)
         with self._lock:
             self.counts[(layer, kind)] += 1
             if layer == "wire":
                 self.requests[(method, kind)] += 1
+                if self._recorded is not None and request is not None:
+                    self._recorded.append(SentRequest(method, url, dict(request.headers),
+                                                      _body_of(request)))
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[list[SentRequest]]:
+        """The wire requests sent while inside, in the order they were sent."""
+        recorded: list[SentRequest] = []
+        with self._lock:
+            self._recorded = recorded
+        try:
+            yield recorded
+        finally:
+            with self._lock:
+                self._recorded = None
 
     def record_error(self, error: BaseException) -> None:
         with self._lock:
@@ -121,7 +160,7 @@ class CountingPolicy(SansIOHTTPPolicy):
 
     def on_request(self, request: PipelineRequest) -> None:
         http = request.http_request
-        self._counter.record(self._layer, http.method, http.url)
+        self._counter.record(self._layer, http.method, http.url, http)
 
 
 class _SharedContextAdapter(HTTPAdapter):
@@ -185,7 +224,7 @@ class CountingTransport(RequestsTransport):
         self._counter = counter
 
     def send(self, request: Any, **kwargs: Any) -> Any:
-        self._counter.record("wire", request.method, request.url)
+        self._counter.record("wire", request.method, request.url, request)
         try:
             return super().send(request, **kwargs)
         except Exception as error:  # e.g. a keep-alive connection the server had closed
@@ -201,7 +240,7 @@ class AsyncCountingTransport(AioHttpTransport):
         self._counter = counter
 
     async def send(self, request: Any, **kwargs: Any) -> Any:
-        self._counter.record("wire", request.method, request.url)
+        self._counter.record("wire", request.method, request.url, request)
         try:
             return await super().send(request, **kwargs)
         except Exception as error:
@@ -288,11 +327,15 @@ class SendTally:
         """Tally one dispatch call; the sends it costs: as `shared.dispatch.ServiceBusDispatcher`
         makes them, one per destination and per batch that fits one send."""
         sends = sum(len(send_plan(group)) for _, group in by_destination(messages))
+        self.count(sends, len(messages))
+        return sends
+
+    def count(self, sends: int, messages: int) -> None:
+        """Tally one dispatch call of `messages` in `sends` sends (cut by the caller)."""
         with self._lock:
             self.calls += 1
             self.sends += sends
-            self.messages += len(messages)
-        return sends
+            self.messages += messages
 
 
 class CostedDispatcher:

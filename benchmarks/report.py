@@ -28,12 +28,13 @@ from benchmarks.variants import (
     NO_PUBLISH,
     PER_EVENT,
     REMEMBERED,
+    SAME,
     SYNC_APP,
 )
 from benchmarks.workload import LatencySizes, Sizes
 
 TARGET_RTT_MS = 5.0
-REFERENCES = {"loopback": (BASELINE,), "latency": (LIMIT, PER_EVENT, REMEMBERED, NO_PUBLISH)}
+REFERENCES = {"loopback": (BASELINE,), "latency": (LIMIT, PER_EVENT, REMEMBERED, SAME, NO_PUBLISH)}
 NAN = math.nan
 
 
@@ -217,6 +218,10 @@ def _latency_targets(run: Run) -> list[Target]:
                   "costs about nothing)")
             ratio(row, REMEMBERED, 1.15, "app's client CPU per event <= 1.15x no-dedup-etags'",
                   figure="cpu_per_event", at_most=True)
+            ratio(row, SAME, 0.95, "app >= 0.95x same-transactions' events/s (the library's own "
+                  "work costs at most a twentieth)")
+            ratio(row, SAME, 1.10, "app's client CPU per event <= 1.10x same-transactions'",
+                  figure="cpu_per_event", at_most=True)
             ratio(row, NO_PUBLISH, 0.8, "app >= 0.8x app-no-publish's events/s (publishing "
                   "costs at most a fifth)")
         many_app = found.get((many, backend, APP))
@@ -284,6 +289,7 @@ FULL_COLUMNS: list[Column] = [
                                       f"{r.replay.events if r.replay else 0} events"),
     ("vs limit", lambda r: _x(r.x(LIMIT))), ("vs etags", lambda r: _x(r.x(REMEMBERED))),
     ("CPU vs etags", lambda r: _x(r.x(REMEMBERED, "cpu_per_event"))),
+    ("vs same-tx", lambda r: _x(r.x(SAME))), ("CPU vs same-tx", lambda r: _x(r.x(SAME, "cpu_per_event"))),
     ("vs no-publish", lambda r: _x(r.x(NO_PUBLISH))), ("vs per-event", lambda r: _x(r.x(PER_EVENT))),
     ("Balances", lambda r: "ok" if r.balances_ok else "**wrong**"),
 ]
@@ -291,10 +297,14 @@ FULL_COLUMNS: list[Column] = [
 # each variant's events/s.
 SUMMARY_EPS = ((PER_EVENT, "Dedup per event (old)"), ("no-dedup-seq", "No dedup sequential"),
                (LIMIT, "No dedup grouped (limit)"), (REMEMBERED, "No dedup, remembered etags"),
-               (SYNC_APP, "Sync service (threads)"), (COLD_APP, "App, nothing remembered"),
+               (SAME, "Same transactions, raw SDK"), (SYNC_APP, "Sync service (threads)"),
+               (COLD_APP, "App, nothing remembered"),
                (NO_PUBLISH, "App, publishing off"), (APP, "App"))
 SUMMARY_APP: list[Column] = [
     ("App vs limit", lambda r: _x(r.x(LIMIT))), ("App vs etags", lambda r: _x(r.x(REMEMBERED))),
+    ("App CPU vs etags", lambda r: _x(r.x(REMEMBERED, "cpu_per_event"))),
+    ("App vs same-tx", lambda r: _x(r.x(SAME))),
+    ("App CPU vs same-tx", lambda r: _x(r.x(SAME, "cpu_per_event"))),
     ("App vs no-publish", lambda r: _x(r.x(NO_PUBLISH))), ("App vs old", lambda r: _x(r.x(PER_EVENT))),
     ("App req/event", lambda r: f"{r.main.requests_per_event:.2f}"),
     ("App msgs sent/event", lambda r: f"{r.main.messages_per_event:.2f}"),
@@ -305,7 +315,8 @@ SUMMARY_APP: list[Column] = [
 def summary_headers() -> list[str]:
     return (["Backend", "Accounts", "RTT ms (measured)"]
             + [f"{label}, ev/s" for _, label in SUMMARY_EPS]
-            + [header for header, _ in SUMMARY_APP] + ["Etags CPU/event", "App replay req"])
+            + [header for header, _ in SUMMARY_APP]
+            + ["Etags CPU/event", "Same-tx CPU/event", "App replay req"])
 
 
 def summary_rows(run: Run) -> list[list[str]]:
@@ -321,13 +332,14 @@ def summary_rows(run: Run) -> list[list[str]]:
                     continue
                 app = here.get(APP)
                 ref = app or next(iter(here.values()))
-                etags = here.get(REMEMBERED)
+                etags, same = here.get(REMEMBERED), here.get(SAME)
                 out.append(
                     [backend, str(count), f"{rtt_ms:g} ({ref.added_ms:.1f})"]
                     + [_eps(here[name].main.events_per_second) if name in here else "n/a"
                        for name, _ in SUMMARY_EPS]
                     + [cell(app) if app else "n/a" for _, cell in SUMMARY_APP]
                     + [f"{etags.main.cpu_ms_per_event:.2f} ms" if etags else "n/a",
+                       f"{same.main.cpu_ms_per_event:.2f} ms" if same else "n/a",
                        _replay_cell(app) if app else "n/a"])
     return out
 
@@ -417,8 +429,8 @@ def header(run: Run) -> str:
             f"{run.seconds:.0f} s. Added RTT measured before and after each RTT's scenarios, "
             f"{s.probe_reads} point reads each way (median through the relay minus median "
             f"direct): {probes}. Store requests per batch: app {app_shape(run)}, app-no-publish "
-            f"{app_shape(run, NO_PUBLISH)}. Requests sent again after a transport failure "
-            f"(counted): {resent(run)}.")
+            f"{app_shape(run, NO_PUBLISH)}, same-transactions {app_shape(run, SAME)}. Requests "
+            f"sent again after a transport failure (counted): {resent(run)}.")
 
 
 def _baselines(run: Run) -> str:

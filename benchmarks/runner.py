@@ -314,8 +314,10 @@ class Slot:
 def _slots(stores: Stores, registry: Mapping[str, type[Variant]], names: Sequence[str],
            backends: Sequence[str], *, main: str, rtt_ms: float = 0.0, accounts: int = 0,
            env: Callable[[str], Mapping[str, str]] = lambda _b: {},
-           concurrency: int = DEFAULT_CONCURRENCY) -> Iterator[list[Slot]]:
-    """Each variant on each backend, on its own stores; closed afterwards."""
+           concurrency: int = DEFAULT_CONCURRENCY,
+           clock: Callable[[], float] = time.time) -> Iterator[list[Slot]]:
+    """Each variant on each backend, on its own stores; closed afterwards. `clock`: the app's
+    and the same-transactions variant's (a test freezes it to compare their bytes)."""
     slots: list[Slot] = []
     try:
         for backend in backends:
@@ -323,7 +325,8 @@ def _slots(stores: Stores, registry: Mapping[str, type[Variant]], names: Sequenc
                 cls = registry[name]
                 made, counters = stores.make(backend, cls.roles, aio=cls.aio)
                 tally = SendTally()
-                variant = cls(Setup(backend, made, tally, rtt_ms, env(backend), concurrency))
+                variant = cls(Setup(backend, made, tally, rtt_ms, env(backend), concurrency,
+                                    tuple(counters), clock))
                 slots.append(Slot(variant, counters, tally, Result(
                     name, cls.label, backend, cls.project, cls.dedup, main, rtt_ms, accounts)))
         yield slots

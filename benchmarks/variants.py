@@ -27,6 +27,11 @@ partition, as `domain.payments` keeps it).
 * `no-dedup-etags`, the limit for the app's shape: async on the same clients as
   `app`, balances and etags remembered, so one etag-conditional write per account
   and then the mark write; what `app` would cost with the dedup work free.
+* `same-transactions`: the transactions `app` sends (every marker, every balance, the mark,
+  per batch, grouped by account, bounded like the app, its `BalanceChanged` costed alike)
+  written inline on the raw async SDK clients with no library code on the hot path
+  (`benchmarks.raw_payments`), the documents' layout learnt from the app at set-up
+  (`benchmarks.app_requests`): `app` against it is the library's own overhead.
 * `app`: what the `payments` function runs (`build_services`, then
   `payments_async.process_batch`) on counted async stores, its outgoing messages
   costed by the scenario's RTT (`benchmarks.counting.AsyncCostedDispatcher`);
@@ -63,7 +68,9 @@ from azure.cosmos.exceptions import (
 )
 from azure.data.tables import UpdateMode
 
-from benchmarks.counting import AsyncCostedDispatcher, CostedDispatcher, SendTally
+from benchmarks import raw_payments as raw
+from benchmarks.app_requests import PROBE_TIME, AppShape, learn_app, probe_dispatcher
+from benchmarks.counting import AsyncCostedDispatcher, CostedDispatcher, RequestCounter, SendTally
 from benchmarks.workload import SIGNS, Message
 from functions.services import Services, build_services
 from functions.settings import Settings
@@ -79,8 +86,10 @@ from shared.aio import InMemoryIdempotencyStore as AsyncInMemoryIdempotencyStore
 from shared.batch import BatchReport
 from shared.cache import CompletedKeyCache
 from shared.cloudevents import parse_cloudevent
+from shared.dispatch import _HEADER_ALLOWANCE, SEND_BYTES  # the send cut of the app's dispatcher (set-up)
 from shared.flow import Transaction
 from shared.keys import store_safe_id
+from shared.outbox import _ID_NAMESPACE  # the namespace of the app's message ids (set-up)
 from shared.stores.base import IdempotencyStore
 from shared.telemetry import Telemetry
 from shared.triggers import EventView
@@ -133,6 +142,8 @@ class Setup:
     rtt_ms: float = 0.0  # what one send costs (latency mode: the scenario's nominal RTT)
     env: Mapping[str, str] = field(default_factory=dict[str, str])  # app settings (latency mode)
     concurrency: int = 16  # concurrent account groups of the no-dedup limits
+    counters: tuple[RequestCounter, ...] = ()  # the variant's store clients' (set-up recording)
+    clock: Callable[[], float] = time.time  # the app's and the same-transactions variant's
 
 
 class Variant:
@@ -712,7 +723,8 @@ class AppPath(SyncAppPath):
     def restart(self) -> None:
         self.services = build_services(
             self.settings, stores=self.stores.factory(), async_stores=self.stores.async_factory(),
-            async_dispatcher=AsyncCostedDispatcher(self.setup.tally, self.setup.rtt_ms))
+            async_dispatcher=AsyncCostedDispatcher(self.setup.tally, self.setup.rtt_ms),
+            clock=self.setup.clock)
 
     def _report(self, events: list[EventView], partition_id: str) -> BatchReport:
         assert self.stores.run is not None
@@ -737,13 +749,165 @@ class ColdAppPath(AppPath):
         super().process(events, partition_id)
 
 
+class SameTransactions(PaymentVariant):
+    """The transactions `app` sends, written inline on the raw async SDK clients: per batch the
+    mark read (the partition's first batch), a balance read for each account not written
+    yet, one transaction per account (each event's marker, the first carrying the account's
+    `BalanceChanged` and its event's position, then the balance created or replaced under its
+    etag), accounts concurrently up to the app's bound, the messages' sends costed as the
+    app's, then the mark created or replaced under its etag; after a restart, a batch the mark
+    covers costs its read. No library code per event (`benchmarks.raw_payments`); what the
+    documents hold is learnt from the app at set-up (`benchmarks.app_requests`), so the
+    markers are the app's byte for byte. Failures are not handled (none are provoked): a
+    refused write stops the run. What `app` costs beyond this is the library's own work."""
+
+    name, label = "same-transactions", "Same transactions, raw SDK, no library (async)"
+    aio = True
+    roles = ("ledger", "dedup", "parked")  # parked: the app's, for the set-up probe
+
+    def __init__(self, setup: Setup) -> None:
+        super().__init__(setup)
+        ledger, marks = self.stores.aio["ledger"], self.stores.aio["dedup"]
+        self.cosmos = hasattr(ledger, "container")
+        self.shape = self._learn()
+        t = self.shape.templates
+        self._first, self._marker, self._balance, self._mark = (
+            t.first_marker.build, t.marker.build, t.balance.build, t.mark.build)
+        if self.cosmos:
+            self._ledger, self._marks = ledger.container, marks.container
+        else:
+            self._ledger_batch = raw.TableBatch(ledger.client)
+            self._marks_batch = raw.TableBatch(marks.client)
+        self._reader, self._mark_reader = AsyncRaw(ledger), AsyncRaw(marks)
+        self._id, self._pk = ("id", "pk") if self.cosmos else ("RowKey", "PartitionKey")
+        self.restart()
+
+    def _learn(self) -> AppShape:
+        """The app's documents, learnt from the app itself on these stores (see app_requests)."""
+        assert self.stores.run is not None
+        services = build_services(self.settings, stores=self.stores.factory(),
+                                  async_stores=self.stores.async_factory(),
+                                  async_dispatcher=probe_dispatcher(), clock=lambda: PROBE_TIME)
+        roles = {**{store.container.id: role for role, store in self.stores.aio.items()
+                    if hasattr(store, "container")},
+                 **{store.client.table_name: role for role, store in self.stores.aio.items()
+                    if not hasattr(store, "container")}}
+        return learn_app(services=services, run=self.stores.run, counters=self.setup.counters,
+                         roles=roles, cosmos=hasattr(self.stores.aio["ledger"], "container"),
+                         settings=self.settings, send_limit=SEND_BYTES,
+                         header_allowance=_HEADER_ALLOWANCE, namespace=_ID_NAMESPACE)
+
+    def restart(self) -> None:
+        self.balances: dict[str, tuple[int, int, str]] = {}  # account -> (cents, version, etag)
+        self.marks: dict[str, tuple[int, str]] = {}  # partition id -> (sequence, etag)
+
+    async def _commit(self, ledger: bool, partition: str,
+                      operations: list[tuple[str, dict[str, Any], str | None]]) -> list[str]:
+        """One transaction; the new etag of each write."""
+        if not self.cosmos:
+            batch = self._ledger_batch if ledger else self._marks_batch
+            return await batch.submit(operations)
+        container = self._ledger if ledger else self._marks
+        ops = [("create", (doc,)) if kind == "create" else
+               ("replace", (doc["id"], doc), {"if_match_etag": etag})
+               for kind, doc, etag in operations]
+        results = await container.execute_item_batch(ops, partition_key=partition)
+        return [str(result.get("eTag") or (result.get("resourceBody") or {}).get("_etag"))
+                for result in results]
+
+    async def _account(self, account: str, group: list[raw.Payment], partition_id: str,
+                       gate: asyncio.Semaphore, outgoing: list[int]) -> None:
+        shape, clock = self.shape, self.setup.clock
+        partition = raw.safe_id(account)
+        async with gate:
+            known = self.balances.get(account)
+            if known is None:
+                found = await self._reader.read(partition, shape.balance_id)
+                if found is not None:
+                    body, etag = found
+                    known = (int(body["balanceCents"]), int(body.get("version", 0)), etag or "")
+            cents, version = (known[0], known[1]) if known else (0, 0)
+            documents: list[tuple[str, dict[str, Any], str | None]] = []
+            facts: list[raw.MarkerFacts] = []
+            for paid in group:
+                cents += paid.cents
+                now = clock()
+                facts.append(raw.MarkerFacts(paid.key, raw.record_id(PAYMENTS, paid.key),
+                                             partition, paid.digest, cents, now,
+                                             now + shape.ttl_seconds))
+            version += len(group)
+            if not -2**31 <= cents < 2**31:
+                raise ValueError(f"balance {cents} of {account}: the templates know Int32 balances")
+            if shape.queue:
+                first = group[0]
+                message = raw.balance_changed(
+                    consumer=PAYMENTS, key=first.key, marker_id=facts[0].record_id,
+                    queue=shape.queue, namespace=shape.namespace, account=account, balance=cents,
+                    version=version, event_ids=[p.event_id for p in group],
+                    header_allowance=shape.header_allowance)
+                facts[0].outbox = message.text
+                facts[0].position = raw.position(shape.event_hub, partition_id, first.sequence)
+                outgoing.append(message.weight)
+            documents.append(("create", self._first(facts[0]), None))
+            documents += [("create", self._marker(f), None) for f in facts[1:]]
+            balance = self._balance(raw.BalanceFacts(account, partition, cents, version))
+            documents.append(("create", balance, None) if known is None
+                             else ("replace", balance, known[2]))
+            etags = await self._commit(True, partition, documents)
+            self.balances[account] = (cents, version, etags[-1])
+
+    async def _batch(self, events: list[EventView], partition_id: str) -> None:
+        shape = self.shape
+        mark_id = raw.safe_id(partition_id)
+        mark = self.marks.get(partition_id)
+        if mark is None:
+            found = await self._mark_reader.read(shape.mark_partition, mark_id)
+            if found is not None:
+                mark = (int(found[0]["sequenceNumber"]), found[1] or "")
+                self.marks[partition_id] = mark
+        fresh = sorted((e for e in events if mark is None or e.sequence_number > mark[0]),
+                       key=lambda e: e.sequence_number)
+        self.outcomes["replay_skipped"] += len(events) - len(fresh)
+        if not fresh:
+            return
+        groups: dict[str, list[raw.Payment]] = {}
+        for event in fresh:
+            if event.enqueued_time is not None:
+                raise ValueError("the templates know positions without an enqueued time")
+            paid = raw.payment(event.body, event.sequence_number, event.offset)
+            groups.setdefault(paid.account, []).append(paid)
+        if max(len(g) for g in groups.values()) >= 100:
+            raise ValueError("an account's group exceeds one transaction (the app splits it)")
+        gate = asyncio.Semaphore(shape.concurrency)
+        outgoing: list[int] = []
+        await asyncio.gather(*(self._account(account, group, partition_id, gate, outgoing)
+                               for account, group in groups.items()))
+        if outgoing:  # one dispatch of the batch's messages, costed as the app's dispatcher's
+            sends = raw.sends(outgoing, shape.send_limit)
+            self.setup.tally.count(sends, len(outgoing))
+            await asyncio.sleep(sends * self.setup.rtt_ms / 1000 if self.setup.rtt_ms > 0 else 0)
+        newest = fresh[-1]
+        document = self._mark(raw.MarkFacts(mark_id, shape.mark_partition, newest.sequence_number,
+                                            partition_id, newest.offset))
+        (etag,) = await self._commit(False, shape.mark_partition,
+                                     [("create", document, None) if mark is None
+                                      else ("replace", document, mark[1])])
+        self.marks[partition_id] = (newest.sequence_number, etag)
+        self.outcomes["applied"] += len(fresh)
+
+    def process(self, events: list[EventView], partition_id: str) -> None:
+        assert self.stores.run is not None
+        self.stores.run(self._batch(events, partition_id))
+
+
 LOOPBACK_VARIANTS: dict[str, type[MessageVariant]] = {
     cls.name: cls for cls in (NoDedup, NaiveCheckThenAct, PowertoolsStyle, TwoPhase, Atomic,
                               AtomicOutbox, AtomicCached, AtomicWatermark)}
 LATENCY_VARIANTS: dict[str, type[PaymentVariant]] = {
     cls.name: cls for cls in (PerEventDedup, NoDedupSequential, NoDedupGrouped, NoDedupRemembered,
-                              SyncAppPath, AppPath, AppNoPublish, ColdAppPath)}
+                              SameTransactions, SyncAppPath, AppPath, AppNoPublish, ColdAppPath)}
 BASELINE = NoDedup.name
 PER_EVENT, LIMIT, REMEMBERED = PerEventDedup.name, NoDedupGrouped.name, NoDedupRemembered.name
+SAME = SameTransactions.name
 APP, NO_PUBLISH, SYNC_APP, COLD_APP = (AppPath.name, AppNoPublish.name, SyncAppPath.name,
                                        ColdAppPath.name)
