@@ -7,8 +7,9 @@ pages link to, so it needs nothing from outside and no link of a page can point 
 * Repository files: a page links a file outside `docs/` by its path from the repository root
   (`[results](/benchmarks/RESULTS.md)`), which is how GitHub resolves such a link too. Here each
   linked Markdown file becomes a page of the site under `repo/` (and so do the Markdown files it
-  links to, relatively), any other file is served as it is, and the link is rewritten to it. A link
-  to a repository path that does not exist is a warning, which `mkdocs build --strict` fails on.
+  links to, relatively; a link back into `docs/` goes to the site's own page), any other file is
+  served as it is, and the link is rewritten to it. A link to a repository path that does not exist
+  is a warning, which `mkdocs build --strict` fails on.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MERMAID = ROOT / "node_modules" / "mermaid" / "dist" / "mermaid.min.js"
 MERMAID_URI = "assets/javascripts/mermaid.min.js"
 REPO_PREFIX = "repo/"
+DOCS_PREFIX = "docs/"  # the site's own pages, as the repository names them
 # A Markdown link or image target: `](target)` or `](target "title")`.
 _LINK = re.compile(r"\]\((?P<target>[^)\s]+)(?P<title>\s+\"[^\"]*\")?\)")
 _FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
@@ -74,8 +76,8 @@ def on_files(files: Files, *, config: Any) -> Files:
     while queue:
         rel = queue.pop()
         found = _repo_file(rel)
-        if rel in seen or found is None:
-            continue
+        if rel in seen or found is None or rel.startswith(DOCS_PREFIX):
+            continue  # a page of the site already (a repository page linking back into docs/)
         seen.add(rel)
         _add(files, config, rel)
         if found.suffix == ".md":
@@ -90,16 +92,24 @@ def on_page_markdown(markdown: str, *, page: Any, config: Any, files: Files) -> 
     """Root-relative links become relative links to the files `on_files` added."""
     here = posixpath.dirname(page.file.src_uri)
 
+    in_repo = page.file.src_uri.startswith(REPO_PREFIX)
+
     def rewrite(match: re.Match[str]) -> str:
         target = match.group("target")
-        if not target.startswith("/") or target.startswith("//"):
-            return match.group(0)
         path, fragment = _split(target)
-        rel = path.lstrip("/")
+        if target.startswith("/") and not target.startswith("//"):
+            rel = path.lstrip("/")
+        elif in_repo and path and not _is_external(target):
+            # A repository page's relative link, as the repository resolves it.
+            rel = posixpath.normpath(posixpath.join(posixpath.dirname(page.file.src_uri), path))
+            rel = rel.removeprefix(REPO_PREFIX)
+        else:
+            return match.group(0)
         if _repo_file(rel) is None:
             log.warning("%s links to %s, which is not a file of the repository", page.file.src_uri, path)
             return match.group(0)
-        link = posixpath.relpath(f"{REPO_PREFIX}{rel}", here or ".")
+        site_uri = rel.removeprefix(DOCS_PREFIX) if rel.startswith(DOCS_PREFIX) else f"{REPO_PREFIX}{rel}"
+        link = posixpath.relpath(site_uri, here or ".")
         return f"]({link}{fragment}{match.group('title') or ''})"
 
     parts = re.split(r"(^(?:```|~~~)[^\n]*\n.*?^(?:```|~~~)[ \t]*$)", markdown, flags=re.S | re.M)

@@ -41,7 +41,7 @@ def serve(folder: Path) -> Iterator[str]:
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
 
@@ -132,12 +132,22 @@ def _by_name(node: dict[str, Any], name: str) -> Iterator[dict[str, Any]]:
     return (n for n in _walk(node) if n.get("nodeName", "").lower() == name)
 
 
+_KEYWORDS = ("sequenceDiagram", "flowchart", "graph ")
+
+
+def _text(node: dict[str, Any]) -> str:
+    return "".join(n.get("nodeValue", "") for n in _walk(node) if n.get("nodeType") == 3)
+
+
 def _hosts(root: dict[str, Any]) -> list[dict[str, Any]]:
-    """Elements of class `mermaid` (Material's host divs, or the unrendered `pre`)."""
+    """Where the page's diagrams are: elements of class `mermaid` (Material's host divs, or a `pre`
+    not yet handled), and a `pre` still holding diagram source (Material takes the class off while
+    it loads Mermaid, and never puts it back when Mermaid cannot be had)."""
     hosts = []
     for node in _walk(root):
         attributes = node.get("attributes", [])
         values = dict(zip(attributes[::2], attributes[1::2], strict=True))
-        if "mermaid" in values.get("class", "").split():
+        if "mermaid" in values.get("class", "").split() or (
+                node.get("nodeName") == "PRE" and _text(node).lstrip().startswith(_KEYWORDS)):
             hosts.append(node)
     return hosts
