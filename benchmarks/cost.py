@@ -12,7 +12,7 @@ Cosmos RU per message (with the default indexing policy and with the app's
 point-operation policy), their price serverless and provisioned, Table transactions'
 price, and the stored bytes at 1,000 messages/s with the default 7-day TTL.
 
-Prints a markdown table (README "What a million messages cost").
+Prints a markdown table (benchmarks/RESULTS.md "What a million messages cost").
 """
 
 from __future__ import annotations

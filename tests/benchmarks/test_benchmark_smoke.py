@@ -2,7 +2,7 @@
 (loopback; latency, behind relays that add round-trip time).
 
 Timing is not asserted (CI machines vary); the store request counts are
-deterministic and are: they are the figures the README quotes. The targets are
+deterministic and are: they are the figures the docs quote. The targets are
 checked against the run's own figures, and a seeded slower `app` misses them.
 """
 
@@ -327,7 +327,7 @@ def test_hash_cost_times_both_forms_over_the_workloads_payment_contents():
         measure([])
 
 
-# -- cost table: the formulas the README's figures come from ------------------------------------
+# -- cost table: the formulas the cost table's figures come from--------------------------------
 def test_cost_formulas_follow_the_published_figures():
     from benchmarks.cost import RU_WRITE_1KB_DEFAULT, table_entity_bytes, write_ru
 

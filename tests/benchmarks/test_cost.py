@@ -1,5 +1,6 @@
 """The cost table's measured inputs, on the local servers: each path's store requests per
-message are the exact counts the README's table states, and every row carries each column."""
+message are the exact counts the cost table (benchmarks/RESULTS.md) states, and every row carries
+each column."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ within the bound `RetryBudget.unit_seconds` states, on both backends, sync and a
 The app's own wiring builds the SDK clients (`real_stores`, `RealAsyncStores`); their transport
 sends every request to a relay that answers 429 with a Retry-After while the storm lasts (real
 HTTP through the SDKs' retry policies, real sleeps). Small budget values keep it to seconds; the
-production values give the README's bound through the same formula.
+production values give the bound docs/stores.md states through the same formula.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""`func start` from the sample: the README's func start section names only settings that exist,
-the sample works as it is against the local servers, and the README's Azure setting names match
-the Bicep app settings.
+"""`func start` from the sample: the docs' func start section (docs/deploy.md) names only settings
+that exist, the sample works as it is against the local servers, and the docs' Azure setting names
+match the Bicep app settings.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from tests.functions.conftest import registered_functions
 from tests.infra.bicep_model import IDENTITY_CONNECTIONS, REPO, app_settings
 
 SAMPLE = REPO / "local.settings.sample.json"
-README = REPO / "README.md"
-# A setting name as the README writes it: UPPER_CASE, a connection name with `__suffix`, or a
+DOCS = REPO / "docs" / "deploy.md"
+# A setting name as the docs write it: UPPER_CASE, a connection name with `__suffix`, or a
 # host switch `AzureWebJobs.<function>.Disabled`.
 _NAME = re.compile(r"^(?:[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+|AzureWebJobs\w*(?:__\w+)?|"
                    r"(?:ServiceBus|EventHub)Connection(?:__\w+)?|AzureWebJobs\.\w+\.Disabled)$")
@@ -26,7 +26,7 @@ def _sample() -> dict[str, str]:
 
 
 def _section(title: str) -> str:
-    text = README.read_text()
+    text = DOCS.read_text()
     start = text.index(f"\n## {title}\n")
     return text[start:text.index("\n## ", start + 1)]
 
@@ -90,7 +90,7 @@ def test_sample_settings_build_the_stores_on_the_local_servers(stack):
         database)
 
 
-def test_readme_azure_setting_names_match_bicep():
+def test_docs_azure_setting_names_match_bicep():
     """`__suffix` names the Settings table gives for each identity connection exist in Bicep."""
     deployed = set(app_settings())
     table = _section("Settings")
@@ -100,6 +100,8 @@ def test_readme_azure_setting_names_match_bicep():
         suffixes = set(re.findall(r"`(__\w+)`", " ".join(rows)))
         assert suffixes, f"{connection}: no Azure setting names"
         for suffix in suffixes:
-            assert f"{connection}{suffix}" in deployed, f"README names {connection}{suffix}, Bicep has not"
+            assert f"{connection}{suffix}" in deployed, \
+                f"docs/deploy.md names {connection}{suffix}, Bicep has not"
         bicep_suffixes = {name[len(connection):] for name in deployed if name.startswith(f"{connection}__")}
-        assert bicep_suffixes <= suffixes, f"{connection}: README omits {sorted(bicep_suffixes - suffixes)}"
+        assert bicep_suffixes <= suffixes, \
+            f"{connection}: docs/deploy.md omits {sorted(bicep_suffixes - suffixes)}"

@@ -1,4 +1,4 @@
-"""host.json: every setting acts on these triggers, and the README explains each one.
+"""host.json: every setting acts on these triggers, and the docs (docs/deploy.md) explain each one.
 
 What acts where comes from the extensions' options (Microsoft.Azure.WebJobs.Extensions.ServiceBus
 ServiceBusOptions, ...EventHubs EventHubOptions): Service Bus batch options apply only to functions
@@ -34,8 +34,8 @@ def _cardinality(binding: dict) -> str:
     return str(getattr(value, "value", value)).lower()
 
 
-def _readme_host_paragraph() -> str:
-    text = (REPO / "README.md").read_text()
+def _docs_host_paragraph() -> str:
+    text = (REPO / "docs" / "deploy.md").read_text()
     start = text.index("`host.json` keeps only settings")
     return text[start:text.index("\n## ", start)]
 
@@ -82,10 +82,11 @@ def test_event_hubs_batch_size_serves_a_batch_trigger():
     assert options["prefetchCount"] >= options["maxEventBatchSize"]
 
 
-def test_every_setting_is_explained_in_the_readme():
-    paragraph = _readme_host_paragraph()
+def test_every_setting_is_explained_in_the_docs():
+    paragraph = _docs_host_paragraph()
     for path in _leaves(HOST):
         name = path.rsplit(".", 1)[-1]
         if name == "version":
             continue
-        assert re.search(rf"`{re.escape(name)}[`:]", paragraph), f"README does not explain host.json {path}"
+        assert re.search(rf"`{re.escape(name)}[`:]", paragraph), \
+            f"docs/deploy.md does not explain host.json {path}"
