@@ -101,7 +101,7 @@ def outage_store(inner: Any, *, after_calls: int, seconds: float) -> Any:
             return getattr(self.inner, name)
 
         def _gate(self) -> None:
-            from shared import StoreUnavailableError
+            from shared.exceptions import StoreUnavailableError
 
             with self._lock:
                 self.calls += 1

@@ -13,8 +13,8 @@ import dataclasses
 from typing import Any
 
 from domain.payments import Payment, PaymentProcessor, payment_from
-from shared import DedupKey, OutcomeStatus, PoisonMessageError
-from shared.triggers import HttpResult, IdempotencyKeyEndpoint, IdempotentRequest
+from shared import DedupKey, HttpResult, IdempotencyKeyEndpoint, OutcomeStatus, PoisonMessageError
+from shared.triggers import IdempotentRequest  # what the endpoint hands its handler (a type)
 
 CONSUMER = "http-payments"
 LEDGER_CONSUMER = "http-ledger"

@@ -19,13 +19,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from shared import DedupKey, EffectUncertainError, IdempotencyError, OutcomeStatus, aio, request_hash
-from shared.exceptions import InvalidKeyError
-from shared.observability import downstream_headers
+from shared import DedupKey, IdempotencyError, MessageView, OutcomeStatus, aio, request_hash
+
+# The two-phase flow's own terms, used here to park what a person must reconcile (the
+# library's generic `run` dead-letters it instead): the uncertain effect, the held record.
+from shared.exceptions import EffectUncertainError, InvalidKeyError
+from shared.observability import downstream_headers  # Idempotency-Key + trace context downstream
+
+# The library's bounded decoder and its refusal: bad input gets a reason on its first delivery.
 from shared.payload import InvalidPayloadError, parse_json_object
 from shared.records import IdempotencyRecord
+
+# The settlement rule's parts: this consumer decides itself (parking) before the rule applies.
 from shared.settlement import Decision, decision_for, decision_for_error, transient
-from shared.triggers import MessageView
 
 MAX_NOTIFICATION_BYTES = 64 * 1024
 logger = logging.getLogger(__name__)

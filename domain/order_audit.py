@@ -22,10 +22,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from shared.keys import store_safe_id
+from shared import StorageQueueConsumer
+from shared.keys import store_safe_id  # the customer's partition: its id, escaped
+
+# The library's bounded decoder and its refusal: bad input gets a reason on its first delivery.
 from shared.payload import InvalidPayloadError, exact_integer, parse_json_object
-from shared.queues import QueueMessageView, StorageQueueConsumer
-from shared.settlement import Decision
+from shared.queues import QueueMessageView  # what the queue consumer hands a parse (a type)
+from shared.settlement import Decision  # what handle returns: the settlement applied
 
 CONSUMER = "order_audit"
 ORDER_ACCEPTED = "OrderAccepted"

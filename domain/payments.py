@@ -28,6 +28,7 @@ from typing import Any
 
 from shared import (
     DedupKey,
+    EventView,
     Idempotency,
     ParkingLot,
     PartitionBatchProcessor,
@@ -36,12 +37,15 @@ from shared import (
     aio,
     request_hash,
 )
+
+# CloudEvents from Event Hubs (structured and binary), read by the library's parser.
 from shared.cloudevents import CloudEvent, InvalidEventError, parse_cloudevent
-from shared.exceptions import InvalidKeyError
-from shared.keys import store_safe_id
+from shared.exceptions import InvalidKeyError  # a CloudEvent without an id or source
+from shared.keys import store_safe_id  # the account's partition: its id, escaped
+
+# The library's bounded decoder and its refusal: bad input is parked with its reason.
 from shared.payload import MAX_SAFE_INTEGER, InvalidPayloadError, exact_integer, parse_json_object
-from shared.stores.base import Document
-from shared.triggers import EventView
+from shared.stores.base import Document  # the balance a build reads
 
 CONSUMER = "payments"
 ACCOUNT_DOCUMENT = "balance"

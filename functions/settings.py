@@ -14,10 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
-from shared.config import IdempotencyConfig, RedeliveryWindow
-from shared.observability import DEFAULT_SAMPLING_RATIO, sampling_ratio_from
-from shared.stores.cosmos_indexing import record_indexing_policy
-from shared.stores.table_batch import CODECS, Codec
+from shared import IdempotencyConfig
+from shared.config import RedeliveryWindow  # the redelivery window the retention rule checks
+from shared.observability import DEFAULT_SAMPLING_RATIO, sampling_ratio_from  # TRACE_SAMPLING_RATIO
+from shared.stores.cosmos_indexing import record_indexing_policy  # the containers' indexing
+from shared.stores.table_batch import CODECS, Codec  # TABLE_BATCH_CODEC
 
 # Read by the host for bindings (not by Python code).
 BINDING_SETTINGS = (

@@ -16,25 +16,21 @@ importable from its module. `shared.aio` has the async faces under the same name
 from shared import aio
 from shared.batch import PartitionBatchProcessor
 from shared.config import IdempotencyConfig
-from shared.dispatch import EventHubDispatcher, ServiceBusDispatcher
-from shared.exceptions import (
-    EffectUncertainError,
-    IdempotencyError,
-    KeyInProgressError,
-    KeyReusedError,
-    PoisonMessageError,
-    StoreUnavailableError,
-)
+from shared.dispatch import ServiceBusDispatcher
+from shared.exceptions import IdempotencyError, KeyInProgressError, KeyReusedError, PoisonMessageError
 from shared.flow import Transaction
 from shared.idempotency import Idempotency
 from shared.keys import DedupKey, request_hash
 from shared.parking import ParkingLot
-from shared.records import Outcome, OutcomeStatus
+from shared.queues import StorageQueueConsumer
+from shared.records import OutcomeStatus
 from shared.stores import CosmosIdempotencyStore, InMemoryIdempotencyStore, TableIdempotencyStore
 from shared.triggers import (
     EventHubConsumer,
+    EventView,
     HttpResult,
     IdempotencyKeyEndpoint,
+    MessageView,
     ServiceBusConsumer,
 )
 from shared.watermark import PartitionWatermark
@@ -42,9 +38,8 @@ from shared.watermark import PartitionWatermark
 __all__ = [
     "CosmosIdempotencyStore",
     "DedupKey",
-    "EffectUncertainError",
     "EventHubConsumer",
-    "EventHubDispatcher",
+    "EventView",
     "HttpResult",
     "Idempotency",
     "IdempotencyConfig",
@@ -53,7 +48,7 @@ __all__ = [
     "InMemoryIdempotencyStore",
     "KeyInProgressError",
     "KeyReusedError",
-    "Outcome",
+    "MessageView",
     "OutcomeStatus",
     "ParkingLot",
     "PartitionBatchProcessor",
@@ -61,7 +56,7 @@ __all__ = [
     "PoisonMessageError",
     "ServiceBusConsumer",
     "ServiceBusDispatcher",
-    "StoreUnavailableError",
+    "StorageQueueConsumer",
     "TableIdempotencyStore",
     "Transaction",
     "aio",

@@ -21,6 +21,7 @@ from shared.flow import AsyncStore
 from shared.flow import AsyncTransaction as Transaction
 from shared.idempotency import AsyncIdempotency as Idempotency
 from shared.parking import AsyncParkingLot as ParkingLot
+from shared.queues import AsyncStorageQueueConsumer as StorageQueueConsumer
 from shared.records import IdempotencyRecord
 from shared.stores.base import AsyncDocumentStore, Document, WriteOp
 from shared.stores.cosmos_aio import AsyncCosmosIdempotencyStore as CosmosIdempotencyStore
@@ -34,7 +35,8 @@ from shared.watermark import AsyncPartitionWatermark as PartitionWatermark
 __all__ = ["AsyncStore", "CosmosIdempotencyStore", "EventHubConsumer", "EventHubDispatcher",
            "Idempotency", "IdempotencyKeyEndpoint", "InMemoryIdempotencyStore", "ParkingLot",
            "PartitionBatchProcessor", "PartitionWatermark", "ServiceBusConsumer",
-           "ServiceBusDispatcher", "TableIdempotencyStore", "ThreadedStore", "Transaction"]
+           "ServiceBusDispatcher", "StorageQueueConsumer", "TableIdempotencyStore",
+           "ThreadedStore", "Transaction"]
 
 
 #: Threads for sync stores' requests behind the async interface: each request holds one while it

@@ -58,8 +58,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from domain.notifications import HttpResponse, NotificationRetryError
-from shared import StoreUnavailableError
-from shared.exceptions import IdempotencyError, RecordExistsError, StoreRequestError
+from shared.exceptions import IdempotencyError, RecordExistsError, StoreRequestError, StoreUnavailableError
 from shared.keys import store_safe_id
 from shared.records import IdempotencyRecord
 from shared.stores.base import Document, IdempotencyStore, WriteOp

@@ -27,9 +27,9 @@ from benchmarks.counting import (
 from domain.payments import ACCOUNT_DOCUMENT, CONSUMER
 from functions.services import Services, build_services
 from functions.settings import COSMOS_CONTAINERS, TABLE_FOR
-from shared import DedupKey, StoreUnavailableError
+from shared import DedupKey
 from shared.batch import MAX_RETRY_AFTER_SECONDS, BatchReport
-from shared.exceptions import retry_after
+from shared.exceptions import StoreUnavailableError, retry_after
 from shared.keys import store_safe_id
 from shared.stores.base import IdempotencyStore, WriteOp
 from shared.telemetry import EVENT_SEQUENCE_RESET, METRIC_MARK_LAG, METRIC_SEQUENCE_RESET, Telemetry

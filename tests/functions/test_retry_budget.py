@@ -23,8 +23,8 @@ import pytest
 from azure.core.pipeline.transport import AioHttpTransport, RequestsTransport
 
 from functions.services import RETRY_BUDGET, RealAsyncStores, build_services, real_stores
-from shared import StoreUnavailableError
 from shared.batch import MAX_RETRY_AFTER_SECONDS
+from shared.exceptions import StoreUnavailableError
 from shared.stores.retry import RetryBudget
 from simulator.host_inputs import SentEvent
 from tests.functions.conftest import settings_for

@@ -16,8 +16,9 @@ import azure.functions as func
 import pytest
 from azure.functions.meta import Datum
 
-from shared import DedupKey, Idempotency, InMemoryIdempotencyStore, StoreUnavailableError, aio
+from shared import DedupKey, Idempotency, InMemoryIdempotencyStore, aio
 from shared.aio import InMemoryIdempotencyStore as AsyncInMemoryIdempotencyStore
+from shared.exceptions import StoreUnavailableError
 from shared.payload import InvalidPayloadError
 from shared.queues import (
     MAX_POISON_TEXT_BYTES,

@@ -27,8 +27,7 @@ from functions.settings import COSMOS_CONTAINERS, TABLE_FOR, Settings
 from replay.deadletters import EntityRef, ServiceBusDeadLetters, SimulatorDeadLetters
 from replay.stores import document_lister
 from replay.tool import ReplayTool, app_entities
-from shared import StoreUnavailableError
-from shared.exceptions import StoreRequestError
+from shared.exceptions import StoreRequestError, StoreUnavailableError
 from shared.parking import ParkingLot
 from shared.stores.base import IdempotencyStore
 from shared.triggers import EventView

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from shared import DedupKey, Idempotency, OutcomeStatus, StoreUnavailableError, request_hash
-from shared.exceptions import StoreRequestError
+from shared import DedupKey, Idempotency, OutcomeStatus, request_hash
+from shared.exceptions import StoreRequestError, StoreUnavailableError
 from shared.stores.base import WriteOp
 from simulator.clock import SimClock
 from simulator.faults import (

@@ -17,23 +17,17 @@ from typing import Any, cast
 
 import pytest
 
-from shared import (
-    DedupKey,
-    EffectUncertainError,
-    Idempotency,
-    IdempotencyConfig,
-    OutcomeStatus,
-    StoreUnavailableError,
-    request_hash,
-)
+from shared import DedupKey, Idempotency, IdempotencyConfig, OutcomeStatus, request_hash
 from shared.cache import CompletedKeyCache
 from shared.exceptions import (
     ConcurrencyRetriesExhaustedError,
+    EffectUncertainError,
     KeyReusedError,
     OperationFailedError,
     RecordChangedError,
     RecordExistsError,
     ResultTooLargeError,
+    StoreUnavailableError,
 )
 from shared.flow import SyncStore
 from shared.records import IdempotencyRecord, Outcome, RecordState

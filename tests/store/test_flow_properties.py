@@ -63,7 +63,6 @@ from hypothesis.stateful import (
 
 from shared import (
     DedupKey,
-    EffectUncertainError,
     Idempotency,
     IdempotencyConfig,
     InMemoryIdempotencyStore,
@@ -72,7 +71,7 @@ from shared import (
 )
 from shared.cache import CompletedKeyCache
 from shared.config import RedeliveryWindow
-from shared.exceptions import LeaseLostError, RecordExistsError
+from shared.exceptions import EffectUncertainError, LeaseLostError, RecordExistsError
 from shared.records import IdempotencyRecord, RecordState
 from shared.stores.base import Document, IdempotencyStore, WriteOp
 from shared.stores.codec import record_fields
