@@ -21,7 +21,7 @@ from shared.exceptions import (
 )
 from shared.flow import AsyncTransaction, Transaction, run_async, run_sync, update_document
 from shared.idempotency import AsyncIdempotency, Idempotency
-from shared.keys import DedupKey, request_hash, same_request, store_safe_id
+from shared.keys import DedupKey, request_hash, store_safe_id
 from shared.records import IdempotencyRecord, Outcome, OutcomeStatus, RecordState
 from shared.stores import (
     CosmosIdempotencyStore,
@@ -71,7 +71,6 @@ __all__ = [
     "request_hash",
     "run_async",
     "run_sync",
-    "same_request",
     "store_safe_id",
     "update_document",
     "validate_retention",

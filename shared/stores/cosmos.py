@@ -4,8 +4,8 @@ Claim = `create_item` (409 = exists). Atomic path = one transactional batch
 (`execute_item_batch`) with the marker first and the business operations
 after it, all in the marker's logical partition: all commit or none do, and a
 409 at index 0 identifies the duplicate. Markers carry a native `ttl`
-(container default TTL -1 turns per-item TTL on) and an `idemExpiresAt` that
-every read checks, since expiry runs in the background.
+(container default TTL -1 turns per-item TTL on) and their expiry (`codec.EXPIRES`),
+which every read checks, since expiry runs in the background.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from azure.cosmos import ContainerProxy, CosmosClient
 from azure.cosmos.exceptions import CosmosBatchOperationError
 
 from shared.exceptions import RecordExistsError
-from shared.outbox import PENDING_COUNT, PENDING_SINCE
+from shared.outbox import PENDING_SINCE
 from shared.records import IdempotencyRecord, RecordState
 from shared.stores.base import (
     Document,
@@ -33,14 +33,24 @@ from shared.stores.base import (
     transaction_failure,
     written_documents,
 )
-from shared.stores.codec import check_flat, is_record, pending_names, record_fields, record_from_fields
+from shared.stores.codec import (
+    EXPIRES,
+    LEASE,
+    NATIVE_TTL,
+    STATE,
+    VERSION,
+    WRITTEN,
+    check_flat,
+    is_record,
+    millis,
+    pending_names,
+    record_fields,
+    record_from_fields,
+)
 
 BACKEND = "Cosmos DB"
 _SYSTEM = ("_rid", "_self", "_etag", "_attachments", "_ts", "ttl")
 IF_UNCHANGED = MatchConditions.IfNotModified
-# Cosmos DB keeps a key's pending messages in one string property (no 64 KiB property limit as
-# on Table), so recording them as dispatched is one patch of at most three operations.
-PENDING_CHUNK_CHARS = 2**31
 
 
 class CosmosMapping:
@@ -63,14 +73,18 @@ class CosmosMapping:
 
     def _record_document(self, record: IdempotencyRecord,
                          body: dict[str, Any] | None = None) -> dict[str, Any]:
-        document = record_fields(record, chunk_chars=PENDING_CHUNK_CHARS)  # a new dict: ours
+        # JSON values, not text (Cosmos DB keeps JSON); pending messages in one property, so
+        # recording them as dispatched is one patch of at most two operations.
+        document = record_fields(record, native_json=True)  # a new dict: ours
         if body:
             document = {**body, **document}
         document["id"] = record.id
         document[self._pk_field] = record.partition_key
         if record.expires_at is not None:
-            now = record.updated_at
-            document["ttl"] = max(1, math.ceil(record.expires_at - now))
+            ttl = max(1, math.ceil(record.expires_at - record.updated_at))
+            document[NATIVE_TTL] = ttl
+            if document[EXPIRES] - document[WRITTEN] == ttl * 1000:
+                del document[WRITTEN]  # the expiry and the item's ttl say it
         return document
 
     def _to_record(self, document: dict[str, Any]) -> IdempotencyRecord:
@@ -122,9 +136,8 @@ class CosmosMapping:
     @staticmethod
     def _dispatched_patch(marker: IdempotencyRecord) -> list[dict[str, Any]]:
         """The patch that clears a marker's pending messages (its other fields untouched)."""
-        return [{"op": "set", "path": f"/{PENDING_COUNT}", "value": 0},
-                *({"op": "remove", "path": f"/{name}"}
-                  for name in pending_names(marker, chunk_chars=PENDING_CHUNK_CHARS))]
+        return [{"op": "remove", "path": f"/{name}"}
+                for name in pending_names(marker, native_json=True)]
 
     _PENDING_QUERY = (f"SELECT * FROM c WHERE c.{PENDING_SINCE} > 0 "  # noqa: S608 - constants
                       f"AND c.{PENDING_SINCE} < @before")
@@ -265,11 +278,11 @@ class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
         return self._send(self._record_dispatched(marker))
 
     def iter_pending(self, *, since_before: float) -> Iterator[IdempotencyRecord]:
-        """A range query on `outboxPendingSince`: the field exists only while messages are
+        """A range query on `PENDING_SINCE`: the field exists only while messages are
         pending and is a range-indexed path (infra/core/cosmos.bicep), so the query reads the
         index entries of pending markers only, whatever the number of markers."""
         pages = store_call(BACKEND, lambda: self._container.query_items(
-            self._PENDING_QUERY, parameters=[{"name": "@before", "value": float(since_before)}],
+            self._PENDING_QUERY, parameters=[{"name": "@before", "value": millis(since_before)}],
             enable_cross_partition_query=True))
         iterator = iter(pages)
         while True:
@@ -282,15 +295,15 @@ class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
 
     def iter_records(self, *, in_progress_before: float | None = None,
                      expired_before: float | None = None) -> Iterator[IdempotencyRecord]:
-        clauses = ["IS_DEFINED(c.idemState)"]
+        clauses = [f"IS_DEFINED(c.{VERSION})"]
         params: list[dict[str, Any]] = []
         if in_progress_before is not None:
-            clauses.append("c.idemState = @state AND c.idemLeaseExpiresAt < @lease")
+            clauses.append(f"c.{STATE} = @state AND c.{LEASE} < @lease")
             params += [{"name": "@state", "value": RecordState.IN_PROGRESS.value},
-                       {"name": "@lease", "value": float(in_progress_before)}]
+                       {"name": "@lease", "value": millis(in_progress_before)}]
         if expired_before is not None:
-            clauses.append("c.idemExpiresAt < @expiry")
-            params.append({"name": "@expiry", "value": float(expired_before)})
+            clauses.append(f"c.{EXPIRES} < @expiry")
+            params.append({"name": "@expiry", "value": millis(expired_before)})
         query = "SELECT * FROM c WHERE " + " AND ".join(clauses)  # noqa: S608 - fixed clauses, values bound
         pages = store_call(BACKEND, lambda: self._container.query_items(
             query, parameters=params, enable_cross_partition_query=True))
@@ -305,7 +318,7 @@ class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
     def purge_expired(self, now: float) -> int:
         """Nothing to do where the container expires markers by TTL (the service deletes
         them in the background with spare RUs: a purge query would read them all again);
-        otherwise the query purge. Reads check `idemExpiresAt` either way, so a marker
+        otherwise the query purge. Reads check the marker's expiry either way, so a marker
         the service has not yet deleted is never taken for live."""
         if self._native_ttl is None:
             properties: dict[str, Any] = store_call(BACKEND, self._container.read) or {}
