@@ -11,11 +11,12 @@ which every read checks, since expiry runs in the background.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Self
 
 from azure.core import MatchConditions
-from azure.cosmos import ContainerProxy, CosmosClient
+from azure.cosmos import ContainerProxy, CosmosClient, CosmosDict
 from azure.cosmos.exceptions import CosmosBatchOperationError
 
 from shared.exceptions import RecordExistsError
@@ -51,6 +52,8 @@ from shared.stores.codec import (
 BACKEND = "Cosmos DB"
 _SYSTEM = ("_rid", "_self", "_etag", "_attachments", "_ts", "ttl")
 IF_UNCHANGED = MatchConditions.IfNotModified
+_MINIMAL: Mapping[str, Any] = MappingProxyType({"no_response": True})  # Prefer: return=minimal
+_ECHOED: Mapping[str, Any] = MappingProxyType({})
 
 
 class CosmosMapping:
@@ -58,6 +61,13 @@ class CosmosMapping:
 
     _pk_field: str
     _container: Any  # a container proxy of the sync or the async SDK
+    # Every write asks for `Prefer: return=minimal` (the SDK's `no_response`): the service then
+    # answers with status and headers (the etag among them; in a batch, each operation's
+    # `eTag`) but not the item, which nothing here reads.
+    _write_options: Mapping[str, Any] = _MINIMAL
+
+    def _minimal_responses(self, minimal: bool) -> None:
+        self._write_options = _MINIMAL if minimal else _ECHOED
 
     @classmethod
     def from_container(cls, container: Any, partition_key_path: str = "/pk",
@@ -155,21 +165,23 @@ class CosmosMapping:
                        if item is not None and is_record(item) else None, none_if_missing=True)
 
     def _put_record_if_absent(self, record: IdempotencyRecord) -> Request[IdempotencyRecord]:
-        return Request(lambda container: container.create_item(self._record_document(record)),
-                       lambda created: record.evolve(etag=created.get("_etag")),
+        return Request(lambda container: container.create_item(self._record_document(record),
+                                                               **self._write_options),
+                       lambda created: record.evolve(etag=written_etag(created)),
                        on_status={409: lambda: RecordExistsError(record.id)})
 
     def _replace_record_if_unchanged(self, record: IdempotencyRecord) -> Request[IdempotencyRecord]:
         return Request(lambda container: container.replace_item(
             record.id, self._record_document(record), etag=record.etag,
-            match_condition=IF_UNCHANGED), lambda replaced: record.evolve(etag=replaced.get("_etag")),
+            match_condition=IF_UNCHANGED, **self._write_options),
+            lambda replaced: record.evolve(etag=written_etag(replaced)),
             on_status=changed_statuses(record.id))
 
     def _record_dispatched(self, marker: IdempotencyRecord) -> Request[IdempotencyRecord]:
         return Request(lambda container: container.patch_item(
             marker.id, marker.partition_key, self._dispatched_patch(marker), etag=marker.etag,
-            match_condition=IF_UNCHANGED),
-            lambda patched: marker.evolve(etag=patched.get("_etag"), outbox=()),
+            match_condition=IF_UNCHANGED, **self._write_options),
+            lambda patched: marker.evolve(etag=written_etag(patched), outbox=()),
             on_status=changed_statuses(marker.id))
 
     def _delete_record_if_unchanged(self, record: IdempotencyRecord) -> Request[None]:
@@ -185,30 +197,40 @@ class CosmosMapping:
     def _write_documents(self, partition: str, operations: Sequence[WriteOp]
                          ) -> Request[list[Document]]:
         return _batch(partition, [self._batch_op(partition, op) for op in operations], None,
-                      lambda results: [Document(op.id, partition, op.body, result.get("eTag"))
-                                       for op, result in zip(operations, results, strict=True)])
+                      lambda results: [Document(op.id, partition, op.body, _etag_in(result))
+                                       for op, result in zip(operations, results, strict=True)],
+                      self._write_options)
 
     def _commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp],
                 marker_body: dict[str, Any] | None, written: list[Document] | None
                 ) -> Request[IdempotencyRecord]:
         return _batch(marker.partition_key, self._commit_batch(marker, operations, marker_body),
                       marker.id, lambda results: self._committed(marker, operations, results,
-                                                                 written))
+                                                                 written), self._write_options)
+
+
+def written_etag(answer: Any) -> str | None:
+    """A point write's new etag: its `etag` response header (sent with or without the item,
+    `Prefer: return=minimal`), else the echoed item's `_etag`."""
+    headers: Any = answer.get_response_headers() if isinstance(answer, CosmosDict) else {}
+    return headers.get("etag") or answer.get("_etag")
 
 
 def _etag_in(result: dict[str, Any]) -> str | None:
-    """An operation's new etag in a transactional batch answer."""
+    """An operation's new etag in a transactional batch answer: its `eTag` (with or without
+    the item, `Prefer: return=minimal`), else the echoed item's `_etag`."""
     body: dict[str, Any] = result.get("resourceBody") or {}
     return result.get("eTag") or body.get("_etag")
 
 
 def _batch[T](partition: str, batch: list[tuple[Any, ...]], marker_id: str | None,
-              answer: Callable[[list[dict[str, Any]]], T]) -> Request[T]:
+              answer: Callable[[list[dict[str, Any]]], T], options: Mapping[str, Any]) -> Request[T]:
     """One transactional batch; a failed operation maps to the store contract."""
     check_transaction_size(len(batch))
-    return Request(lambda container: container.execute_item_batch(batch, partition_key=partition),
-                   answer, refine=lambda error: batch_failure(error, marker_id)
-                   if isinstance(error, CosmosBatchOperationError) else None)
+    return Request(lambda container: container.execute_item_batch(
+        batch, partition_key=partition, **options),
+        answer, refine=lambda error: batch_failure(error, marker_id)
+        if isinstance(error, CosmosBatchOperationError) else None)
 
 
 def batch_failure(error: CosmosBatchOperationError, marker_id: str | None) -> Exception:
@@ -227,15 +249,19 @@ class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
     from a connection string (local runs), or around an existing container.
     `native_ttl`: whether the container expires markers itself (a default TTL is
     set, so the markers' `ttl` applies) and `purge_expired` need not query; None
-    (default) asks the container once.
+    (default) asks the container once. `minimal_responses` (default True): writes
+    ask the service not to echo the item (`Prefer: return=minimal`); False has it
+    echoed, as the SDK does by default.
     """
 
     name = "cosmos"
 
     def __init__(self, endpoint: str, credential: Any = None, *, database: str, container: str,
                  partition_key_path: str = "/pk", container_client: ContainerProxy | None = None,
-                 native_ttl: bool | None = None, **client_options: Any) -> None:
+                 native_ttl: bool | None = None, minimal_responses: bool = True,
+                 **client_options: Any) -> None:
         self._native_ttl = native_ttl
+        self._minimal_responses(minimal_responses)
         if not partition_key_path.startswith("/") or "/" in partition_key_path[1:]:
             raise ValueError("partition_key_path must be a top-level path such as '/pk'")
         self._pk_field = partition_key_path[1:]

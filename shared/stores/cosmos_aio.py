@@ -37,13 +37,15 @@ class AsyncCosmosIdempotencyStore(CosmosMapping, AsyncDocumentStore):
     `__init__`, and `close` closes it. A container passed to `from_container`
     stays its caller's, who initializes (`async with CosmosClient(...)`) and
     closes it. `async with store:` initializes and closes an owned client.
+    `minimal_responses` as for the sync store.
     """
 
     name = "cosmos"
 
     def __init__(self, endpoint: str, credential: Any = None, *, database: str, container: str,
                  partition_key_path: str = "/pk", container_client: ContainerProxy | None = None,
-                 **client_options: Any) -> None:
+                 minimal_responses: bool = True, **client_options: Any) -> None:
+        self._minimal_responses(minimal_responses)
         if not partition_key_path.startswith("/") or "/" in partition_key_path[1:]:
             raise ValueError("partition_key_path must be a top-level path such as '/pk'")
         self._pk_field = partition_key_path[1:]
