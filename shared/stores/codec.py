@@ -42,6 +42,7 @@ for as long as such markers can live.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -89,6 +90,16 @@ class MarkerFormatError(IdempotencyError, ValueError):
 def millis(seconds: float) -> int:
     """Epoch seconds as the integer milliseconds a marker stores."""
     return round(seconds * 1000)
+
+
+_UNBOUNDED_MILLIS = 2**62  # beyond every stored time, within Int64 (Table Storage's Edm.Int64)
+
+
+def bound_millis(seconds: float) -> int:
+    """A query's time bound in milliseconds; an infinite one (everything) as an Int64."""
+    if math.isinf(seconds):
+        return _UNBOUNDED_MILLIS if seconds > 0 else -_UNBOUNDED_MILLIS
+    return millis(seconds)
 
 
 def record_fields(record: IdempotencyRecord, *, native_json: bool = False,

@@ -41,9 +41,9 @@ from shared.stores.codec import (
     STATE,
     VERSION,
     WRITTEN,
+    bound_millis,
     check_flat,
     is_record,
-    millis,
     pending_names,
     record_fields,
     record_from_fields,
@@ -308,7 +308,8 @@ class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
         pending and is a range-indexed path (infra/core/cosmos.bicep), so the query reads the
         index entries of pending markers only, whatever the number of markers."""
         pages = store_call(BACKEND, lambda: self._container.query_items(
-            self._PENDING_QUERY, parameters=[{"name": "@before", "value": millis(since_before)}],
+            self._PENDING_QUERY,
+            parameters=[{"name": "@before", "value": bound_millis(since_before)}],
             enable_cross_partition_query=True))
         iterator = iter(pages)
         while True:
@@ -326,10 +327,10 @@ class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
         if in_progress_before is not None:
             clauses.append(f"c.{STATE} = @state AND c.{LEASE} < @lease")
             params += [{"name": "@state", "value": RecordState.IN_PROGRESS.value},
-                       {"name": "@lease", "value": millis(in_progress_before)}]
+                       {"name": "@lease", "value": bound_millis(in_progress_before)}]
         if expired_before is not None:
             clauses.append(f"c.{EXPIRES} < @expiry")
-            params.append({"name": "@expiry", "value": millis(expired_before)})
+            params.append({"name": "@expiry", "value": bound_millis(expired_before)})
         query = "SELECT * FROM c WHERE " + " AND ".join(clauses)  # noqa: S608 - fixed clauses, values bound
         pages = store_call(BACKEND, lambda: self._container.query_items(
             query, parameters=params, enable_cross_partition_query=True))

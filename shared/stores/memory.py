@@ -28,9 +28,9 @@ from shared.stores.base import (
     written_documents,
 )
 from shared.stores.codec import (
+    bound_millis,
     check_flat,
     is_record,
-    millis,
     pending_names,
     record_fields,
     record_from_fields,
@@ -97,7 +97,7 @@ class InMemoryIdempotencyStore(IdempotencyStore):
         return marker.evolve(etag=etag, outbox=())
 
     def iter_pending(self, *, since_before: float) -> Iterator[IdempotencyRecord]:
-        before = millis(since_before)
+        before = bound_millis(since_before)
         with self._lock:
             self._count()
             rows = [(location, copy.deepcopy(row)) for location, row in self._rows.items()

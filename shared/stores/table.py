@@ -49,9 +49,9 @@ from shared.stores.codec import (
     LEASE,
     STATE,
     VERSION,
+    bound_millis,
     check_flat,
     is_record,
-    millis,
     pending_names,
     record_fields,
     record_from_fields,
@@ -340,7 +340,7 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
         filter over the table's rows; the requests and bytes of the answer, and the reads,
         grow with the pending markers only (see the README's outbox section)."""
         pages = store_call(BACKEND, lambda: self._client.query_entities(
-            self._PENDING_FILTER, parameters={"before": millis(since_before)},
+            self._PENDING_FILTER, parameters={"before": bound_millis(since_before)},
             select=list(self._PENDING_SELECT)))
         iterator = iter(pages)
         while True:
@@ -358,10 +358,10 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
         params: dict[str, Any] = {}
         if in_progress_before is not None:
             clauses.append(f"{STATE} eq @state and {LEASE} lt @lease")
-            params.update(state=RecordState.IN_PROGRESS.value, lease=millis(in_progress_before))
+            params.update(state=RecordState.IN_PROGRESS.value, lease=bound_millis(in_progress_before))
         if expired_before is not None:
             clauses.append(f"{EXPIRES} lt @expiry")
-            params["expiry"] = millis(expired_before)
+            params["expiry"] = bound_millis(expired_before)
         query = " and ".join(clauses)
         pages = store_call(BACKEND, lambda: self._client.query_entities(query, parameters=params))
         iterator: Iterator[TableEntity] = iter(pages)
@@ -432,11 +432,11 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
     def _sweep_filter(now: float, stale_before: float | None) -> tuple[str, dict[str, Any]]:
         """The service-side filter: expired, or (when asked) in progress past the cut-off.
         (The SDK substitutes `@name` between spaces only, hence the spaced parentheses.)"""
-        params: dict[str, Any] = {"expiry": millis(now)}
+        params: dict[str, Any] = {"expiry": bound_millis(now)}
         query = f"{_IS_RECORD} and ( {EXPIRES} lt @expiry"
         if stale_before is not None:
             query += f" or ( {STATE} eq @state and {LEASE} lt @lease )"
-            params.update(state=RecordState.IN_PROGRESS.value, lease=millis(stale_before))
+            params.update(state=RecordState.IN_PROGRESS.value, lease=bound_millis(stale_before))
         return query + " )", params
 
     def _sweep_page(self, query: str, params: dict[str, Any], page_size: int,
