@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import functools
 import json
 import uuid
 from collections import Counter
@@ -151,6 +152,7 @@ class EventPosition:
                    None if enqueued is None else str(enqueued))
 
 
+@functools.lru_cache(maxsize=4096)  # the commit encoding a message asks again what its send made
 def outgoing_message_id(key: DedupKey, destination: str, ordinal: int) -> str:
     """The id of the `ordinal`-th message to `destination` sent for `key`: the same on every rebuild."""
     name = json.dumps([key.consumer, key.key, destination, ordinal], ensure_ascii=False,
@@ -276,6 +278,7 @@ def _from_json(value: Mapping[str, Any], key: DedupKey | None, ordinal: int) -> 
         scheduled_enqueue_time=(datetime.datetime.fromisoformat(scheduled) if scheduled else None))
 
 
+@functools.lru_cache(maxsize=4096)
 def _derived_key_header(key: DedupKey, destination: str, ordinal: int) -> str:
     """The Idempotency-Key `outgoing` gives the `ordinal`-th message to `destination`."""
     return idempotency_key_value(key, f"{destination}#{ordinal}")

@@ -57,6 +57,7 @@ from shared.outbox import (
     decode_pending,
     encode_pending,
     is_pending_field,
+    pending_chunk_names,
 )
 from shared.records import IdempotencyRecord, RecordState
 
@@ -75,6 +76,8 @@ KEY = "iK"
 # Cosmos DB's per-item time to live, in seconds (its items are deleted that long after their
 # last write): iT is left out where iX - 1000 * ttl gives it.
 NATIVE_TTL = "ttl"
+# The properties that hold epoch milliseconds (beyond Int32: Table Storage types them Int64).
+TIME_FIELDS = (WRITTEN, CREATED, EXPIRES, LEASE, PENDING_SINCE)
 RESERVED = frozenset({VERSION, HASH, WRITTEN, CREATED, EXPIRES, STATE, LEASE, ATTEMPTS, RESULT,
                       RESULT_VALUE, KEY, PENDING_SINCE, POSITION})
 _KEY_SEPARATOR = "|"  # never in a consumer name
@@ -149,8 +152,8 @@ def pending_names(record: IdempotencyRecord, *, native_json: bool = False,
     them as dispatched removes (or blanks)."""
     if not record.outbox:
         return []
-    chunks = list(encode_pending(record.outbox, key=record.key,
-                                 chunk_chars=None if native_json else chunk_chars))
+    chunks = (pending_chunk_names(1) if native_json  # one JSON value
+              else list(encode_pending(record.outbox, key=record.key, chunk_chars=chunk_chars)))
     return [*chunks, PENDING_SINCE if record.outbox_position is None else POSITION]
 
 

@@ -48,6 +48,7 @@ from shared.stores.codec import (
     EXPIRES,
     LEASE,
     STATE,
+    TIME_FIELDS,
     VERSION,
     bound_millis,
     check_flat,
@@ -132,8 +133,10 @@ class TableMapping:
     @staticmethod
     def _record_entity(record: IdempotencyRecord,
                        body: dict[str, Any] | None = None) -> dict[str, Any]:
-        # The record's times are epoch milliseconds, beyond Int32: sent as Edm.Int64.
-        entity = _typed(record_fields(record))  # a new dict: ours
+        entity = record_fields(record)  # a new dict: ours
+        for name in TIME_FIELDS:  # epoch milliseconds, beyond Int32: Edm.Int64
+            if name in entity:
+                entity[name] = EntityProperty(entity[name], EdmType.INT64)
         if body:
             entity = {**_typed(body), **entity}
         entity["PartitionKey"] = record.partition_key
