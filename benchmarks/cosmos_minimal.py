@@ -13,6 +13,12 @@ and in the echoed items, so the difference is the client CPU the echo costs: the
 it, and what the pipeline does with the larger body. TLS and socket reads of the echoed bytes
 are not in it (they add to it). Rounds alternate; the minimum round is reported (the least
 disturbed on a shared machine), with the median beside it.
+
+Instructions instead of time (callgrind; the difference of two counts is the commits'):
+
+    .venv/bin/python -m benchmarks.cosmos_minimal --save-answers /tmp/answers.json
+    valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.%p .venv/bin/python -m \
+        benchmarks.cosmos_minimal --answers /tmp/answers.json --only minimal --transactions 100
 """
 
 from __future__ import annotations
@@ -161,8 +167,8 @@ class MinimalCost:
                 f"{self.echoed_bytes} B echoed, {self.minimal_bytes} B minimal.")
 
 
-def measure(transactions: int = 400, markers: int = 5, rounds: int = 7) -> MinimalCost:
-    answers = record_answers(markers)
+def replay_stores(answers: dict[str, Answer]) -> dict[str, CosmosIdempotencyStore]:
+    """A store per variant on its replayed answers: "full" (echoed) and "minimal"."""
     replays = {"full": answers, "minimal": {**answers, "batch": minimal(answers["batch"])}}
     stores = {}
     for name, replayed in replays.items():
@@ -171,6 +177,23 @@ def measure(transactions: int = 400, markers: int = 5, rounds: int = 7) -> Minim
         container = client.get_database_client("bench").get_container_client("ledger")
         stores[name] = CosmosIdempotencyStore.from_container(
             container, "/pk", minimal_responses=name == "minimal")
+    return stores
+
+
+def commit_only(answers: dict[str, Answer], variant: str, transactions: int, markers: int) -> None:
+    """`transactions` commits of one variant and nothing else (run under callgrind twice, with
+    two counts: the difference of the totals is the instructions of the commits)."""
+    store = replay_stores(answers)[variant]
+    store.commit(*transaction("warm", 0, markers, '"etag"')[:2])  # first use: caches filled
+    for first, operations in [transaction(f"only{variant}", n, markers, '"etag"')
+                              for n in range(transactions)]:
+        store.commit(first, operations)
+
+
+def measure(transactions: int = 400, markers: int = 5, rounds: int = 7) -> MinimalCost:
+    answers = record_answers(markers)
+    stores = replay_stores(answers)
+    replays = {"full": answers, "minimal": {**answers, "batch": minimal(answers["batch"])}}
     run = uuid.uuid4().hex[:6]
     times: dict[str, list[float]] = {"full": [], "minimal": []}
     for r in range(rounds + 1):  # the first round warms both up and is not counted
@@ -192,9 +215,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--transactions", type=int, default=400)
     parser.add_argument("--markers", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--save-answers", default=None,
+                        help="record the answers from the local server into this file and stop")
+    parser.add_argument("--only", default=None, choices=("full", "minimal"),
+                        help="with --answers: just commit, one variant (for callgrind)")
+    parser.add_argument("--answers", default=None, help="answers saved by --save-answers")
     args = parser.parse_args(argv)
     logging.getLogger("azure").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
+    if args.save_answers:
+        answers = record_answers(args.markers)
+        with open(args.save_answers, "w", encoding="utf-8") as file:
+            json.dump({name: [status, headers, body.decode("utf-8")]
+                       for name, (status, headers, body) in answers.items()}, file)
+        return 0
+    if args.only:
+        with open(args.answers, encoding="utf-8") as file:
+            saved = json.load(file)
+        commit_only({name: (status, headers, body.encode("utf-8"))
+                     for name, (status, headers, body) in saved.items()},
+                    args.only, args.transactions, args.markers)
+        return 0
     print(measure(args.transactions, args.markers, args.rounds).note())
     return 0
 
