@@ -278,7 +278,8 @@ def request_hash(payload: Any, *, fields: tuple[str, ...] | None = None) -> str:
     order, whitespace, string escapes and how a producer wrote its numbers (1, 1.0, 1e0) do
     not matter, while any difference in value does. With `fields`, only those fields count,
     a missing one as null (serialisers differ in whether they write nulls). Two hashes are
-    the same request exactly when they are equal.
+    the same request exactly when they are equal (bytes that are a value's canonical text
+    hash as that value does: the same content).
     """
     if fields is not None:
         if not isinstance(payload, dict):

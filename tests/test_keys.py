@@ -103,6 +103,7 @@ def test_the_request_hash_is_the_sha256_digest_in_unpadded_base64url():
     assert request_hash({"a": [1, "x"], "b": 1}) == base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
     assert request_hash(b"raw") == base64.urlsafe_b64encode(hashlib.sha256(b"raw").digest()).decode()[:43]
     assert request_hash(b"raw") != request_hash("raw")  # bytes as they are, text as JSON
+    assert request_hash(canonical_json({"b": [1.0], "a": 2})) == request_hash({"a": 2, "b": [1]})
     for value in ({"a": 1}, b"", "text", [None]):
         digest_text = request_hash(value)
         assert type(digest_text) is str and len(digest_text) == REQUEST_HASH_LENGTH
