@@ -88,6 +88,14 @@ def test_the_key_is_read_back_from_the_id_and_stored_only_where_the_id_cannot_gi
     assert read(record_fields(hashed), hashed) == hashed
 
 
+def test_a_marker_written_under_another_id_carries_its_key():
+    """A further marker of a group commit travels as a write of its own, under that write's id."""
+    fields = record_fields(completed(), written_id="elsewhere")
+    assert fields[KEY] == f"payments|{KEY_.key}"
+    back = record_from_fields(fields, record_id="elsewhere", partition="acct-1", etag=None)
+    assert back == completed(record_id="elsewhere")
+
+
 @pytest.mark.parametrize("version", [2, 0, "1", None, True])
 def test_a_marker_of_a_version_this_library_does_not_know_is_refused(version):
     fields = {**record_fields(completed()), VERSION: version}

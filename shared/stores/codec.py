@@ -106,13 +106,17 @@ def bound_millis(seconds: float) -> int:
 
 
 def record_fields(record: IdempotencyRecord, *, native_json: bool = False,
-                  chunk_chars: int = TABLE_CHUNK_CHARS) -> dict[str, Any]:
+                  chunk_chars: int = TABLE_CHUNK_CHARS, written_id: str | None = None
+                  ) -> dict[str, Any]:
     """The record's properties in the current format; its pending outgoing messages (if any)
     as chunked strings of at most `chunk_chars` characters (one JSON array with
     `native_json`), with the time they became pending (what the sweeper queries) or, on a
     marker of an Event Hubs batch, its event's position instead (pending while the
     partition's mark does not cover it: never the sweeper's). `native_json`: the result,
-    messages and position as JSON values (a store of JSON documents), not text."""
+    messages and position as JSON values (a store of JSON documents), not text.
+    `written_id`: the id the marker is written under, when not `record.id` (a further marker
+    of a group commit travels as a write of its own): the key is stored where that id cannot
+    give it."""
     written = millis(record.updated_at)
     fields: dict[str, Any] = {VERSION: FORMAT_VERSION, HASH: record.request_hash, WRITTEN: written}
     created = millis(record.created_at)
@@ -132,7 +136,7 @@ def record_fields(record: IdempotencyRecord, *, native_json: bool = False,
         else:
             fields[RESULT] = _result_json(record.result)
     key = record.key
-    if record.record_id not in (None, key.encoded) or key.hashed:
+    if (written_id or record.id) != key.encoded or key.hashed:
         fields[KEY] = f"{key.consumer}{_KEY_SEPARATOR}{key.key}"
     if record.outbox:
         fields.update(encode_pending(record.outbox, key=key,

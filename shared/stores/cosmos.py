@@ -81,11 +81,11 @@ class CosmosMapping:
     def container(self) -> Any:
         return self._container
 
-    def _record_document(self, record: IdempotencyRecord,
-                         body: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _record_document(self, record: IdempotencyRecord, body: dict[str, Any] | None = None,
+                         *, written_id: str | None = None) -> dict[str, Any]:
         # JSON values, not text (Cosmos DB keeps JSON); pending messages in one property, so
         # recording them as dispatched is one patch of at most two operations.
-        document = record_fields(record, native_json=True)  # a new dict: ours
+        document = record_fields(record, native_json=True, written_id=written_id)  # ours
         if body:
             document = {**body, **document}
         document["id"] = record.id
@@ -103,7 +103,7 @@ class CosmosMapping:
 
     def _business_document(self, partition: str, op: WriteOp) -> dict[str, Any]:
         if op.record is not None:  # a further marker of a group commit, with its ttl
-            document = self._record_document(op.record)  # a new dict: ours
+            document = self._record_document(op.record, written_id=op.id)  # a new dict: ours
             document["id"] = op.id
             document[self._pk_field] = partition
             return document

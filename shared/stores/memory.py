@@ -153,7 +153,8 @@ class InMemoryIdempotencyStore(IdempotencyStore):
         for op in operations:
             if op.record is None:
                 check_flat(op.body)
-        operations = [replace(op, body=record_fields(op.record)) if op.record is not None else op
+        operations = [replace(op, body=record_fields(op.record, written_id=op.id))
+                      if op.record is not None else op
                       for op in operations]  # further markers of a group commit
         check_transaction_size(len(operations) + (marker is not None))
         with self._lock:

@@ -131,9 +131,9 @@ class TableMapping:
         return marker.evolve(etag=etag_of(results[0]))
 
     @staticmethod
-    def _record_entity(record: IdempotencyRecord,
-                       body: dict[str, Any] | None = None) -> dict[str, Any]:
-        entity = record_fields(record)  # a new dict: ours
+    def _record_entity(record: IdempotencyRecord, body: dict[str, Any] | None = None, *,
+                       written_id: str | None = None) -> dict[str, Any]:
+        entity = record_fields(record, written_id=written_id)  # a new dict: ours
         for name in TIME_FIELDS:  # epoch milliseconds, beyond Int32: Edm.Int64
             if name in entity:
                 entity[name] = EntityProperty(entity[name], EdmType.INT64)
@@ -151,7 +151,7 @@ class TableMapping:
     @classmethod
     def _transaction_op(cls, partition: str, op: WriteOp) -> tuple[Any, ...]:
         if op.record is not None:  # a further marker of a group commit
-            entity = cls._record_entity(op.record)  # a new dict: ours
+            entity = cls._record_entity(op.record, written_id=op.id)  # a new dict: ours
             entity["PartitionKey"] = partition
             entity["RowKey"] = op.id
         else:
