@@ -194,6 +194,7 @@ def _measure(backend: str, stack: Any, messages: int, payments_cpu_ms: float | N
     from functions.settings import Settings
     from local_stack import COSMOS_LOCAL_KEY
     from shared.sdk_transport import proxy_configured
+    from shared.stores.codec import is_record
     from shared.triggers import EventView, MessageView
     from simulator.check import scan
     from simulator.faults import FakeNotificationApi
@@ -243,7 +244,7 @@ def _measure(backend: str, stack: Any, messages: int, payments_cpu_ms: float | N
         return {k: v for k, v in row.items() if k not in ("_id", "_partition")}
 
     def newest_marker(store: Any, prefix: str | None = None) -> dict[str, Any]:
-        return _plain([r for r in scan(store, prefix) if "idemState" in r][-1])
+        return _plain([r for r in scan(store, prefix) if is_record(r)][-1])
 
     def size_of(row: dict[str, Any], table: bool) -> tuple[int, int]:
         props = [k for k in row if not k.startswith("_") and k not in ("PartitionKey", "RowKey", "id")]
@@ -285,7 +286,7 @@ def _measure(backend: str, stack: Any, messages: int, payments_cpu_ms: float | N
         lambda b: services.payments.process_batch(events[(b + 1) * 100:(b + 2) * 100], "0"), batches - 1)
     # A group's one BalanceChanged rides on one of its markers (about 1 in 5 here): the mean.
     sizes = [size_of(_plain(row), not cosmos) for row in scan(services.stores["ledger"])
-             if "idemState" in row]
+             if is_record(row)]
     size, props = round(sum(b for b, _ in sizes) / len(sizes)), max(p for _, p in sizes)
     out.append(PathFigures("payments (per event; batches of 100, 20 accounts)", backend,
                            (batches - 1) * 100, req / 100, reads / 100, 1, (20 + 1) / 100, size, props,

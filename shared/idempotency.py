@@ -73,7 +73,7 @@ from shared.flow import (
     flowmethod,
     retry_on_race,
 )
-from shared.keys import DedupKey, same_request
+from shared.keys import DedupKey
 from shared.keys import request_hash as hash_request
 from shared.outbox import EventPosition
 from shared.records import IdempotencyRecord, Outcome, OutcomeStatus, RecordState, encode_result
@@ -152,10 +152,8 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D]:
                     partition: str | None = None, record_id: str | None = None,
                     expires: bool = True, result: Any = None) -> IdempotencyRecord:
         now = self._now()
-        # str(): a record holds plain text (the Table SDK maps values by exact type), not the
-        # RequestHash with its payload.
         return IdempotencyRecord(
-            key=key, state=state, request_hash=str(request_hash), created_at=now, updated_at=now,
+            key=key, state=state, request_hash=request_hash, created_at=now, updated_at=now,
             expires_at=now + self.config.ttl.total_seconds() if expires else None,
             lease_expires_at=(now + self.config.lease.total_seconds()
                               if state is RecordState.IN_PROGRESS else None),
@@ -164,7 +162,7 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D]:
 
     def _judge(self, existing: IdempotencyRecord, request_hash: str, key: DedupKey) -> Outcome:
         """Outcome for a live record someone else wrote first."""
-        if not same_request(existing.request_hash, request_hash):
+        if existing.request_hash != request_hash:
             return Outcome(OutcomeStatus.CONFLICT, key, request_hash, existing.result, existing)
         if existing.state is RecordState.COMPLETED:
             return Outcome(OutcomeStatus.DUPLICATE, key, request_hash, existing.result, existing)
@@ -190,7 +188,7 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D]:
             raise RecordChangedError(marker.id)  # deleted meanwhile: commit again
         if existing.is_expired(self._now()):
             return existing
-        return self._judge(existing, request_hash, marker.key)  # the caller's: it judges old forms
+        return self._judge(existing, request_hash, marker.key)
 
     def _cached(self, key: DedupKey, request_hash: str) -> Outcome | None:
         """A duplicate (or conflict) answered by the local cache, without a store request."""
@@ -284,7 +282,7 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D]:
                 raise RecordChangedError(fresh.id)  # released between create and read: again
             now = self._now()
             expired = existing.is_expired(now)
-            if not expired and not same_request(existing.request_hash, request_hash):
+            if not expired and existing.request_hash != request_hash:
                 return Outcome(OutcomeStatus.CONFLICT, key, request_hash, existing.result,
                                existing), None
             stale = not expired and existing.is_lease_expired(now)

@@ -4,9 +4,10 @@ A key is scoped by consumer (two consumers of one message each apply it
 once), built only from stable message identity (never a delivery's), and
 encoded so any input is a valid Table Storage PartitionKey/RowKey and Cosmos
 DB id: deterministic and injective, with long keys replaced by their SHA-256.
-The raw key stays on the record for operators.
-The request hash (`request_hash`, `same_request`) tells a duplicate from a key
-reused for other content, whatever way a producer serialised the same JSON.
+The raw key can be read back from the encoding (`decode_component`) unless a long key was
+hashed; the marker then carries it (shared.stores.codec).
+The request hash (`request_hash`) tells a duplicate from a key reused for other
+content, whatever way a producer serialised the same JSON.
 """
 
 # Callers pass what a trigger delivered (untyped at run time): the isinstance checks on
@@ -14,6 +15,7 @@ reused for other content, whatever way a producer serialised the same JSON.
 # pyright: reportUnnecessaryIsInstance=false
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import re
@@ -58,6 +60,24 @@ def _escaped_run(run: str) -> str:
 def encode_component(value: str) -> str:
     """Escape `value` into the store-safe alphabet; injective, not length-limited."""
     return _UNSAFE_RUN.sub(_escape, value)
+
+
+_ESCAPED_RUN = re.compile(r"(?:![0-9A-F]{2})+")
+
+
+def _unescape(match: re.Match[str]) -> str:
+    return bytes.fromhex(match.group().replace(_ESCAPE, "")).decode("utf-8")
+
+
+def decode_component(encoded: str) -> str:
+    """The text `encode_component` turned into `encoded`; ValueError for text it never writes."""
+    try:
+        value = _ESCAPED_RUN.sub(_unescape, encoded)
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{encoded!r} escapes bytes that are not UTF-8") from error
+    if encode_component(value) != encoded:
+        raise ValueError(f"{encoded!r} is not an encoded component")
+    return value
 
 
 def sha256_hex(value: str) -> str:
@@ -108,6 +128,24 @@ class DedupKey:
             encoded = _HASHED + sha256_hex(self.key)
         return f"{self.consumer}{_SEPARATOR}{encoded}"
 
+    @property
+    def hashed(self) -> bool:
+        """Whether `encoded` holds the key's SHA-256 (a long key) rather than its text."""
+        return self.encoded.startswith(_HASHED, len(self.consumer) + 1)
+
+    @classmethod
+    def from_encoded(cls, encoded: str) -> DedupKey | None:
+        """The key whose `encoded` is `encoded`; None when that encoding hashed a long key (its
+        raw text is then not in it) or is no key's encoding."""
+        consumer, separator, rest = encoded.partition(_SEPARATOR)
+        if not separator or rest.startswith(_HASHED):
+            return None
+        try:
+            key = cls(consumer, decode_component(rest))
+        except ValueError:  # InvalidKeyError is one
+            return None
+        return key if key.encoded == encoded else None
+
     @classmethod
     def from_message_id(cls, consumer: str, message_id: str | None) -> DedupKey:
         """Key from a producer-assigned Service Bus `MessageId` (or AMQP message-id)."""
@@ -140,11 +178,10 @@ class DedupKey:
 
 
 # -- request hash ---------------------------------------------------------------------------
-# The stored hash says how it was made. "jcs:sha256:" is the current form: SHA-256 of the
-# canonical JSON below. "sha256:" is SHA-256 of raw bytes, and also the previous JSON form
-# (json.dumps with sorted keys: it wrote 1 and 1.0 differently), still met in stored records.
-HASH_PREFIX = "jcs:sha256:"
-BYTES_PREFIX = LEGACY_PREFIX = "sha256:"
+# One form: SHA-256 of the canonical bytes below (of the bytes themselves for a bytes payload),
+# written as unpadded base64url (43 characters). A marker's format version (shared.stores.codec)
+# names this algorithm; a change to it is a new marker version, never a second form here.
+REQUEST_HASH_LENGTH = 43
 
 # json.dumps writes every float as a digit followed by "." or a signed exponent ("1.5",
 # "1e-07"), which ints, true, false and null never hold: without a hit there is no float. A
@@ -229,64 +266,20 @@ def canonical_json(value: Any) -> bytes:
         raise ValueError(f"payload is not canonical JSON: {error}") from error
 
 
-def _legacy_canonical_json(value: Any) -> bytes:
-    """The previous canonical form (sorted keys, Python's number text), for stored hashes."""
-    try:
-        text = _sorted_json(value)
-    except (TypeError, ValueError, RecursionError) as error:
-        raise ValueError(f"payload is not canonical JSON: {error}") from error
-    return text.encode("utf-8")
+def _digest_text(data: bytes) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode("ascii")
 
 
-class RequestHash(str):
-    """A request hash as stored, which can also be checked against a hash stored in the
-    previous form (`same_request`). The previous form is computed only when such a record is
-    met, from the payload this hash was made of: do not change that payload meanwhile.
-    To store it yourself, store `str(hash)`: azure-data-tables converts by exact type."""
+def request_hash(payload: Any, *, fields: tuple[str, ...] | None = None) -> str:
+    """SHA-256 of the payload's canonical form, or of selected immutable fields, as 43
+    characters of unpadded base64url.
 
-    __slots__ = ("_payload",)  # on the hot path: no per-hash __dict__
-    _payload: Any
-
-    def __new__(cls, digest: str, payload: Any) -> RequestHash:
-        made = str.__new__(cls, digest)
-        made._payload = payload
-        return made
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Copies and pickles keep the payload (`str`'s own reduction would drop it)."""
-        return RequestHash, (str(self), self._payload)
-
-    def legacy(self) -> str | None:
-        """This payload's hash in the previous form; None when that form could not hold it."""
-        if self.startswith(BYTES_PREFIX):
-            return str(self)  # bytes are hashed the same way in both forms
-        try:
-            return LEGACY_PREFIX + hashlib.sha256(_legacy_canonical_json(self._payload)).hexdigest()
-        except ValueError:
-            return None
-
-
-def same_request(stored: str | None, hashed: str) -> bool:
-    """Whether a stored request hash is this message's: equal, or a hash in the previous JSON
-    form that this payload also has (records written before the canonical form; some, like
-    markers that never expire, outlive any retention window, so the previous form is accepted
-    for as long as such records exist; it costs nothing until one is met)."""
-    if stored == hashed:
-        return True
-    if (stored is None or not stored.startswith(LEGACY_PREFIX) or not isinstance(hashed, RequestHash)
-            or hashed.startswith(LEGACY_PREFIX)):
-        return False
-    return hashed.legacy() == stored
-
-
-def request_hash(payload: Any, *, fields: tuple[str, ...] | None = None) -> RequestHash:
-    """SHA-256 of the payload's canonical form, or of selected immutable fields.
-
-    Bytes are hashed as they are ("sha256:..."); anything else as canonical JSON
-    ("jcs:sha256:..."), so key order, whitespace, string escapes and how a producer wrote
-    its numbers (1, 1.0, 1e0) do not matter, while any difference in value does. With
-    `fields`, only those fields count, a missing one as null (serialisers differ in whether
-    they write nulls). Compare a stored hash with `same_request`, not `==`.
+    Bytes are hashed as they are; anything else as canonical JSON (`canonical_json`), so key
+    order, whitespace, string escapes and how a producer wrote its numbers (1, 1.0, 1e0) do
+    not matter, while any difference in value does. With `fields`, only those fields count,
+    a missing one as null (serialisers differ in whether they write nulls). Two hashes are
+    the same request exactly when they are equal (bytes that are a value's canonical text
+    hash as that value does: the same content).
     """
     if fields is not None:
         if not isinstance(payload, dict):
@@ -294,6 +287,5 @@ def request_hash(payload: Any, *, fields: tuple[str, ...] | None = None) -> Requ
         mapping = cast(dict[str, Any], payload)
         payload = {name: mapping.get(name) for name in fields}
     if isinstance(payload, (bytes, bytearray, memoryview)):
-        data = bytes(cast(bytes, payload))
-        return RequestHash(BYTES_PREFIX + hashlib.sha256(data).hexdigest(), data)
-    return RequestHash(HASH_PREFIX + hashlib.sha256(canonical_json(payload)).hexdigest(), payload)
+        return _digest_text(bytes(cast(bytes, payload)))
+    return _digest_text(canonical_json(payload))

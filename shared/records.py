@@ -51,19 +51,12 @@ class IdempotencyRecord:
     outbox: tuple[OutgoingMessage, ...] = ()
     # Set on a marker of an Event Hubs batch: its event's position. Its messages are then
     # pending while the partition's mark does not cover it (the mark records the dispatch);
-    # None: pending until recorded as dispatched (`outboxPendingSince`, the sweeper's).
+    # None: pending until recorded as dispatched (`outbox.PENDING_SINCE`, the sweeper's).
     outbox_position: EventPosition | None = None
     # The store's clock when it wrote this record, where its answer tells it for free (Cosmos
     # `_ts`, the time in a Table etag); None otherwise. Never stored: the flow compares it with
     # `updated_at`, this instance's clock, to notice clock skew (leases are judged locally).
     server_time: float | None = field(default=None, compare=False)
-
-    def __post_init__(self) -> None:
-        # request_hash() answers a str subclass that can also judge a previous-form hash; a
-        # record keeps the plain text, which every store SDK serialises (azure-data-tables
-        # converts by exact type) and which holds no reference to the payload.
-        if type(self.request_hash) is not str:
-            object.__setattr__(self, "request_hash", str(self.request_hash))
 
     @property
     def id(self) -> str:
@@ -90,8 +83,6 @@ class IdempotencyRecord:
         unknown = changes.keys() - _RECORD_FIELDS
         if unknown:
             return replace(self, **changes)  # raises the usual TypeError
-        if "request_hash" in changes:
-            return replace(self, **changes)  # through __post_init__: kept as plain text
         new = object.__new__(type(self))
         new.__dict__.update(self.__dict__)
         new.__dict__.update(changes)

@@ -4,8 +4,8 @@ azure-core's transports default to `use_env_settings=True`: aiohttp then runs (p
 request, on a thread of the executor) a scan of every environment variable for proxy
 settings and a read of ~/.netrc, and requests scans the environment for proxies and
 no_proxy rules. On a Functions host, with its hundreds of app settings in the
-environment, that is client CPU on every store request for a proxy nobody set (measured
-here: about 0.35-0.6 ms of CPU per async request on the local servers, 35 variables).
+environment, that is client CPU on every store request for a proxy nobody set, and it
+grows with the number of variables (figures: benchmarks/RESULTS.md).
 
 So a transport reads proxies from the environment only when a proxy variable is set
 when it is built; otherwise it skips the lookup. Public client option only

@@ -17,7 +17,7 @@ from shared import jsontext
 from shared.jsontext import compact_encoder
 from shared.keys import DedupKey, encode_component
 from shared.records import IdempotencyRecord, RecordState
-from shared.stores.codec import record_fields, record_from_fields
+from shared.stores.codec import ATTEMPTS, record_fields, record_from_fields
 
 
 def reference_encoding(value: str) -> str:
@@ -103,6 +103,6 @@ def test_compact_encoder_refuses_what_json_dumps_refuses():
 def test_a_first_attempt_is_not_written_and_reads_back_as_one(attempts):
     record = RECORD.evolve(attempts=attempts, etag=None)
     fields = record_fields(record)
-    assert ("idemAttempts" in fields) is (attempts != 1)
+    assert (ATTEMPTS in fields) is (attempts != 1)
     assert record_from_fields(fields, record_id=record.id, partition=record.partition_key,
                               etag=None) == record

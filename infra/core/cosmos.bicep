@@ -45,9 +45,10 @@ var serverlessCapabilities = [
 ]
 
 // Indexing: every item is read and written by id and partition key, which needs no index;
-// only the maintenance sweep (idemState, idemLeaseExpiresAt, idemExpiresAt; outboxPendingSince
-// for the outbox sweep, present only on markers with pending messages) and the replay
-// tool's per-partition listing (the partition key property) filter on properties. The default
+// only the maintenance sweep (the marker fields iV: a marker, iS: in progress, iL: lease
+// expiry, iX: expiry; oT for the outbox sweep, present only on markers with pending messages;
+// shared/stores/codec.py) and the replay tool's per-partition listing (the partition key
+// property) filter on properties. The default
 // policy would index every property of every marker, balance and order, and each write pays
 // index RUs for them. Same policies as COSMOS_INDEXING in functions/settings.py (tests/infra
 // holds the two together and every query the code issues against the included paths).
@@ -56,16 +57,19 @@ var orderIdIndexingPolicy = {
   automatic: true
   includedPaths: [
     {
-      path: '/idemState/?'
+      path: '/iV/?'
     }
     {
-      path: '/idemLeaseExpiresAt/?'
+      path: '/iS/?'
     }
     {
-      path: '/idemExpiresAt/?'
+      path: '/iL/?'
     }
     {
-      path: '/outboxPendingSince/?'
+      path: '/iX/?'
+    }
+    {
+      path: '/oT/?'
     }
     {
       path: '/orderId/?'
@@ -83,16 +87,19 @@ var pkIndexingPolicy = {
   automatic: true
   includedPaths: [
     {
-      path: '/idemState/?'
+      path: '/iV/?'
     }
     {
-      path: '/idemLeaseExpiresAt/?'
+      path: '/iS/?'
     }
     {
-      path: '/idemExpiresAt/?'
+      path: '/iL/?'
     }
     {
-      path: '/outboxPendingSince/?'
+      path: '/iX/?'
+    }
+    {
+      path: '/oT/?'
     }
     {
       path: '/pk/?'

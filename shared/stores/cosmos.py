@@ -4,8 +4,8 @@ Claim = `create_item` (409 = exists). Atomic path = one transactional batch
 (`execute_item_batch`) with the marker first and the business operations
 after it, all in the marker's logical partition: all commit or none do, and a
 409 at index 0 identifies the duplicate. Markers carry a native `ttl`
-(container default TTL -1 turns per-item TTL on) and an `idemExpiresAt` that
-every read checks, since expiry runs in the background.
+(container default TTL -1 turns per-item TTL on) and their expiry (`codec.EXPIRES`),
+which every read checks, since expiry runs in the background.
 
 A store refuses an account with more than one write region (`check_write_regions`):
 the conditional create is then arbitrated per region, so two regions can each accept a
@@ -15,17 +15,20 @@ client in its constructor, the async one in `__aenter__`): no request of its own
 
 from __future__ import annotations
 
+import contextlib
+import email.utils
 import logging
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Self
 
 from azure.core import MatchConditions
-from azure.cosmos import ContainerProxy, CosmosClient
+from azure.cosmos import ContainerProxy, CosmosClient, CosmosDict
 from azure.cosmos.exceptions import CosmosBatchOperationError
 
 from shared.exceptions import MultiRegionWritesError, RecordExistsError
-from shared.outbox import PENDING_COUNT, PENDING_SINCE
+from shared.outbox import PENDING_SINCE
 from shared.records import IdempotencyRecord, RecordState
 from shared.stores.base import (
     Document,
@@ -39,7 +42,20 @@ from shared.stores.base import (
     transaction_failure,
     written_documents,
 )
-from shared.stores.codec import check_flat, is_record, pending_names, record_fields, record_from_fields
+from shared.stores.codec import (
+    EXPIRES,
+    LEASE,
+    NATIVE_TTL,
+    STATE,
+    VERSION,
+    WRITTEN,
+    bound_millis,
+    check_flat,
+    is_record,
+    pending_names,
+    record_fields,
+    record_from_fields,
+)
 
 BACKEND = "Cosmos DB"
 #: The WARNING record of a store that runs, by the caller's choice, on an account with several
@@ -50,9 +66,8 @@ ACCEPT_MULTI_REGION = "accept_duplicates_across_write_regions"
 logger = logging.getLogger(__name__)
 _SYSTEM = ("_rid", "_self", "_etag", "_attachments", "_ts", "ttl")
 IF_UNCHANGED = MatchConditions.IfNotModified
-# Cosmos DB keeps a key's pending messages in one string property (no 64 KiB property limit as
-# on Table), so recording them as dispatched is one patch of at most three operations.
-PENDING_CHUNK_CHARS = 2**31
+_MINIMAL: Mapping[str, Any] = MappingProxyType({"no_response": True})  # Prefer: return=minimal
+_ECHOED: Mapping[str, Any] = MappingProxyType({})
 
 
 class CosmosMapping:
@@ -60,6 +75,13 @@ class CosmosMapping:
 
     _pk_field: str
     _container: Any  # a container proxy of the sync or the async SDK
+    # Every write asks for `Prefer: return=minimal` (the SDK's `no_response`): the service then
+    # answers with status and headers (the etag among them; in a batch, each operation's
+    # `eTag`) but not the item, which nothing here reads.
+    _write_options: Mapping[str, Any] = _MINIMAL
+
+    def _minimal_responses(self, minimal: bool) -> None:
+        self._write_options = _MINIMAL if minimal else _ECHOED
 
     @classmethod
     def from_container(cls, container: Any, partition_key_path: str = "/pk",
@@ -78,16 +100,20 @@ class CosmosMapping:
         """The property the container is partitioned on (`/pk` -> "pk")."""
         return self._pk_field
 
-    def _record_document(self, record: IdempotencyRecord,
-                         body: dict[str, Any] | None = None) -> dict[str, Any]:
-        document = record_fields(record, chunk_chars=PENDING_CHUNK_CHARS)  # a new dict: ours
+    def _record_document(self, record: IdempotencyRecord, body: dict[str, Any] | None = None,
+                         *, written_id: str | None = None) -> dict[str, Any]:
+        # JSON values, not text (Cosmos DB keeps JSON); pending messages in one property, so
+        # recording them as dispatched is one patch of at most two operations.
+        document = record_fields(record, native_json=True, written_id=written_id)  # ours
         if body:
             document = {**body, **document}
         document["id"] = record.id
         document[self._pk_field] = record.partition_key
         if record.expires_at is not None:
-            now = record.updated_at
-            document["ttl"] = max(1, math.ceil(record.expires_at - now))
+            ttl = max(1, math.ceil(record.expires_at - record.updated_at))
+            document[NATIVE_TTL] = ttl
+            if document[EXPIRES] - document[WRITTEN] == ttl * 1000:
+                del document[WRITTEN]  # the expiry and the item's ttl say it
         return document
 
     def _to_record(self, document: dict[str, Any]) -> IdempotencyRecord:
@@ -96,7 +122,7 @@ class CosmosMapping:
 
     def _business_document(self, partition: str, op: WriteOp) -> dict[str, Any]:
         if op.record is not None:  # a further marker of a group commit, with its ttl
-            document = self._record_document(op.record)  # a new dict: ours
+            document = self._record_document(op.record, written_id=op.id)  # a new dict: ours
             document["id"] = op.id
             document[self._pk_field] = partition
             return document
@@ -135,14 +161,13 @@ class CosmosMapping:
         if written is not None:
             written += written_documents(marker.partition_key, operations, etags[1:])
         first: dict[str, Any] = results[0].get("resourceBody") or {}
-        return marker.evolve(etag=etags[0], server_time=server_time(first))
+        return marker.evolve(etag=etags[0], server_time=server_time(results) or server_time(first))
 
     @staticmethod
     def _dispatched_patch(marker: IdempotencyRecord) -> list[dict[str, Any]]:
         """The patch that clears a marker's pending messages (its other fields untouched)."""
-        return [{"op": "set", "path": f"/{PENDING_COUNT}", "value": 0},
-                *({"op": "remove", "path": f"/{name}"}
-                  for name in pending_names(marker, chunk_chars=PENDING_CHUNK_CHARS))]
+        return [{"op": "remove", "path": f"/{name}"}
+                for name in pending_names(marker, native_json=True)]
 
     _PENDING_QUERY = (f"SELECT * FROM c WHERE c.{PENDING_SINCE} > 0 "  # noqa: S608 - constants
                       f"AND c.{PENDING_SINCE} < @before")
@@ -160,23 +185,25 @@ class CosmosMapping:
                        if item is not None and is_record(item) else None, none_if_missing=True)
 
     def _put_record_if_absent(self, record: IdempotencyRecord) -> Request[IdempotencyRecord]:
-        return Request(lambda container: container.create_item(self._record_document(record)),
-                       lambda created: record.evolve(etag=created.get("_etag"),
+        return Request(lambda container: container.create_item(self._record_document(record),
+                                                               **self._write_options),
+                       lambda created: record.evolve(etag=written_etag(created),
                                                      server_time=server_time(created)),
                        on_status={409: lambda: RecordExistsError(record.id)})
 
     def _replace_record_if_unchanged(self, record: IdempotencyRecord) -> Request[IdempotencyRecord]:
         return Request(lambda container: container.replace_item(
             record.id, self._record_document(record), etag=record.etag,
-            match_condition=IF_UNCHANGED), lambda replaced: record.evolve(
-                etag=replaced.get("_etag"), server_time=server_time(replaced)),
+            match_condition=IF_UNCHANGED, **self._write_options),
+            lambda replaced: record.evolve(etag=written_etag(replaced),
+                                           server_time=server_time(replaced)),
             on_status=changed_statuses(record.id))
 
     def _record_dispatched(self, marker: IdempotencyRecord) -> Request[IdempotencyRecord]:
         return Request(lambda container: container.patch_item(
             marker.id, marker.partition_key, self._dispatched_patch(marker), etag=marker.etag,
-            match_condition=IF_UNCHANGED),
-            lambda patched: marker.evolve(etag=patched.get("_etag"), outbox=(), server_time=None),
+            match_condition=IF_UNCHANGED, **self._write_options),
+            lambda patched: marker.evolve(etag=written_etag(patched), outbox=(), server_time=None),
             on_status=changed_statuses(marker.id))
 
     def _delete_record_if_unchanged(self, record: IdempotencyRecord) -> Request[None]:
@@ -192,15 +219,23 @@ class CosmosMapping:
     def _write_documents(self, partition: str, operations: Sequence[WriteOp]
                          ) -> Request[list[Document]]:
         return _batch(partition, [self._batch_op(partition, op) for op in operations], None,
-                      lambda results: [Document(op.id, partition, op.body, result.get("eTag"))
-                                       for op, result in zip(operations, results, strict=True)])
+                      lambda results: [Document(op.id, partition, op.body, _etag_in(result))
+                                       for op, result in zip(operations, results, strict=True)],
+                      self._write_options)
 
     def _commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp],
                 marker_body: dict[str, Any] | None, written: list[Document] | None
                 ) -> Request[IdempotencyRecord]:
         return _batch(marker.partition_key, self._commit_batch(marker, operations, marker_body),
                       marker.id, lambda results: self._committed(marker, operations, results,
-                                                                 written))
+                                                                 written), self._write_options)
+
+
+def written_etag(answer: Any) -> str | None:
+    """A point write's new etag: its `etag` response header (sent with or without the item,
+    `Prefer: return=minimal`), else the echoed item's `_etag`."""
+    headers: Any = answer.get_response_headers() if isinstance(answer, CosmosDict) else {}
+    return headers.get("etag") or answer.get("_etag")
 
 
 def cached_account(connection: Any) -> Any | None:
@@ -251,26 +286,36 @@ def check_write_regions(account: Any, *, endpoint: str, accept: bool) -> None:
         f"{ACCEPT_MULTI_REGION}=True.", regions=regions)
 
 
-def server_time(document: dict[str, Any]) -> float | None:
-    """When the service wrote `document`, by its `_ts` (whole seconds, truncated: the middle
-    of that second is the estimate, within half a second), or None."""
-    ts = document.get("_ts")
+def server_time(answer: Any) -> float | None:
+    """When the service answered a write: its `Date` response header (whole seconds: the
+    middle of that second is the estimate, within half a second), else an echoed item's
+    `_ts`; None when neither is there. With `Prefer: return=minimal` the service echoes no
+    item, so the header is what tells."""
+    get_headers = getattr(answer, "get_response_headers", None)  # CosmosDict, CosmosList
+    headers: Any = get_headers() if callable(get_headers) else {}
+    date = headers.get("date") or headers.get("Date")
+    if date:
+        with contextlib.suppress(TypeError, ValueError, IndexError):
+            return email.utils.parsedate_to_datetime(str(date)).timestamp() + 0.5
+    ts: Any = answer.get("_ts") if isinstance(answer, dict) else None
     return ts + 0.5 if isinstance(ts, int | float) and not isinstance(ts, bool) else None
 
 
 def _etag_in(result: dict[str, Any]) -> str | None:
-    """An operation's new etag in a transactional batch answer."""
+    """An operation's new etag in a transactional batch answer: its `eTag` (with or without
+    the item, `Prefer: return=minimal`), else the echoed item's `_etag`."""
     body: dict[str, Any] = result.get("resourceBody") or {}
     return result.get("eTag") or body.get("_etag")
 
 
 def _batch[T](partition: str, batch: list[tuple[Any, ...]], marker_id: str | None,
-              answer: Callable[[list[dict[str, Any]]], T]) -> Request[T]:
+              answer: Callable[[list[dict[str, Any]]], T], options: Mapping[str, Any]) -> Request[T]:
     """One transactional batch; a failed operation maps to the store contract."""
     check_transaction_size(len(batch))
-    return Request(lambda container: container.execute_item_batch(batch, partition_key=partition),
-                   answer, refine=lambda error: batch_failure(error, marker_id)
-                   if isinstance(error, CosmosBatchOperationError) else None)
+    return Request(lambda container: container.execute_item_batch(
+        batch, partition_key=partition, **options),
+        answer, refine=lambda error: batch_failure(error, marker_id)
+        if isinstance(error, CosmosBatchOperationError) else None)
 
 
 def batch_failure(error: CosmosBatchOperationError, marker_id: str | None) -> Exception:
@@ -289,7 +334,9 @@ class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
     from a connection string (local runs), or around an existing container.
     `native_ttl`: whether the container expires markers itself (a default TTL is
     set, so the markers' `ttl` applies) and `purge_expired` need not query; None
-    (default) asks the container once.
+    (default) asks the container once. `minimal_responses` (default True): writes
+    ask the service not to echo the item (`Prefer: return=minimal`); False has it
+    echoed, as the SDK does by default.
 
     An account with more than one write region is refused here (MultiRegionWritesError),
     from the properties the SDK client read when it was built: no request of the store's
@@ -300,10 +347,11 @@ class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
 
     def __init__(self, endpoint: str, credential: Any = None, *, database: str, container: str,
                  partition_key_path: str = "/pk", container_client: ContainerProxy | None = None,
-                 native_ttl: bool | None = None,
+                 native_ttl: bool | None = None, minimal_responses: bool = True,
                  accept_duplicates_across_write_regions: bool = False,
                  **client_options: Any) -> None:
         self._native_ttl = native_ttl
+        self._minimal_responses(minimal_responses)
         if not partition_key_path.startswith("/") or "/" in partition_key_path[1:]:
             raise ValueError("partition_key_path must be a top-level path such as '/pk'")
         self._pk_field = partition_key_path[1:]
@@ -371,11 +419,12 @@ class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
         return self._send(self._record_dispatched(marker))
 
     def iter_pending(self, *, since_before: float) -> Iterator[IdempotencyRecord]:
-        """A range query on `outboxPendingSince`: the field exists only while messages are
+        """A range query on `PENDING_SINCE`: the field exists only while messages are
         pending and is a range-indexed path (infra/core/cosmos.bicep), so the query reads the
         index entries of pending markers only, whatever the number of markers."""
         pages = store_call(BACKEND, lambda: self._container.query_items(
-            self._PENDING_QUERY, parameters=[{"name": "@before", "value": float(since_before)}],
+            self._PENDING_QUERY,
+            parameters=[{"name": "@before", "value": bound_millis(since_before)}],
             enable_cross_partition_query=True))
         iterator = iter(pages)
         while True:
@@ -388,15 +437,15 @@ class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
 
     def iter_records(self, *, in_progress_before: float | None = None,
                      expired_before: float | None = None) -> Iterator[IdempotencyRecord]:
-        clauses = ["IS_DEFINED(c.idemState)"]
+        clauses = [f"IS_DEFINED(c.{VERSION})"]
         params: list[dict[str, Any]] = []
         if in_progress_before is not None:
-            clauses.append("c.idemState = @state AND c.idemLeaseExpiresAt < @lease")
+            clauses.append(f"c.{STATE} = @state AND c.{LEASE} < @lease")
             params += [{"name": "@state", "value": RecordState.IN_PROGRESS.value},
-                       {"name": "@lease", "value": float(in_progress_before)}]
+                       {"name": "@lease", "value": bound_millis(in_progress_before)}]
         if expired_before is not None:
-            clauses.append("c.idemExpiresAt < @expiry")
-            params.append({"name": "@expiry", "value": float(expired_before)})
+            clauses.append(f"c.{EXPIRES} < @expiry")
+            params.append({"name": "@expiry", "value": bound_millis(expired_before)})
         query = "SELECT * FROM c WHERE " + " AND ".join(clauses)  # noqa: S608 - fixed clauses, values bound
         pages = store_call(BACKEND, lambda: self._container.query_items(
             query, parameters=params, enable_cross_partition_query=True))
@@ -411,7 +460,7 @@ class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
     def purge_expired(self, now: float) -> int:
         """Nothing to do where the container expires markers by TTL (the service deletes
         them in the background with spare RUs: a purge query would read them all again);
-        otherwise the query purge. Reads check `idemExpiresAt` either way, so a marker
+        otherwise the query purge. Reads check the marker's expiry either way, so a marker
         the service has not yet deleted is never taken for live."""
         if self._native_ttl is None:
             properties: dict[str, Any] = store_call(BACKEND, self._container.read) or {}

@@ -37,6 +37,7 @@ class AsyncCosmosIdempotencyStore(CosmosMapping, AsyncDocumentStore):
     `__init__`, and `close` closes it. A container passed to `from_container`
     stays its caller's, who initializes (`async with CosmosClient(...)`) and
     closes it. `async with store:` initializes and closes an owned client.
+    `minimal_responses` as for the sync store.
 
     The account is checked on that first request (or `async with`), not in `__init__`,
     which makes no request: one with more than one write region is refused then
@@ -49,8 +50,10 @@ class AsyncCosmosIdempotencyStore(CosmosMapping, AsyncDocumentStore):
 
     def __init__(self, endpoint: str, credential: Any = None, *, database: str, container: str,
                  partition_key_path: str = "/pk", container_client: ContainerProxy | None = None,
+                 minimal_responses: bool = True,
                  accept_duplicates_across_write_regions: bool = False,
                  **client_options: Any) -> None:
+        self._minimal_responses(minimal_responses)
         if not partition_key_path.startswith("/") or "/" in partition_key_path[1:]:
             raise ValueError("partition_key_path must be a top-level path such as '/pk'")
         self._pk_field = partition_key_path[1:]

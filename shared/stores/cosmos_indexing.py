@@ -14,12 +14,14 @@ from __future__ import annotations
 
 from typing import Any
 
-# What `CosmosIdempotencyStore.iter_records` filters on (IS_DEFINED(c.idemState),
-# c.idemState, c.idemLeaseExpiresAt, c.idemExpiresAt): the sweep's fields; and what
-# `iter_pending` filters on (c.outboxPendingSince, present only while a marker carries
-# outgoing messages, so the outbox sweep reads the index entries of pending markers only).
-RECORD_QUERY_PATHS = ("/idemState/?", "/idemLeaseExpiresAt/?", "/idemExpiresAt/?",
-                      "/outboxPendingSince/?")
+from shared.outbox import PENDING_SINCE
+from shared.stores.codec import EXPIRES, LEASE, STATE, VERSION
+
+# What `CosmosIdempotencyStore.iter_records` filters on (IS_DEFINED(c.iV): a marker; c.iS and
+# c.iL: in progress, lease expiry; c.iX: expiry; shared.stores.codec): the sweep's fields; and
+# what `iter_pending` filters on (c.oT, present only while a marker carries outgoing messages,
+# so the outbox sweep reads the index entries of pending markers only).
+RECORD_QUERY_PATHS = tuple(f"/{name}/?" for name in (VERSION, STATE, LEASE, EXPIRES, PENDING_SINCE))
 
 
 def point_indexing_policy(*paths: str) -> dict[str, Any]:
@@ -51,7 +53,7 @@ def record_indexing_policy(partition_key_path: str, *extra_paths: str) -> dict[s
 
 
 def indexed_properties(policy: dict[str, Any]) -> frozenset[str]:
-    """Top-level property names a policy indexes (`/idemState/?` -> `idemState`)."""
+    """Top-level property names a policy indexes (`/iV/?` -> `iV`)."""
     names: set[str] = set()
     included_paths: list[dict[str, Any]] = policy.get("includedPaths", [])
     for included in included_paths:

@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from shared.exceptions import RecordChangedError
-from shared.outbox import PENDING_COUNT, PENDING_SINCE
+from shared.outbox import PENDING_SINCE
 from shared.records import IdempotencyRecord, RecordState
 from shared.stores.base import (
     Document,
@@ -27,7 +27,14 @@ from shared.stores.base import (
     transaction_failure,
     written_documents,
 )
-from shared.stores.codec import check_flat, is_record, pending_names, record_fields, record_from_fields
+from shared.stores.codec import (
+    bound_millis,
+    check_flat,
+    is_record,
+    pending_names,
+    record_fields,
+    record_from_fields,
+)
 
 Row = tuple[dict[str, Any], str]  # (properties, etag)
 
@@ -78,15 +85,15 @@ class InMemoryIdempotencyStore(IdempotencyStore):
                 raise RecordChangedError(marker.id)
             drop = set(pending_names(marker))
             body = {name: value for name, value in row[0].items() if name not in drop}
-            body[PENDING_COUNT] = 0
             etag = self._etag()
             self._rows[location] = (body, etag)
         return marker.evolve(etag=etag, outbox=())
 
     def iter_pending(self, *, since_before: float) -> Iterator[IdempotencyRecord]:
+        before = bound_millis(since_before)
         with self._lock:
             rows = [(location, copy.deepcopy(row)) for location, row in self._rows.items()
-                    if is_record(row[0]) and 0 < float(row[0].get(PENDING_SINCE) or 0) < since_before]
+                    if is_record(row[0]) and 0 < int(row[0].get(PENDING_SINCE) or 0) < before]
         for (partition, record_id), (properties, etag) in rows:
             yield record_from_fields(properties, record_id=record_id, partition=partition, etag=etag)
 
@@ -136,7 +143,8 @@ class InMemoryIdempotencyStore(IdempotencyStore):
         for op in operations:
             if op.record is None:
                 check_flat(op.body)
-        operations = [replace(op, body=record_fields(op.record)) if op.record is not None else op
+        operations = [replace(op, body=record_fields(op.record, written_id=op.id))
+                      if op.record is not None else op
                       for op in operations]  # further markers of a group commit
         check_transaction_size(len(operations) + (marker is not None))
         with self._lock:

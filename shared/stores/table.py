@@ -1,7 +1,7 @@
 """Table Storage backend (`azure-data-tables`).
 
 Claim = `create_entity` (409 = exists). Takeover, completion and release are
-etag-conditional. Table Storage has no TTL: every read checks `idemExpiresAt`
+etag-conditional. Table Storage has no TTL: every read checks the expiry (`codec.EXPIRES`)
 and `sweep` / `purge_expired` delete expired rows in entity-group transactions,
 one page at a time within a time budget, resuming next run where they stopped.
 Atomic path = one entity-group transaction (same PartitionKey, <= 100 entities), sent
@@ -30,7 +30,7 @@ from azure.data.tables import (
 )
 
 from shared.exceptions import OperationFailedError, RecordExistsError, StoreRequestError
-from shared.outbox import PENDING_COUNT, PENDING_SINCE
+from shared.outbox import PENDING_SINCE
 from shared.records import IdempotencyRecord, RecordState
 from shared.stores.base import (
     MAX_TRANSACTION_OPERATIONS,
@@ -45,7 +45,19 @@ from shared.stores.base import (
     transaction_failure,
     written_documents,
 )
-from shared.stores.codec import check_flat, is_record, pending_names, record_fields, record_from_fields
+from shared.stores.codec import (
+    EXPIRES,
+    LEASE,
+    STATE,
+    TIME_FIELDS,
+    VERSION,
+    bound_millis,
+    check_flat,
+    is_record,
+    pending_names,
+    record_fields,
+    record_from_fields,
+)
 from shared.stores.sweep import (
     DEFAULT_BUDGET_SECONDS,
     DEFAULT_PAGE_SIZE,
@@ -63,9 +75,11 @@ _SYSTEM = ("PartitionKey", "RowKey", "Timestamp", "etag")
 _INT32 = range(-(2**31), 2**31)
 IF_UNCHANGED = MatchConditions.IfNotModified
 #: Where a sweep keeps its continuation (PartitionKey, RowKey): the library's key encoding
-#: starts a key with "~" only for a 64-digit hash, and the entity is no record (no idemState).
+#: starts a key with "~" only for a 64-digit hash, and the entity is no record (no codec.VERSION).
 SWEEP_CURSOR = ("~maintenance", "sweep")
 _CURSOR_VERSION = 1
+# A marker of any format version (its version is an Int32 >= 1); business rows have none.
+_IS_RECORD = f"{VERSION} gt 0"
 logger = logging.getLogger(__name__)
 
 
@@ -140,10 +154,12 @@ class TableMapping:
         return written_record(marker, results[0])
 
     @staticmethod
-    def _record_entity(record: IdempotencyRecord,
-                       body: dict[str, Any] | None = None) -> dict[str, Any]:
-        # The record's own fields are text, floats and small counts: only a body needs _typed.
-        entity = record_fields(record)  # a new dict: ours
+    def _record_entity(record: IdempotencyRecord, body: dict[str, Any] | None = None, *,
+                       written_id: str | None = None) -> dict[str, Any]:
+        entity = record_fields(record, written_id=written_id)  # a new dict: ours
+        for name in TIME_FIELDS:  # epoch milliseconds, beyond Int32: Edm.Int64
+            if name in entity:
+                entity[name] = EntityProperty(entity[name], EdmType.INT64)
         if body:
             entity = {**_typed(body), **entity}
         entity["PartitionKey"] = record.partition_key
@@ -158,7 +174,7 @@ class TableMapping:
     @classmethod
     def _transaction_op(cls, partition: str, op: WriteOp) -> tuple[Any, ...]:
         if op.record is not None:  # a further marker of a group commit
-            entity = cls._record_entity(op.record)  # a new dict: ours
+            entity = cls._record_entity(op.record, written_id=op.id)  # a new dict: ours
             entity["PartitionKey"] = partition
             entity["RowKey"] = op.id
         else:
@@ -192,13 +208,14 @@ class TableMapping:
     @staticmethod
     def _dispatched_entity(marker: IdempotencyRecord) -> dict[str, Any]:
         """The merge that clears a marker's pending messages: a merge cannot remove a property,
-        so the chunks become empty strings and the pending time 0 (the sweeper's filter
-        wants > 0); every other property stays as it is."""
+        so the chunks become empty strings (read as none) and the pending time 0 (the
+        sweeper's filter wants > 0); every other property stays as it is."""
         blanks: dict[str, Any] = {name: "" for name in pending_names(marker)}
-        return {**blanks, PENDING_SINCE: 0.0, PENDING_COUNT: 0,
-                "PartitionKey": marker.partition_key, "RowKey": marker.id}
+        if PENDING_SINCE in blanks:
+            blanks[PENDING_SINCE] = EntityProperty(0, EdmType.INT64)  # the type it was written in
+        return {**blanks, "PartitionKey": marker.partition_key, "RowKey": marker.id}
 
-    _PENDING_FILTER = f"{PENDING_SINCE} gt 0.0 and {PENDING_SINCE} lt @before"
+    _PENDING_FILTER = f"{PENDING_SINCE} gt 0L and {PENDING_SINCE} lt @before"
     _PENDING_SELECT = ("PartitionKey", "RowKey")
 
     @staticmethod
@@ -344,12 +361,12 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
         return self._send(self._record_dispatched(marker))
 
     def iter_pending(self, *, since_before: float) -> Iterator[IdempotencyRecord]:
-        """A filter on `outboxPendingSince` returning only the keys of pending markers, each
+        """A filter on `PENDING_SINCE` returning only the keys of pending markers, each
         then read whole. Table Storage has no secondary index: the service evaluates the
         filter over the table's rows; the requests and bytes of the answer, and the reads,
         grow with the pending markers only (see the README's outbox section)."""
         pages = store_call(BACKEND, lambda: self._client.query_entities(
-            self._PENDING_FILTER, parameters={"before": float(since_before)},
+            self._PENDING_FILTER, parameters={"before": bound_millis(since_before)},
             select=list(self._PENDING_SELECT)))
         iterator = iter(pages)
         while True:
@@ -363,14 +380,14 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
 
     def iter_records(self, *, in_progress_before: float | None = None,
                      expired_before: float | None = None) -> Iterator[IdempotencyRecord]:
-        clauses = ["idemState ne ''"]
+        clauses = [_IS_RECORD]
         params: dict[str, Any] = {}
         if in_progress_before is not None:
-            clauses.append("idemState eq @state and idemLeaseExpiresAt lt @lease")
-            params.update(state=RecordState.IN_PROGRESS.value, lease=float(in_progress_before))
+            clauses.append(f"{STATE} eq @state and {LEASE} lt @lease")
+            params.update(state=RecordState.IN_PROGRESS.value, lease=bound_millis(in_progress_before))
         if expired_before is not None:
-            clauses.append("idemExpiresAt lt @expiry")
-            params["expiry"] = float(expired_before)
+            clauses.append(f"{EXPIRES} lt @expiry")
+            params["expiry"] = bound_millis(expired_before)
         query = " and ".join(clauses)
         pages = store_call(BACKEND, lambda: self._client.query_entities(query, parameters=params))
         iterator: Iterator[TableEntity] = iter(pages)
@@ -441,11 +458,11 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
     def _sweep_filter(now: float, stale_before: float | None) -> tuple[str, dict[str, Any]]:
         """The service-side filter: expired, or (when asked) in progress past the cut-off.
         (The SDK substitutes `@name` between spaces only, hence the spaced parentheses.)"""
-        params: dict[str, Any] = {"expiry": float(now)}
-        query = "idemState ne '' and ( idemExpiresAt lt @expiry"
+        params: dict[str, Any] = {"expiry": bound_millis(now)}
+        query = f"{_IS_RECORD} and ( {EXPIRES} lt @expiry"
         if stale_before is not None:
-            query += " or ( idemState eq @state and idemLeaseExpiresAt lt @lease )"
-            params.update(state=RecordState.IN_PROGRESS.value, lease=float(stale_before))
+            query += f" or ( {STATE} eq @state and {LEASE} lt @lease )"
+            params.update(state=RecordState.IN_PROGRESS.value, lease=bound_millis(stale_before))
         return query + " )", params
 
     def _sweep_page(self, query: str, params: dict[str, Any], page_size: int,

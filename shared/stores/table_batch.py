@@ -3,10 +3,10 @@
 `TableClient.submit_transaction` builds a transaction's `multipart/mixed`
 body and parses the answer with the standard library's `email` package
 (header registry, policy machinery; the sync pipeline also starts a thread
-pool per request). Measured here on Azurite, a transaction of 6 entities
-costs 4.6 ms of client CPU that way, 1.7 ms with this codec, and a single
-upsert 1.4 ms: an Event Hubs batch that commits one transaction per account
-was bound by the codec.
+pool per request), which costs a transaction several times the client CPU of
+a single write: an Event Hubs batch that commits one transaction per account
+is bound by it. This codec writes and reads the body with plain byte
+operations instead (figures: benchmarks/RESULTS.md).
 
 This module keeps the rest of the SDK's work: the per-operation requests
 (entity serialization, EDM types, conditions) are the SDK's `TableBatchOperations`
@@ -17,11 +17,11 @@ failed request the SDK's own error. The body is the documented `$batch`
 format: one changeset of `application/http` parts, each with the headers the
 SDK's parts carry (the operation's own, plus `x-ms-date` / `Date`). The
 operations the stores send with plain values (create, replace, and a replace or
-delete under an etag, of text, floats, booleans and Int32s) are written here
-(`lean_part`), byte for byte as `TableBatchOperations` writes them (a test holds
-them to it): building an `HttpRequest` per operation through the SDK's generic
-serializers cost about 100 us of client CPU per marker here, a fifth of that
-written directly; any other operation or value is the SDK's.
+delete under an etag, of text, floats, booleans, Int32s and Int64s) are written
+here (`lean_part`), byte for byte as `TableBatchOperations` writes them (a test
+holds them to it), since building an `HttpRequest` per operation through the
+SDK's generic serializers costs several times as much per marker; any other
+operation or value is the SDK's.
 
 Guard rails, because it reaches into the SDK's private parts (`_table_batch`,
 `_error`, `client._client`, `_primary_hostname`, ...): at first use per client

@@ -29,12 +29,13 @@ from domain.balance_projection import CONSUMER, VIEW_DOCUMENT, BalanceChanged, v
 from domain.payments import BALANCE_CHANGED
 from shared import request_hash
 from shared.keys import store_safe_id
-from shared.outbox import POSITION, EventPosition, decode_pending
+from shared.outbox import EventPosition
+from shared.records import IdempotencyRecord
 from shared.stores.base import Document, IdempotencyStore
 from shared.watermark import Mark, event_time
 from simulator.check.evidence import Evidence
 from simulator.check.result import CheckResult, Invariant
-from simulator.check.stores import Row, is_record
+from simulator.check.stores import Row, is_record, marker_of
 
 KIND = BALANCE_CHANGED  # the tallies' key for this hop
 
@@ -108,11 +109,13 @@ def judge(hop: BalanceHop, result: CheckResult) -> list[Invariant]:
     """Add the hop's figures to the tallies; its own invariants (none when the run published
     no BalanceChanged and nothing downstream shows one: the hop is off)."""
     committed = transactions(hop.ledger)
-    effects: dict[str, list[Row]] = defaultdict(list)
+    effects: dict[str, list[IdempotencyRecord]] = defaultdict(list)
     views: dict[str, Row] = {}
     for row in hop.views:
-        if is_record(row) and row.get("idemConsumer") == CONSUMER:
-            effects[str(row.get("idemRequestHash"))].append(row)
+        marker = marker_of(row)
+        if marker is not None:
+            if marker.key.consumer == CONSUMER:
+                effects[marker.request_hash].append(marker)
         elif row.get("_id") == VIEW_DOCUMENT and row.get("kind") == "balance-view":
             views[str(row.get("accountId"))] = row
     if not committed and not effects and not views:
@@ -144,23 +147,23 @@ def transactions(ledger: list[Row]) -> list[Transaction]:
     """The committed transactions' BalanceChanged, from the payments markers that hold them."""
     found: list[Transaction] = []
     for row in ledger:
-        if not (is_record(row) and row.get("idemConsumer") == "payments"
-                and int(row.get("outboxChunks") or 0) > 0):
+        marker = marker_of(row)
+        if marker is None or marker.key.consumer != "payments" or not marker.outbox:
             continue
-        position = EventPosition.decode(row.get(POSITION))
-        for message in decode_pending(row):
+        position = marker.outbox_position
+        for message in marker.outbox:
             digest = content_hash(message.body)
             if digest is None:
                 continue
             body = json.loads(message.body)
             found.append(Transaction(message.message_id, str(body["accountId"]),
                                      int(body["version"]), int(body["balanceCents"]), digest,
-                                     position, str(row.get("idemKey"))))
+                                     position, marker.key.key))
     return found
 
 
 def _effected(hop: BalanceHop, result: CheckResult, committed: list[Transaction],
-              effects: dict[str, list[Row]]) -> None:
+              effects: dict[str, list[IdempotencyRecord]]) -> None:
     """Each committed transaction: effected once, not at all (lost, or dead-lettered), or more."""
     refused: dict[str, list[str]] = defaultdict(list)  # content -> dead-letter reasons
     for message_id, reasons in hop.dead_letters.items():
@@ -185,16 +188,16 @@ def _effected(hop: BalanceHop, result: CheckResult, committed: list[Transaction]
 
 
 def _phantoms(hop: BalanceHop, result: CheckResult, committed: dict[str, Transaction],
-              effects: dict[str, list[Row]]) -> None:
+              effects: dict[str, list[IdempotencyRecord]]) -> None:
     """Markers downstream, and messages the dispatcher sent, that match no committed
     transaction: each message id once."""
     phantom_ids: set[str] = set()
     for digest, markers in effects.items():
         if digest not in committed:
-            for row in markers:
-                phantom_ids.add(str(row.get("idemKey")))
-                result.example("phantom", f"balance_projection applied {row.get('idemKey')} "
-                                          f"({row.get('idemResult')}): no committed transaction")
+            for marker in markers:
+                phantom_ids.add(marker.key.key)
+                result.example("phantom", f"balance_projection applied {marker.key.key} "
+                                          f"({marker.result}): no committed transaction")
     for message_id, (_, body) in (hop.published or {}).items():
         digest = content_hash(body)
         if digest is not None and digest not in committed and message_id not in phantom_ids:

@@ -5,9 +5,10 @@ reconciliation."""
 
 from __future__ import annotations
 
+from shared.records import RecordState
 from simulator.check.evidence import Evidence, is_transient_error
 from simulator.check.result import CheckResult, Invariant
-from simulator.check.stores import is_record, store_identity
+from simulator.check.stores import marker_of, store_identity
 
 
 def check(evidence: Evidence, result: CheckResult) -> list[Invariant]:
@@ -39,9 +40,10 @@ def check_in_progress(evidence: Evidence, result: CheckResult) -> list[Invariant
             continue
         scanned.add(identity)
         for row in evidence.rows(store, partition=""):
-            if (is_record(row) and row.get("idemState") == "in_progress"
-                    and evidence.run_id in str(row.get("idemKey"))):
+            marker = marker_of(row)
+            if (marker is not None and marker.state is RecordState.IN_PROGRESS
+                    and evidence.run_id in marker.key.key):
                 result.in_progress += 1
-                result.example("in progress", f"{name}: {row['idemConsumer']} {row['idemKey']}")
+                result.example("in progress", f"{name}: {marker.key.consumer} {marker.key.key}")
     return [Invariant("no record left in progress after reconciliation", result.in_progress == 0,
                       f"{result.in_progress} records in progress" if result.in_progress else "")]

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from shared.records import IdempotencyRecord, RecordState
 from simulator.check.evidence import CHANNELS, Evidence
 from simulator.check.result import CheckResult, Invariant
-from simulator.check.stores import Row, is_record
+from simulator.check.stores import marker_of
 from simulator.check.verdicts import Verdicts
 from simulator.faults import ApiCall
 from simulator.workload import Item
@@ -45,11 +46,12 @@ def check(evidence: Evidence, result: CheckResult) -> list[Invariant]:
 
 def _from_records(evidence: Evidence, result: CheckResult) -> list[Invariant]:
     """Without the API's log (a real deployment): the dedup records say what was sent."""
-    records: dict[str, dict[str, Row]] = {}
+    records: dict[str, dict[str, IdempotencyRecord]] = {}
     for channel in CHANNELS:
         rows = evidence.rows(evidence.store.notifications,
                              partition=f"{channel}|{evidence.run_id}")
-        records[channel] = {str(r["idemKey"]): r for r in rows if is_record(r)}
+        markers = (marker_of(row) for row in rows)
+        records[channel] = {m.key.key: m for m in markers if m is not None}
     verdicts = Verdicts(evidence, result)
     for key, variants in evidence.of_kind("notification").items():
         item = variants[0]
@@ -59,9 +61,8 @@ def _from_records(evidence: Evidence, result: CheckResult) -> list[Invariant]:
         for channel in CHANNELS:
             result.logical[f"notification ({channel})"] += 1
             record = records[channel].get(key)
-            effected = (record is not None and record.get("idemState") == "completed"
-                        and not (isinstance(record.get("idemResult"), str)
-                                 and "parked" in record["idemResult"]))
+            effected = (record is not None and record.state is RecordState.COMPLETED
+                        and not (isinstance(record.result, dict) and "parked" in record.result))
             _rule(verdicts, channel, key, item, effected=effected,
                   effect=f"notification ({channel}, recorded)")
     return []

@@ -8,7 +8,7 @@ from typing import Any
 
 from simulator.check.evidence import Evidence
 from simulator.check.result import CheckResult, Invariant
-from simulator.check.stores import Row
+from simulator.check.stores import Row, marker_of
 from simulator.check.verdicts import Verdicts
 
 
@@ -21,7 +21,8 @@ def check(evidence: Evidence, result: CheckResult) -> list[Invariant]:
     lines: Counter[str] = Counter()
     for row in evidence.rows(evidence.store.orders):
         if row.get("kind") == "order":
-            orders[str(row.get("idemKey") or row.get("orderId"))].append(row)
+            marker = marker_of(row)
+            orders[marker.key.key if marker is not None else str(row.get("orderId"))].append(row)
         elif row.get("kind") == "line":
             lines[str(row.get("orderId"))] += 1
     verdicts = Verdicts(evidence, result)

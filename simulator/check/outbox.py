@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
+from shared.outbox import has_pending
 from simulator.check.evidence import CHANNELS, DeadLetter, Evidence
 from simulator.check.result import CheckResult, Invariant
 from simulator.faults import ApiCall
@@ -38,7 +39,7 @@ def _committed(evidence: Evidence, result: CheckResult) -> dict[str, str]:
         order_id = str(row.get("orderId"))
         committed[order_id] = json.dumps([round(float(row.get("total") or 0), 2),
                                           row.get("lineCount")])
-        if int(row.get("outboxChunks") or 0) > 0:
+        if has_pending(row):
             result.pending[KIND] += 1
             result.example("pending", f"order {order_id} still carries its messages")
     return committed

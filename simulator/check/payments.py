@@ -7,10 +7,10 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from shared import request_hash
-from shared.keys import same_request
+from shared.records import IdempotencyRecord
 from simulator.check.evidence import Evidence
 from simulator.check.result import CheckResult, Invariant
-from simulator.check.stores import Row, is_record
+from simulator.check.stores import marker_of
 from simulator.check.verdicts import Verdicts
 from simulator.workload import Item
 
@@ -31,11 +31,13 @@ def payment_content(item: Item) -> dict[str, Any] | None:
 
 
 def check(evidence: Evidence, result: CheckResult) -> list[Invariant]:
-    markers: dict[str, list[Row]] = defaultdict(list)
+    markers: dict[str, list[IdempotencyRecord]] = defaultdict(list)
     balances: dict[str, int] = {}
     for row in evidence.rows(evidence.store.ledger):
-        if is_record(row) and row.get("idemConsumer") == "payments":
-            markers[str(row["idemKey"])].append(row)
+        marker = marker_of(row)
+        if marker is not None:
+            if marker.key.consumer == "payments":
+                markers[marker.key.key].append(marker)
         elif row.get("kind") == "account":
             balances[str(row.get("accountId"))] = int(row.get("balanceCents", 0))
     expected = _effects(evidence, result, markers)
@@ -52,7 +54,7 @@ def check(evidence: Evidence, result: CheckResult) -> list[Invariant]:
 
 
 def _effects(evidence: Evidence, result: CheckResult,
-             markers: dict[str, list[Row]]) -> Counter[str]:
+             markers: dict[str, list[IdempotencyRecord]]) -> Counter[str]:
     """Rule on each payment; the balance change each account should show, in cents."""
     verdicts = Verdicts(evidence, result)
     expected: Counter[str] = Counter()
@@ -81,8 +83,7 @@ def _effects(evidence: Evidence, result: CheckResult,
         applied = None
         for variant in valid:
             content = payment_content(variant)
-            if content is not None and same_request(found[0].get("idemRequestHash"),
-                                                     request_hash(content)):
+            if content is not None and found[0].request_hash == request_hash(content):
                 applied = variant
         if applied is None:
             result.partial["payment content matches no event sent"] += 1

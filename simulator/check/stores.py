@@ -6,7 +6,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.stores import CosmosIdempotencyStore, TableIdempotencyStore
+from azure.data.tables import EntityProperty
+
+from shared.records import IdempotencyRecord
+from shared.stores import CosmosIdempotencyStore, TableIdempotencyStore, codec
 from shared.stores.base import IdempotencyStore
 from shared.stores.memory import InMemoryIdempotencyStore
 from simulator.faults import innermost
@@ -82,7 +85,18 @@ def store_identity(store: IdempotencyStore) -> str:
 
 def is_record(row: Row) -> bool:
     """A dedup record (marker), as opposed to a business entity or document."""
-    return "idemState" in row and "idemKey" in row
+    return codec.is_record(row)
+
+
+def marker_of(row: Row) -> IdempotencyRecord | None:
+    """The dedup record a row holds, read as the stores read it (shared.stores.codec); None
+    for a business entity or document."""
+    if not codec.is_record(row):
+        return None
+    plain = {name: value.value if isinstance(value, EntityProperty) else value
+             for name, value in row.items()}
+    return codec.record_from_fields(plain, record_id=str(row["_id"]),
+                                    partition=str(row["_partition"]), etag=None)
 
 
 def stores_of(stores: dict[str, IdempotencyStore]) -> Stores:

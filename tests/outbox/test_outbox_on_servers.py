@@ -118,7 +118,7 @@ def test_async_stores_commit_dispatch_and_record(open_store):  # noqa: F811 - th
 
 def test_a_batch_marker_keeps_its_events_position_instead_of_a_pending_time(store):
     """On an Event Hubs batch's marker the messages ride with the event's position and no
-    `outboxPendingSince`: the sweeper's query never finds it (the partition mark records the
+    `oT` (pending since): the sweeper's query never finds it (the partition mark records the
     dispatch). Recording it dispatched anyway (the replay tool's single-event path) clears
     both on each server."""
     from shared.outbox import EventPosition

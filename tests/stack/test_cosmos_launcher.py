@@ -107,7 +107,7 @@ def test_patched_duplicate_batch_fails_at_index_0_with_409_and_changes_nothing(p
 
 
 def test_gap_ttl_is_not_enforced_so_the_client_checks_expiry(launcher):
-    """Gap 3: items with ttl never expire here. The dedup code checks idemExpiresAt on
+    """Gap 3: items with ttl never expire here. The dedup code checks the marker expiry (iX) on
     every read (tests/store/test_conformance.py::test_expired_record_is_taken_over...)."""
     container = launcher[1].create_container(f"l{uuid.uuid4().hex[:10]}", PartitionKey("/pk"),
                                                  default_ttl=-1)

@@ -279,7 +279,7 @@ def test_business_document_can_be_its_own_marker(make_store, backend, clock):
     assert (first.status, again.status) == (OutcomeStatus.PROCESSED, OutcomeStatus.DUPLICATE)
     document = store.read_document("ORD-7", "ORD-7")
     assert document.body["total"] == 30.0
-    assert document.body["idemRequestHash"] == request_hash(order)
+    assert store.get_record("ORD-7", "ORD-7").request_hash == request_hash(order)
     assert first.record.expires_at is None
 
 
