@@ -297,7 +297,8 @@ def server_time(answer: Any) -> float | None:
     if date:
         with contextlib.suppress(TypeError, ValueError, IndexError):
             return email.utils.parsedate_to_datetime(str(date)).timestamp() + 0.5
-    ts: Any = answer.get("_ts") if isinstance(answer, dict) else None
+    item: dict[str, Any] = answer if isinstance(answer, dict) else {}  # pyright: ignore[reportUnknownVariableType] - an SDK answer: any dict
+    ts = item.get("_ts")
     return ts + 0.5 if isinstance(ts, int | float) and not isinstance(ts, bool) else None
 
 
