@@ -22,8 +22,10 @@ from typing import Any
 
 from azure.data.tables import EntityProperty
 
+from shared.exceptions import InvalidKeyError
 from shared.parking import EntryLister
-from shared.stores import CosmosIdempotencyStore, Document, IdempotencyStore, TableIdempotencyStore
+from shared.records import IdempotencyRecord
+from shared.stores import CosmosIdempotencyStore, Document, IdempotencyStore, TableIdempotencyStore, codec
 from shared.stores.base import store_call
 
 _TABLE_SYSTEM = ("PartitionKey", "RowKey", "Timestamp", "etag")
@@ -140,6 +142,16 @@ def store_scope(store: IdempotencyStore) -> str:
     return f"{type(inner).__name__}@{id(inner)}"
 
 
+def _record(properties: Any, record_id: str, partition: str) -> IdempotencyRecord | None:
+    """The record a row holds, or None when it is not a marker this tool can read."""
+    plain = {name: value.value if isinstance(value, EntityProperty) else value  # Table's Int64
+             for name, value in properties.items()}
+    try:
+        return codec.record_from_fields(plain, record_id=record_id, partition=partition, etag=None)
+    except (codec.MarkerFormatError, InvalidKeyError):
+        return None
+
+
 def scan_reused_keys(store: IdempotencyStore, *, consumer: str | None = None) -> ReuseScan:
     """Every (consumer, key) with records in more than one partition of `store` (optionally one
     consumer's), with what reading them cost; TypeError for a store that is neither Table nor
@@ -149,17 +161,17 @@ def scan_reused_keys(store: IdempotencyStore, *, consumer: str | None = None) ->
     if isinstance(inner, TableIdempotencyStore):
         client = inner.client
         scan = ReuseScan(f"Table Storage table {client.table_name}")
-        query = "idemState ne ''" + (" and idemConsumer eq @consumer" if consumer else "")
-        pages = client.query_entities(
-            query, parameters={"consumer": consumer} if consumer else None,
-            select=["PartitionKey", "idemConsumer", "idemKey", "idemCreatedAt"]).by_page()
+        # Every marker carries its format version (codec.VERSION); the key, the partition and
+        # the creation time come from the record the codec reads (no field of its own).
+        pages = client.query_entities(f"{codec.VERSION} gt 0").by_page()
         for page in _drain("Table Storage", pages):
             scan.requests += 1
             for entity in page:
-                if "idemKey" in entity and "idemConsumer" in entity:
+                record = _record(entity, str(entity["RowKey"]), str(entity["PartitionKey"]))
+                if record is not None and (consumer is None or record.key.consumer == consumer):
                     scan.records += 1
-                    seen.add(entity["idemConsumer"], entity["idemKey"], entity["PartitionKey"],
-                             float(entity.get("idemCreatedAt") or 0.0))
+                    seen.add(record.key.consumer, record.key.key, record.partition_key,
+                             record.created_at)
         scan.reused = seen.reused()
         return scan
     if isinstance(inner, CosmosIdempotencyStore):
@@ -173,17 +185,16 @@ def scan_reused_keys(store: IdempotencyStore, *, consumer: str | None = None) ->
 
         # The sweep's query: it filters on the one indexed record field only (the containers
         # index nothing else, infra/core/cosmos.bicep); the rest is read from the documents.
-        pages = container.query_items("SELECT * FROM c WHERE IS_DEFINED(c.idemState)",
+        pages = container.query_items(f"SELECT * FROM c WHERE IS_DEFINED(c.{codec.VERSION})",  # noqa: S608 - a constant field name
                                       enable_cross_partition_query=True,
                                       raw_response_hook=charged)
         field_name = inner.partition_key_field
         for item in _drain("Cosmos DB", pages):
-            if "idemKey" not in item or "idemConsumer" not in item:
-                continue
-            scan.records += 1
-            if consumer is None or item["idemConsumer"] == consumer:
-                seen.add(item["idemConsumer"], item["idemKey"], str(item.get(field_name)),
-                         float(item.get("idemCreatedAt") or 0.0))
+            record = _record(item, str(item["id"]), str(item.get(field_name)))
+            if record is not None and (consumer is None or record.key.consumer == consumer):
+                scan.records += 1
+                seen.add(record.key.consumer, record.key.key, record.partition_key,
+                         record.created_at)
         scan.reused = seen.reused()
         return scan
     raise TypeError(f"cannot scan the records of a {type(inner).__name__}")
