@@ -225,10 +225,10 @@ def learn_app(*, services: Any, run: Callable[[Any], Any], counters: Sequence[Re
             if queue:
                 sent = raw.balance_changed(
                     consumer=CONSUMER, key=group[0].key, marker_id=facts[0].record_id,
-                    queue=queue, namespace=namespace, account=account, balance=state.balance,
+                    queue=queue, account=account, balance=state.balance,
                     version=state.version, event_ids=[p.event_id for p in group],
                     header_allowance=header_allowance)
-                facts[0].outbox = sent.text
+                facts[0].outbox = sent.stored
                 facts[0].position = raw.position(hub, PROBE_PARTITION, group[0].sequence)
             ids = [f.record_id for f in facts]
             if [op.document.get(id_field) for op in operations[:len(facts)]] != ids:

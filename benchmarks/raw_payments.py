@@ -86,8 +86,8 @@ class MarkerFacts:
     balance: int  # the account's balance after this event (the marker's result)
     now: float
     expires: float
-    outbox: str | None = None  # the first marker of a transaction: its messages, as stored
-    position: str | None = None  # and its event's position
+    outbox: Any = None  # the first marker of a transaction: its messages, as stored (JSON)
+    position: Any = None  # and its event's position (JSON)
 
 
 @dataclass(slots=True)
@@ -133,8 +133,10 @@ MARKER_SLOTS: dict[str, Callable[[MarkerFacts], Any]] = {
     "expires.ms": lambda f: _ms(f.expires),
     "expires.ms.text": lambda f: str(_ms(f.expires)),
     "ttl": lambda f: max(1, math.ceil(f.expires - f.now)),
-    "outbox": lambda f: f.outbox,
+    "outbox": lambda f: f.outbox,  # as JSON (Cosmos DB keeps JSON)
+    "outbox.text": lambda f: None if f.outbox is None else _ascii_compact(f.outbox),  # Table
     "position": lambda f: f.position,
+    "position.text": lambda f: None if f.position is None else _ascii_compact(f.position),
 }
 BALANCE_SLOTS: dict[str, Callable[[BalanceFacts], Any]] = {
     "partition": lambda f: f.partition,
@@ -205,32 +207,31 @@ def payment(body: bytes, sequence: int, offset: str | None) -> Payment:
 class Outgoing:
     """A transaction's `BalanceChanged`, as the marker stores it and a send is costed."""
 
-    text: str  # the marker's stored messages
+    stored: list[dict[str, Any]]  # the marker's stored messages (JSON; Table keeps its text)
     weight: int  # what it takes of a send (body, properties, the header allowance)
 
 
-def balance_changed(*, consumer: str, key: str, marker_id: str, queue: str,
-                    namespace: uuid.UUID, account: str, balance: int, version: int,
-                    event_ids: Sequence[str], header_allowance: int) -> Outgoing:
+def balance_changed(*, consumer: str, key: str, marker_id: str, queue: str, account: str,
+                    balance: int, version: int, event_ids: Sequence[str],
+                    header_allowance: int) -> Outgoing:
     """The message one account's transaction sends: its full resulting state and the ids of
     the events it covers; its id derived from the transaction's first key."""
     body = _compact({"type": BALANCE_CHANGED, "accountId": account, "balanceCents": balance,
                      "version": version, "eventIds": list(event_ids)}).encode("utf-8")
     properties = {"Idempotency-Key": idempotency_key(marker_id, f"{queue}#0"),
                   "type": BALANCE_CHANGED, "accountId": account}
-    message_id = str(uuid.uuid5(namespace, _compact([consumer, key, queue, 0])))
-    text = _ascii_compact([{"d": queue, "i": message_id,
-                            "b": base64.b64encode(body).decode("ascii"),
-                            "t": "application/json", "c": None, "p": properties, "s": None,
-                            "k": None, "e": None}])
+    # Stored lean: the body as JSON, no id or Idempotency-Key (both derive from the marker's
+    # key), no default or empty field.
+    stored = [{"d": queue, "j": json.loads(body),
+               "p": {"type": BALANCE_CHANGED, "accountId": account}}]
     weight = len(body) + header_allowance + sum(len(k) + len(v) for k, v in properties.items())
-    return Outgoing(text, weight)
+    return Outgoing(stored, weight)
 
 
-def position(event_hub: str, partition_id: str, sequence: int) -> str:
+def position(event_hub: str, partition_id: str, sequence: int) -> list[Any]:
     """An event's place in its hub as a marker stores it (no enqueued time: the benchmark's
     events carry none)."""
-    return _ascii_compact([event_hub, partition_id, sequence, None])
+    return [event_hub, partition_id, sequence]
 
 
 def sends(weights: Sequence[int], limit: int) -> int:

@@ -811,7 +811,8 @@ class SameTransactions(PaymentVariant):
         ops = [("create", (doc,)) if kind == "create" else
                ("replace", (doc["id"], doc), {"if_match_etag": etag})
                for kind, doc, etag in operations]
-        results = await container.execute_item_batch(ops, partition_key=partition)
+        # As the app's stores send it: the service echoes no item (Prefer: return=minimal).
+        results = await container.execute_item_batch(ops, partition_key=partition, no_response=True)
         return [str(result.get("eTag") or (result.get("resourceBody") or {}).get("_etag"))
                 for result in results]
 
@@ -842,10 +843,10 @@ class SameTransactions(PaymentVariant):
                 first = group[0]
                 message = raw.balance_changed(
                     consumer=PAYMENTS, key=first.key, marker_id=facts[0].record_id,
-                    queue=shape.queue, namespace=shape.namespace, account=account, balance=cents,
+                    queue=shape.queue, account=account, balance=cents,
                     version=version, event_ids=[p.event_id for p in group],
                     header_allowance=shape.header_allowance)
-                facts[0].outbox = message.text
+                facts[0].outbox = message.stored
                 facts[0].position = raw.position(shape.event_hub, partition_id, first.sequence)
                 outgoing.append(message.weight)
             documents.append(("create", self._first(facts[0]), None))
