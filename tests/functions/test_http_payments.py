@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import uuid
+from pathlib import Path
 
 import azure.functions as func
 import pytest
@@ -13,6 +14,8 @@ from domain.payments import ACCOUNT_DOCUMENT
 from shared import DedupKey, request_hash
 from shared.keys import store_safe_id
 from tests.functions.conftest import function
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def post(body: dict | bytes, key: str | None) -> func.HttpResponse:
@@ -54,6 +57,43 @@ def test_request_while_the_first_is_in_progress_is_409(services):
                                              request_hash(payment(account)))
     response = post(payment(account), key)
     assert response.status_code == 409 and response.headers["Retry-After"] == "1"
+
+
+@pytest.mark.parametrize("failure", ["broker down", "sent, answer lost"])
+def test_a_failed_or_unconfirmed_balance_changed_send_is_503_and_the_retry_applies_it_once(
+        services, failure):
+    """The payment's BalanceChanged goes out through the outbox after the ledger commits: a send
+    the broker refused or did not confirm is transient, like a store outage (503 problem+json
+    with Retry-After); it used to escape as a 500."""
+    account, key = f"acct-{uuid.uuid4().hex[:6]}", str(uuid.uuid4())
+    if failure == "broker down":
+        services.dispatcher.fail_next()
+    else:
+        services.dispatcher.accept_then_fail_next()
+    response = post(payment(account), key)
+    assert response.status_code == 503 and response.headers["Retry-After"] == "1"
+    assert response.mimetype == "application/problem+json"
+    problem = json.loads(response.get_body())
+    assert (problem["type"], problem["title"], problem["status"]) == (
+        "about:blank", "Service Unavailable", 503)
+    retried = post(payment(account), key)
+    assert retried.status_code == 201
+    ledger = services.stores["ledger"].read_document(store_safe_id(account), ACCOUNT_DOCUMENT)
+    assert ledger.body["balanceCents"] == 250  # applied once
+    sent = [m for m in services.dispatcher.sent if account.encode() in m.body]
+    assert len({m.message_id for m in sent}) == 1  # one BalanceChanged (a re-send has its id)
+
+
+def test_problem_types_are_the_documented_ones_with_titles_that_do_not_vary(services):
+    from shared.triggers import PROBLEMS
+
+    docs = (ROOT / "docs" / "http.md").read_text("utf-8")
+    for response, slug in ((post(payment("a"), None), "idempotency-key-missing"),
+                           (post(b"[1]", str(uuid.uuid4())), "request-invalid")):
+        problem = json.loads(response.get_body())
+        assert problem["type"].rsplit("/", 1)[-1] == slug
+        assert problem["title"] == PROBLEMS[slug][1]
+        assert f"{{#{slug}}}" in docs or f'id="{slug}"' in docs, f"docs/http.md has no {slug} section"
 
 
 def test_missing_or_oversized_key_and_bad_bodies_are_400(services):
