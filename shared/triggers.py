@@ -71,7 +71,15 @@ from shared.keys import DedupKey, request_hash, store_safe_id
 from shared.observability import batch_span, message_span
 from shared.payload import InvalidPayloadError, parse_json_object
 from shared.records import Outcome, OutcomeStatus
-from shared.settlement import Action, Decision, MessageActions, decision_for, decision_for_error, settle
+from shared.settlement import (
+    Action,
+    Decision,
+    MessageActions,
+    decision_for,
+    decision_for_error,
+    settle,
+    transient,
+)
 from shared.telemetry import EVENT_CONFLICT, Telemetry
 
 logger = logging.getLogger(__name__)
@@ -220,13 +228,8 @@ def decide_error(error: BaseException, view: MessageView, consumer: str) -> Deci
         return decision
     logger.error("%s: unexpected error; the message is retried", consumer, exc_info=error,
                  extra=view.context)
-    return _transient("UnexpectedError", f"{type(error).__name__}: {error}", view)
-
-
-def _transient(reason: str, detail: str, view: MessageView) -> Decision:
-    from shared.settlement import transient
-
-    return transient(reason, detail, delivery_count=view.delivery_count)
+    return transient("UnexpectedError", f"{type(error).__name__}: {error}",
+                     delivery_count=view.delivery_count)
 
 
 @dataclass(frozen=True, slots=True)
