@@ -168,7 +168,33 @@ FACTS = [
                   code("shared.triggers", "MAX_PRINCIPAL_CHARS") / 1024)),
     Fact("HTTP Retry-After", r"`Retry-After: (\d+)`",
          lambda: (default("shared.triggers", "BaseIdempotencyKeyEndpoint", "retry_after_seconds"),)),
+    # Clock skew (a lease renewed every 1/LEASE_RENEWALS of it, judged on each instance's clock)
+    Fact("skew between two instances",
+         r"just under (\d+) s with the default (\d+)-second lease",
+         lambda: (round(_lease() * (1 - 1 / code("shared.idempotency", "LEASE_RENEWALS")), 6), _lease())),
+    Fact("skew from the store's clock",
+         r"within 1/(\d+) of the lease of the store's clock\*\* for every instance \((\d+) s by default\)",
+         lambda: (code("shared.idempotency", "LEASE_RENEWALS"),
+                  _lease() / code("shared.idempotency", "LEASE_RENEWALS"))),
+    Fact("skew warning threshold", r"\*\*1/(\d+) of the lease\*\* \((\d+) s by default\)",
+         lambda: (round(1 / code("shared.idempotency", "CLOCK_SKEW_WARNING_FRACTION"), 6),
+                  _lease() * code("shared.idempotency", "CLOCK_SKEW_WARNING_FRACTION"))),
+    Fact("skew sampling", r"samples at most once every (\d+) s",
+         lambda: (code("shared.telemetry", "CLOCK_SKEW_SAMPLE_SECONDS"),)),
+    Fact("skew warning interval", r"`ClockSkewDetected` \(WARNING, at most (?:once )?every (\d+) minutes",
+         lambda: (code("shared.telemetry", "CLOCK_SKEW_WARNING_SECONDS") / 60,)),
+    # Storage queues (shared/queues.py)
+    Fact("max dequeue count", r"`maxDequeueCount`(?:\*\*)? \(default (\d+)\)",
+         lambda: (code("shared.queues", "DEFAULT_MAX_DEQUEUE_COUNT"),)),
+    Fact("poison envelope text", r"64 KiB \((\d+) KiB of text before base64\)",
+         lambda: (code("shared.queues", "MAX_POISON_TEXT_BYTES") / 1024,)),
+    Fact("queue body", r"bounded decoder, at most (\d+) KiB\); `key\(item\)`",
+         lambda: (default("shared.queues", "StorageQueueConsumer", "max_body_bytes") / 1024,)),
 ]
+
+
+def _lease() -> float:
+    return code("shared.config", "IdempotencyConfig")().lease.total_seconds()
 
 
 def mismatches(fact: Fact, texts: dict[str, str]) -> tuple[int, list[str]]:

@@ -3,6 +3,8 @@
 It opens with the two commands (CI runs `./dev test` through .ci/run), stays within about 250
 lines, links every page of the docs, and every link it holds resolves. No Markdown file of the
 repository but benchmarks/RESULTS.md states a figure with a date: the docs state rules and link it.
+GitHub renders the README and cannot include files, so its quick starts quote the example apps CI
+runs (tests/examples), verbatim.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ README = ROOT / "README.md"
 MAX_LINES = 250
 _DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
+_EXAMPLE_LINK = re.compile(r"\]\((examples/[^)\s#]+\.py)\)")
+_PYTHON = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+ELISION = "# ..."  # where a quote leaves lines of its example out
 
 
 def test_the_readme_is_an_index_of_at_most_about_250_lines():
@@ -73,3 +78,50 @@ def test_the_python_the_docs_show_parses():
                 ast.parse(block)
             except SyntaxError as error:
                 raise AssertionError(f"{path.relative_to(ROOT)}: {error}\n{block}") from error
+
+
+def misquoted(quote: str, source: str) -> list[str]:
+    """The lines of `quote` that are not its source's, verbatim and in order: each run of lines
+    between `# ...` markers must be consecutive lines of the source (blank lines aside), each run
+    after the one before it. Empty when the quote is faithful."""
+    lines = [line for line in source.splitlines() if line.strip()]
+    runs: list[list[str]] = [[]]
+    for line in quote.splitlines():
+        if line.strip() == ELISION:
+            runs.append([])
+        elif line.strip():
+            runs[-1].append(line)
+    wrong: list[str] = []
+    position = 0
+    for run in filter(None, runs):
+        starts = [i for i in range(position, len(lines) - len(run) + 1)
+                  if lines[i:i + len(run)] == run]
+        if starts:
+            position = starts[0] + len(run)
+        else:
+            wrong += [line for line in run if line not in lines] or run
+    return wrong
+
+
+def test_the_readmes_quick_starts_quote_the_example_apps_verbatim():
+    text = README.read_text()
+    blocks = list(_PYTHON.finditer(text))
+    assert len(blocks) >= 3, "the README has lost its quick starts"
+    for block in blocks:
+        section = text[text.rfind("\n#", 0, block.start()):block.start()]
+        linked = _EXAMPLE_LINK.findall(section)
+        assert linked, f"a README quick start links no example file before it:\n{block.group(1)[:200]}"
+        wrong = misquoted(block.group(1), (ROOT / linked[-1]).read_text())
+        assert not wrong, f"README.md quotes {linked[-1]} wrongly (fix the quote): {wrong}"
+
+
+def test_counter_proof_a_quick_start_that_drifted_from_its_example_is_caught():
+    """The README's Service Bus quick start before the examples existed, against the example."""
+    example = (ROOT / "examples" / "servicebus_orders" / "function_app.py").read_text()
+    old = ("def save_order(tx, order):  # runs inside the transaction that creates the marker\n"
+           "    tx.create(order[\"orderId\"], order)\n")
+    assert misquoted(old, example) == old.splitlines()
+    faithful = "\n".join(example.splitlines()[28:32])
+    assert misquoted(faithful, example) == []
+    swapped = "\n".join([*example.splitlines()[30:32], ELISION, *example.splitlines()[28:30]])
+    assert misquoted(swapped, example), "runs out of order must be caught"
