@@ -127,6 +127,16 @@ class _Partitions:
         if first[0] != partition:
             self.more.setdefault(name, {first[0]: first[1]})[partition] = created
 
+    def count(self, record: IdempotencyRecord | None, consumer: str | None,
+              scan: ReuseScan) -> None:
+        """A row the scan read (what it cost); a marker of the consumer asked about (any, with
+        None) is added."""
+        if record is None:
+            return
+        scan.records += 1
+        if consumer is None or record.key.consumer == consumer:
+            self.add(record.key.consumer, record.key.key, record.partition_key, record.created_at)
+
     def reused(self) -> list[ReusedKey]:
         return [ReusedKey(consumer, key, tuple(partitions.items()))
                 for (consumer, key), partitions in sorted(self.more.items())]
@@ -167,11 +177,8 @@ def scan_reused_keys(store: IdempotencyStore, *, consumer: str | None = None) ->
         for page in _drain("Table Storage", pages):
             scan.requests += 1
             for entity in page:
-                record = _record(entity, str(entity["RowKey"]), str(entity["PartitionKey"]))
-                if record is not None and (consumer is None or record.key.consumer == consumer):
-                    scan.records += 1
-                    seen.add(record.key.consumer, record.key.key, record.partition_key,
-                             record.created_at)
+                seen.count(_record(entity, str(entity["RowKey"]), str(entity["PartitionKey"])),
+                           consumer, scan)
         scan.reused = seen.reused()
         return scan
     if isinstance(inner, CosmosIdempotencyStore):
@@ -190,11 +197,7 @@ def scan_reused_keys(store: IdempotencyStore, *, consumer: str | None = None) ->
                                       raw_response_hook=charged)
         field_name = inner.partition_key_field
         for item in _drain("Cosmos DB", pages):
-            record = _record(item, str(item["id"]), str(item.get(field_name)))
-            if record is not None and (consumer is None or record.key.consumer == consumer):
-                scan.records += 1
-                seen.add(record.key.consumer, record.key.key, record.partition_key,
-                         record.created_at)
+            seen.count(_record(item, str(item["id"]), str(item.get(field_name))), consumer, scan)
         scan.reused = seen.reused()
         return scan
     raise TypeError(f"cannot scan the records of a {type(inner).__name__}")
