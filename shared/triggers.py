@@ -441,7 +441,8 @@ class AsyncServiceBusConsumer(BaseServiceBusConsumer[AsyncIdempotency], Async):
                      key: Callable[[T], str] | None = None,
                      content: Callable[[T], Any] | None = None,
                      takeover_stale: bool = True) -> Decision:
-        """`ServiceBusConsumer.run`, awaited; `handler` may be async."""
+        """`ServiceBusConsumer.run`, awaited; `handler` may be async. A sync handler runs on the
+        event loop: make a blocking call async, or hand it to `asyncio.to_thread`."""
         return await self.process(message, actions, lambda view: self._two_phase(
             view, handler, parse, key, content, takeover_stale))
 

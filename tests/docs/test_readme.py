@@ -125,3 +125,15 @@ def test_counter_proof_a_quick_start_that_drifted_from_its_example_is_caught():
     assert misquoted(faithful, example) == []
     swapped = "\n".join([*example.splitlines()[30:32], ELISION, *example.splitlines()[28:30]])
     assert misquoted(swapped, example), "runs out of order must be caught"
+
+
+def test_the_front_door_the_docs_list_is_the_librarys():
+    """docs/library.md's front-door table names exactly `shared.__all__`."""
+    import shared
+
+    page = (ROOT / "docs" / "library.md").read_text("utf-8")
+    table = page[page.index("## The front door"):page.index("## The dedup flow without a trigger")]
+    rows = [line.split("|")[2] for line in table.splitlines() if line.startswith("| ")][1:]
+    named = {name for row in rows for name in re.findall(r"`(\w+)`", row) if "." not in name}
+    assert named == set(shared.__all__), (sorted(named ^ set(shared.__all__)))
+    assert len(shared.__all__) <= 25  # about 20: what a user writes with
