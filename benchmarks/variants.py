@@ -409,7 +409,8 @@ class Atomic(TwoPhase):
         key = dedup_key(message)
         outcome = self.idempotency.run_atomic(key, request_hash(message.body), self._build(message),
                                               read_first=self.read_first(message))
-        if outcome.effect_applied_now:
+        if outcome.status in (OutcomeStatus.PROCESSED, OutcomeStatus.TAKEN_OVER,
+                              OutcomeStatus.LEASE_LOST):  # the effect ran now
             self.effects.add(message.message_id)
         return outcome.status.value
 

@@ -125,11 +125,6 @@ class Outcome:
         return self.record.request_hash if self.record else None
 
     @property
-    def effect_applied_now(self) -> bool:
-        return self.status in (OutcomeStatus.PROCESSED, OutcomeStatus.TAKEN_OVER,
-                               OutcomeStatus.LEASE_LOST)
-
-    @property
     def should_ack(self) -> bool:
         """Safe to settle the message as complete (effect done now or earlier)."""
         return self.status in (OutcomeStatus.PROCESSED, OutcomeStatus.TAKEN_OVER,

@@ -11,6 +11,7 @@ import pytest
 from functions.settings import Settings, SettingsError
 from shared import DedupKey, Idempotency, IdempotencyConfig, InMemoryIdempotencyStore, request_hash
 from shared.records import OutcomeStatus, RecordState
+from tests.support.doubles import applied_now
 
 KEY, DIGEST = DedupKey("notify", "m-1"), request_hash({"text": "hi"})
 
@@ -53,7 +54,7 @@ def test_a_holder_that_lost_its_lease_gets_lease_lost_and_the_stored_result(cloc
     assert taken[0].status is OutcomeStatus.TAKEN_OVER
     assert outcome.status is OutcomeStatus.LEASE_LOST
     assert outcome.result == "theirs"  # what the store kept, never our own result
-    assert outcome.should_ack and outcome.effect_applied_now
+    assert outcome.should_ack and applied_now(outcome)
     stored = store.get_record(KEY.encoded, KEY.encoded)
     assert stored.state is RecordState.COMPLETED and stored.result == "theirs"
 

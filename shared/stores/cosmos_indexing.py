@@ -50,14 +50,3 @@ def record_indexing_policy(partition_key_path: str, *extra_paths: str) -> dict[s
     runs across partitions and filters on that property.
     """
     return point_indexing_policy(*RECORD_QUERY_PATHS, f"{partition_key_path.rstrip('/')}/?", *extra_paths)
-
-
-def indexed_properties(policy: dict[str, Any]) -> frozenset[str]:
-    """Top-level property names a policy indexes (`/iV/?` -> `iV`)."""
-    names: set[str] = set()
-    included_paths: list[dict[str, Any]] = policy.get("includedPaths", [])
-    for included in included_paths:
-        path = str(included["path"])
-        if path.endswith("/?"):
-            names.add(path[1:-2])
-    return frozenset(names)

@@ -20,7 +20,7 @@ import pytest
 from functions.settings import COSMOS_CONTAINERS, COSMOS_INDEXING
 from replay.stores import document_lister, scan_reused_keys
 from shared.stores import CosmosIdempotencyStore
-from shared.stores.cosmos_indexing import indexed_properties, point_indexing_policy, record_indexing_policy
+from shared.stores.cosmos_indexing import point_indexing_policy, record_indexing_policy
 from simulator.check import scan
 from tests.infra.bicep_model import COSMOS_CONTAINERS as CONTRACT_CONTAINERS
 from tests.infra.bicep_model import REPO, body, evaluate, of_type, scope_of
@@ -35,6 +35,17 @@ CAPTURED_MODULES = {"shared/stores/cosmos.py", "replay/stores.py", "simulator/ch
 _DOT_REF = re.compile(r"\bc\.([A-Za-z_][A-Za-z0-9_]*)")
 _BRACKET_REF = re.compile(r"\bc\[\s*(@[A-Za-z_][A-Za-z0-9_]*|'[^']*'|\"[^\"]*\")\s*\]")
 
+
+
+def indexed_properties(policy: dict[str, Any]) -> frozenset[str]:
+    """Top-level property names a policy indexes (`/iV/?` -> `iV`)."""
+    names: set[str] = set()
+    included_paths: list[dict[str, Any]] = policy.get("includedPaths", [])
+    for included in included_paths:
+        path = str(included["path"])
+        if path.endswith("/?"):
+            names.add(path[1:-2])
+    return frozenset(names)
 
 def referenced_properties(query: str, parameters: list[dict[str, Any]] | None = None) -> set[str]:
     """Top-level properties a Cosmos SQL query filters on (`c.x`, `c["x"]`, `c[@p]` with @p bound)."""

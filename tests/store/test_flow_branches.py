@@ -4,7 +4,7 @@
 the contract; this file walks `Idempotency.run` / `run_atomic` / `claim` /
 `complete` / `release` branch by branch: which outcome each state of the
 record yields, what the handler did, what the caller may do next
-(`should_ack`, `effect_applied_now`), what is left in the store, and how
+(`should_ack`, whether the effect ran now), what is left in the store, and how
 many store requests the branch costs (the in-memory store counts them).
 """
 
@@ -34,7 +34,7 @@ from shared.records import IdempotencyRecord, Outcome, RecordState
 from shared.stores.base import RecordStore
 from shared.telemetry import Telemetry
 from tests.conftest import FakeClock
-from tests.support.doubles import CountingMemoryStore
+from tests.support.doubles import CountingMemoryStore, applied_now
 
 LEASE = timedelta(seconds=54)
 TTL = timedelta(hours=1)
@@ -191,7 +191,7 @@ def test_run_outcome_for_each_record_state(bench: Bench, branch: Branch) -> None
     assert requests == branch.requests
     assert handler.count == (1 if branch.status in APPLIED else 0)
     assert outcome.should_ack == (branch.status in ACKED)
-    assert outcome.effect_applied_now == (branch.status in APPLIED)
+    assert applied_now(outcome) == (branch.status in APPLIED)
     assert bench.telemetry.seen[-1] == (branch.status, "store")
     after = bench.record()
     if branch.status in APPLIED:
@@ -259,7 +259,7 @@ def test_run_atomic_outcome_for_each_marker_state(bench: Bench, branch: AtomicBr
     assert (outcome.status, outcome.result) == (branch.status, branch.result)
     assert (build.count, requests) == (branch.builds, branch.requests)
     assert outcome.should_ack == (branch.status in ACKED)
-    assert outcome.effect_applied_now == (branch.status in APPLIED)
+    assert applied_now(outcome) == (branch.status in APPLIED)
     effect = bench.store.read_document(PARTITION, "effect-new")
     after = bench.marker()
     if branch.status is OutcomeStatus.PROCESSED:

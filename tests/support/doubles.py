@@ -117,3 +117,12 @@ class AsyncFailingDispatcher:
 
     async def close(self) -> None:
         pass
+
+
+def applied_now(outcome: Any) -> bool:
+    """Whether the outcome's effect ran in this call (a new key, a stale claim taken over, or a
+    lease lost after the effect ran)."""
+    from shared.records import OutcomeStatus
+
+    return outcome.status in (OutcomeStatus.PROCESSED, OutcomeStatus.TAKEN_OVER,
+                              OutcomeStatus.LEASE_LOST)
