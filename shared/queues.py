@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from shared.exceptions import ConfigurationError, IdempotencyError, InvalidKeyError, PoisonMessageError
+from shared.flow import Async, Flow, Sync, flowmethod
 from shared.idempotency import AsyncIdempotency, Idempotency
 from shared.keys import DedupKey, request_hash
 from shared.observability import message_span
@@ -223,7 +224,7 @@ class _Identified:
 class BaseStorageQueueConsumer:
     """What both faces share: identifying a message, the settlement rule, the envelope."""
 
-    def __init__(self, name: str, idempotency: Any, *,
+    def __init__(self, name: str, idempotency: Idempotency | AsyncIdempotency, *,
                  poison: PoisonQueue | Callable[[], PoisonQueue],
                  telemetry: Telemetry | None = None, max_body_bytes: int = 64 * 1024,
                  max_dequeue_count: int = DEFAULT_MAX_DEQUEUE_COUNT,
@@ -272,6 +273,52 @@ class BaseStorageQueueConsumer:
     @staticmethod
     def _partition(partition: str | Callable[[Any], str] | None, item: Any) -> str | None:
         return partition(item) if callable(partition) else partition
+
+    @property
+    def store(self) -> Any:
+        """Where the consumer's flows run: its Idempotency's store."""
+        return self.idempotency.store
+
+    @flowmethod
+    def _atomic(self, view: QueueMessageView, build: Callable[[Any, Any], Any],
+                parse: Parse | None, key: KeyOf | None, content: Callable[[Any], Any] | None,
+                partition: str | Callable[[Any], str] | None,
+                marker: Callable[[Any], tuple[str, dict[str, Any]]] | None) -> Flow[Outcome]:
+        """The atomic path as a flow: both faces run it (sync, or awaited)."""
+        found = self.identify(view, parse=parse, key=key, content=content)
+        marker_id, marker_body = marker(found.item) if marker is not None else (None, None)
+
+        def built(tx: Any) -> Any:
+            return build(tx, found.item)
+
+        outcome: Outcome = yield from self.idempotency.run_atomic.flow(
+            found.key, found.request_hash, built,
+            partition=self._partition(partition, found.item), marker_id=marker_id,
+            marker_body=marker_body, expires=marker is None, context=view.context(found.key),
+            read_first=view.dequeue_count > 1)
+        return outcome
+
+    @flowmethod
+    def _two_phase(self, view: QueueMessageView, handler: Callable[[Any], Any],
+                   parse: Parse | None, key: KeyOf | None, content: Callable[[Any], Any] | None,
+                   takeover_stale: bool) -> Flow[Outcome]:
+        """The two-phase path as a flow: both faces run it (sync, or awaited)."""
+        found = self.identify(view, parse=parse, key=key, content=content)
+        outcome: Outcome = yield from self.idempotency.run.flow(
+            found.key, found.request_hash, lambda: handler(found.item),
+            takeover_stale=takeover_stale, context=view.context(found.key))
+        return outcome
+
+    def _settled(self, view: QueueMessageView, result: Any) -> tuple[Decision, DedupKey | None,
+                                                                     Exception | None]:
+        """The decision for what `handle` answered (after the last delivery's rule)."""
+        return self._final(self.decide(result), view), _key_of(result), None
+
+    def _failed(self, view: QueueMessageView, error: Exception
+                ) -> tuple[Decision, DedupKey | None, Exception | None]:
+        """The decision after `handle` raised (the last delivery poisons what would retry)."""
+        decision = self.decide_error(error, view) or self._on_unknown(error, view)
+        return self._final(decision, view), None, error
 
     # -- the settlement rule --------------------------------------------------------------
     def decide(self, result: Outcome | Decision) -> Decision:
@@ -351,7 +398,7 @@ def _key_of(result: Any) -> DedupKey | None:
     return result.key if isinstance(result, Outcome) else None
 
 
-class StorageQueueConsumer(BaseStorageQueueConsumer):
+class StorageQueueConsumer(BaseStorageQueueConsumer, Sync):
     """One queue-triggered function's consumer on a sync `Idempotency`.
 
     Each method returns the `Decision` it applied (complete: the host deletes the message;
@@ -384,20 +431,8 @@ class StorageQueueConsumer(BaseStorageQueueConsumer):
         where the marker and the writes go; `marker(item)` -> (id, body) makes a business
         document its own marker, kept for good (the order's audit entry, say).
         """
-        def handle(view: QueueMessageView) -> Outcome:
-            found = self.identify(view, parse=parse, key=key, content=content)
-            marker_id, marker_body = marker(found.item) if marker is not None else (None, None)
-
-            def built(tx: Any) -> Any:
-                return build(tx, found.item)
-
-            return self.idempotency.run_atomic(
-                found.key, found.request_hash, built,
-                partition=self._partition(partition, found.item), marker_id=marker_id,
-                marker_body=marker_body, expires=marker is None, context=view.context(found.key),
-                read_first=view.dequeue_count > 1)
-
-        return self.process(message, handle)
+        return self.process(message, lambda view: self._atomic(
+            view, build, parse, key, content, partition, marker))
 
     def run(self, message: Any, handler: Callable[[Any], Any], *, parse: Parse | None = None,
             key: KeyOf | None = None, content: Callable[[Any], Any] | None = None,
@@ -405,29 +440,17 @@ class StorageQueueConsumer(BaseStorageQueueConsumer):
         """Two phases, for an effect that cannot join a transaction: claim the key, run
         `handler(item)` once, record its result. A claim left by a crashed attempt is taken
         over once its lease runs out (`takeover_stale=False`: poisoned as StaleClaim)."""
-        def handle(view: QueueMessageView) -> Outcome:
-            found = self.identify(view, parse=parse, key=key, content=content)
-            return self.idempotency.run(found.key, found.request_hash,
-                                        lambda: handler(found.item),
-                                        takeover_stale=takeover_stale,
-                                        context=view.context(found.key))
-
-        return self.process(message, handle)
+        return self.process(message, lambda view: self._two_phase(
+            view, handler, parse, key, content, takeover_stale))
 
     def process(self, message: Any, handle: Handle) -> Decision:
         """Low level: `handle(view)` returns an Outcome or a Decision; the rule settles it."""
         view = QueueMessageView.of(message)
         with self._span(view):
-            key: DedupKey | None = None
-            cause: Exception | None = None
             try:
-                result = handle(view)
-                key = _key_of(result)
-                decision = self.decide(result)
+                decision, key, cause = self._settled(view, handle(view))
             except Exception as error:
-                cause = error
-                decision = self.decide_error(error, view) or self._on_unknown(error, view)
-            decision = self._final(decision, view)
+                decision, key, cause = self._failed(view, error)
             if decision.action in (Action.ABANDON, Action.WAIT):
                 raise self._retry(decision, view, key, cause)
             if decision.action is Action.DEADLETTER:
@@ -447,7 +470,7 @@ class StorageQueueConsumer(BaseStorageQueueConsumer):
             raise TypeError("an async poison queue client needs AsyncStorageQueueConsumer")
 
 
-class AsyncStorageQueueConsumer(BaseStorageQueueConsumer):
+class AsyncStorageQueueConsumer(BaseStorageQueueConsumer, Async):
     """`StorageQueueConsumer` for `async def` functions (`shared.aio.StorageQueueConsumer`):
     the same methods, awaited, on `shared.aio.Idempotency`; builds and handlers may be async,
     the poison client sync or async (`azure.storage.queue.aio.QueueClient`)."""
@@ -470,51 +493,28 @@ class AsyncStorageQueueConsumer(BaseStorageQueueConsumer):
                          marker: Callable[[Any], tuple[str, dict[str, Any]]] | None = None
                          ) -> Decision:
         """`StorageQueueConsumer.run_atomic`, awaited (`build` may be async)."""
-        async def handle(view: QueueMessageView) -> Outcome:
-            found = self.identify(view, parse=parse, key=key, content=content)
-            marker_id, marker_body = marker(found.item) if marker is not None else (None, None)
-
-            def built(tx: Any) -> Any:
-                return build(tx, found.item)
-
-            return await self.idempotency.run_atomic(
-                found.key, found.request_hash, built,
-                partition=self._partition(partition, found.item), marker_id=marker_id,
-                marker_body=marker_body, expires=marker is None, context=view.context(found.key),
-                read_first=view.dequeue_count > 1)
-
-        return await self.process(message, handle)
+        return await self.process(message, lambda view: self._atomic(
+            view, build, parse, key, content, partition, marker))
 
     async def run(self, message: Any, handler: Callable[[Any], Any], *,
                   parse: Parse | None = None, key: KeyOf | None = None,
                   content: Callable[[Any], Any] | None = None,
                   takeover_stale: bool = True) -> Decision:
         """`StorageQueueConsumer.run`, awaited (`handler` may be async)."""
-        async def handle(view: QueueMessageView) -> Outcome:
-            found = self.identify(view, parse=parse, key=key, content=content)
-            return await self.idempotency.run(found.key, found.request_hash,
-                                              lambda: handler(found.item),
-                                              takeover_stale=takeover_stale,
-                                              context=view.context(found.key))
-
-        return await self.process(message, handle)
+        return await self.process(message, lambda view: self._two_phase(
+            view, handler, parse, key, content, takeover_stale))
 
     async def process(self, message: Any, handle: Handle) -> Decision:
         """`StorageQueueConsumer.process`, awaited (`handle` may be async)."""
         view = QueueMessageView.of(message)
         with self._span(view):
-            key: DedupKey | None = None
-            cause: Exception | None = None
             try:
                 result = handle(view)
                 if inspect.isawaitable(result):
                     result = await cast(Any, result)
-                key = _key_of(result)
-                decision = self.decide(result)
+                decision, key, cause = self._settled(view, result)
             except Exception as error:
-                cause = error
-                decision = self.decide_error(error, view) or self._on_unknown(error, view)
-            decision = self._final(decision, view)
+                decision, key, cause = self._failed(view, error)
             if decision.action in (Action.ABANDON, Action.WAIT):
                 raise self._retry(decision, view, key, cause)
             if decision.action is Action.DEADLETTER:
