@@ -221,10 +221,10 @@ class _Identified:
     request_hash: str
 
 
-class BaseStorageQueueConsumer:
+class BaseStorageQueueConsumer[L: (Idempotency, AsyncIdempotency)]:
     """What both faces share: identifying a message, the settlement rule, the envelope."""
 
-    def __init__(self, name: str, idempotency: Idempotency | AsyncIdempotency, *,
+    def __init__(self, name: str, idempotency: L, *,
                  poison: PoisonQueue | Callable[[], PoisonQueue],
                  telemetry: Telemetry | None = None, max_body_bytes: int = 64 * 1024,
                  max_dequeue_count: int = DEFAULT_MAX_DEQUEUE_COUNT,
@@ -398,7 +398,7 @@ def _key_of(result: Any) -> DedupKey | None:
     return result.key if isinstance(result, Outcome) else None
 
 
-class StorageQueueConsumer(BaseStorageQueueConsumer, Sync):
+class StorageQueueConsumer(BaseStorageQueueConsumer[Idempotency], Sync):
     """One queue-triggered function's consumer on a sync `Idempotency`.
 
     Each method returns the `Decision` it applied (complete: the host deletes the message;
@@ -406,17 +406,6 @@ class StorageQueueConsumer(BaseStorageQueueConsumer, Sync):
     `name` scopes the dedup keys; `poison` is the `<queue>-poison` client or a factory of it
     (called on first use); `max_dequeue_count` must be the host's `maxDequeueCount`.
     """
-
-    idempotency: Idempotency
-
-    def __init__(self, name: str, idempotency: Idempotency, *,
-                 poison: PoisonQueue | Callable[[], PoisonQueue],
-                 telemetry: Telemetry | None = None, max_body_bytes: int = 64 * 1024,
-                 max_dequeue_count: int = DEFAULT_MAX_DEQUEUE_COUNT,
-                 poison_time_to_live: int = NEVER_EXPIRES) -> None:
-        super().__init__(name, idempotency, poison=poison, telemetry=telemetry,
-                         max_body_bytes=max_body_bytes, max_dequeue_count=max_dequeue_count,
-                         poison_time_to_live=poison_time_to_live)
 
     def run_atomic(self, message: Any, build: Callable[[Any, Any], Any], *,
                    parse: Parse | None = None, key: KeyOf | None = None,
@@ -470,21 +459,10 @@ class StorageQueueConsumer(BaseStorageQueueConsumer, Sync):
             raise TypeError("an async poison queue client needs AsyncStorageQueueConsumer")
 
 
-class AsyncStorageQueueConsumer(BaseStorageQueueConsumer, Async):
+class AsyncStorageQueueConsumer(BaseStorageQueueConsumer[AsyncIdempotency], Async):
     """`StorageQueueConsumer` for `async def` functions (`shared.aio.StorageQueueConsumer`):
     the same methods, awaited, on `shared.aio.Idempotency`; builds and handlers may be async,
     the poison client sync or async (`azure.storage.queue.aio.QueueClient`)."""
-
-    idempotency: AsyncIdempotency
-
-    def __init__(self, name: str, idempotency: AsyncIdempotency, *,
-                 poison: PoisonQueue | Callable[[], PoisonQueue],
-                 telemetry: Telemetry | None = None, max_body_bytes: int = 64 * 1024,
-                 max_dequeue_count: int = DEFAULT_MAX_DEQUEUE_COUNT,
-                 poison_time_to_live: int = NEVER_EXPIRES) -> None:
-        super().__init__(name, idempotency, poison=poison, telemetry=telemetry,
-                         max_body_bytes=max_body_bytes, max_dequeue_count=max_dequeue_count,
-                         poison_time_to_live=poison_time_to_live)
 
     async def run_atomic(self, message: Any, build: Callable[[Any, Any], Any], *,
                          parse: Parse | None = None, key: KeyOf | None = None,
