@@ -57,7 +57,7 @@ from shared.outbox import EventPosition, OutgoingMessage
 from shared.parking import AsyncParkingLot, BaseParkingLot, ParkingLot
 from shared.payload import InvalidPayloadError
 from shared.records import Outcome, OutcomeStatus
-from shared.settlement import TRANSIENT_ERRORS
+from shared.settlement import TRANSIENT_ERRORS, refusal
 from shared.watermark import (
     AsyncPartitionWatermark,
     BasePartitionWatermark,
@@ -297,17 +297,19 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency[Any, Any]
         by_group: dict[str, list[_Parsed[E, I]]] = {}
         invalid: list[tuple[E, str, str]] = []
         for event in fresh:
+            step = "parse"
             try:
                 item = self.parse(event, partition_id)
+                step = "key"
                 key, request_hash = self.identify(item)
+                step = "group"
                 group = self.group(item)
-            except InvalidPayloadError as error:
-                invalid.append((event, error.reason, error.detail))
-                continue
-            except Exception as error:  # a bug for this event: park it, keep the partition moving
-                logger.exception("%s: unexpected error", self.consumer,
-                                 extra=self._context(event, partition_id))
-                invalid.append((event, "UnexpectedError", repr(error)))
+            except Exception as error:  # read from the event alone: its fault, for good
+                refused = refusal(step, error)  # the rule every trigger applies
+                if refused is not error:
+                    logger.warning("%s: %s raised, event refused: %r", self.consumer, step, error,
+                                   extra=self._context(event, partition_id))
+                invalid.append((event, refused.reason, refused.detail))
                 continue
             position = EventPosition(self.event_hub, partition_id, event.sequence_number,
                                      _time_text(event.enqueued_time))

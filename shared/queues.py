@@ -17,19 +17,21 @@ library's settlement rule (`shared.settlement`) the only way this trigger allows
 
 * processed now, or a duplicate of a processed message: return (the host deletes it);
 * the key reused for other content, bad input (`InvalidPayloadError`, a missing business
-  key), a request the store refuses for good: write the message to the poison queue
-  with the reason (a JSON envelope: reason, detail, the original body and id, the dedup
-  key), then return, on its first delivery;
-* a transient store or dispatch failure, another attempt holding the key: raise
-  `MessageRetryError` (chained to the cause), so the host leaves the message to come
-  back; any other exception propagates as it is;
+  key, a `parse`/`key`/`content`/`partition` that raised), a request the store refuses
+  for good: write the message to the poison queue with the reason (a JSON envelope:
+  reason, detail, the original body and id, the dedup key), then return, on its first
+  delivery;
+* a transient store or dispatch failure, another attempt holding the key, any other
+  exception (`UnexpectedError`): raise `MessageRetryError` (chained to the cause), so
+  the host leaves the message to come back;
 * on the last delivery the host allows (`max_dequeue_count`, the host's
   `maxDequeueCount`), what would raise goes to the poison queue instead, with its
   reason (`MaxDequeueCountReached`): the host's own poison copy would carry no reason.
 
 The dedup key is the message id (stable across the queue's redeliveries) or a business
 key (`key=`): a producer's retry is a new message with a new id, so only a business key
-absorbs it, and only a business key survives a resubmission from the poison queue.
+absorbs it. A resubmission from the poison queue (`python -m replay`) carries the
+original id and body (`resubmission`), so it is deduplicated as the original either way.
 
     consumer = StorageQueueConsumer("order-audit", Idempotency(store), poison=poison_client)
 
@@ -43,6 +45,7 @@ absorbs it, and only a business key survives a resubmission from the poison queu
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime
 import hashlib
 import inspect
@@ -60,8 +63,15 @@ from shared.idempotency import AsyncIdempotency, Idempotency
 from shared.keys import DedupKey, request_hash
 from shared.observability import message_span
 from shared.payload import parse_json_object
-from shared.records import Outcome, OutcomeStatus
-from shared.settlement import MAX_DESCRIPTION_CHARS, Action, Decision, decision_for, decision_for_error
+from shared.records import Outcome
+from shared.settlement import (
+    MAX_DESCRIPTION_CHARS,
+    Action,
+    Decision,
+    decision_for,
+    decision_for_exception,
+    derived,
+)
 from shared.telemetry import EVENT_CONFLICT, Telemetry
 
 logger = logging.getLogger(__name__)
@@ -74,8 +84,6 @@ MAX_POISON_TEXT_BYTES = 48 * 1024
 #: Poison envelopes never expire (`time_to_live=-1`): a person decides what becomes of them.
 NEVER_EXPIRES = -1
 REASON_LAST_DELIVERY = "MaxDequeueCountReached"
-REASON_INVALID_KEY = "InvalidKey"
-REASON_STALE = "StaleClaim"
 REASON_POISON_UNAVAILABLE = "PoisonQueueUnavailable"
 
 
@@ -103,13 +111,20 @@ class QueueMessageView:
     expiration_time: datetime.datetime | None = None
     next_visible_time: datetime.datetime | None = None
     pop_receipt: str | None = None
+    replayed: bool = False  # a resubmission from the poison queue, as the original
 
     @classmethod
     def of(cls, message: Any) -> QueueMessageView:
         """From `azure.functions.QueueMessage` (the trigger's binding), an
-        `azure.storage.queue.QueueMessage` (a consumer of its own), or a view."""
+        `azure.storage.queue.QueueMessage` (a consumer of its own), or a view. A
+        resubmission from the poison queue (`resubmission`) reads as the original: its
+        id and body."""
         if isinstance(message, QueueMessageView):
             return message
+        return _unwrapped(cls._read(message))
+
+    @classmethod
+    def _read(cls, message: Any) -> QueueMessageView:
         if hasattr(message, "get_body"):  # azure.functions.QueueMessage
             return cls(
                 message_id=_text_or_none(message.id), body=_bytes(message.get_body()),
@@ -129,7 +144,62 @@ class QueueMessageView:
         """What the logs and metrics say about this delivery (`delivery_count` tells a
         redelivery from a producer's retry in the duplicate metric)."""
         return {"message_id": self.message_id, "delivery_count": self.dequeue_count,
-                **({"dedup_key": key.key} if key is not None else {})}
+                **({"dedup_key": key.key} if key is not None else {}),
+                **({"replayed": True} if self.replayed else {})}
+
+
+#: The first member of a message that brings a poison envelope back to its queue.
+REPLAY_FIELD = "replayOf"
+_REPLAY_PREFIX = b'{"' + REPLAY_FIELD.encode() + b'":'
+MAX_RESUBMISSION_BYTES = 2 * MAX_POISON_TEXT_BYTES  # bounds the decoder reading one
+
+
+def resubmission(envelope: Mapping[str, Any], *, by: str,
+                 now: datetime.datetime | None = None) -> str:
+    """The message that brings a poison envelope back to the consumer's queue: the original
+    id and body under `replayOf`, so that the consumer reads it as the original
+    (`QueueMessageView.of`) and its dedup absorbs it if the original had committed (a
+    consumer keyed by the message id included). ValueError, naming what is missing, when the
+    envelope cannot bring the original back (a body cut to fit, no id)."""
+    if envelope.get("bodyTruncated"):
+        raise ValueError(f"the body was cut to fit the poison queue ({envelope.get('bodyBytes')} "
+                         f"bytes, sha256 {envelope.get('bodySha256')}): re-send the original "
+                         "from its source")
+    message_id = envelope.get("messageId")
+    if not isinstance(message_id, str) or not message_id:
+        raise ValueError("the envelope has no messageId: the original cannot be recognised")
+    body = envelope.get("body")
+    field = "body"
+    if not isinstance(body, str):
+        body, field = envelope.get("bodyBase64"), "bodyBase64"
+        try:
+            base64.b64decode(str(body), validate=True)
+        except ValueError as error:
+            raise ValueError("the envelope holds no body (body or bodyBase64)") from error
+    return _json({REPLAY_FIELD: {
+        "messageId": message_id, "dedupKey": envelope.get("dedupKey"),
+        "reason": envelope.get("reason"), "poisonedAt": envelope.get("poisonedAt"),
+        "replayedBy": by,
+        "replayedAt": (now or datetime.datetime.now(datetime.UTC)).isoformat()}, field: body})
+
+
+def _unwrapped(view: QueueMessageView) -> QueueMessageView:
+    """The original message a resubmission carries, or `view` when it is not one (a body
+    that only looks like one is left to the parse, which refuses it with its reason)."""
+    if not view.body.startswith(_REPLAY_PREFIX):
+        return view
+    try:
+        data = parse_json_object(view.body, max_bytes=MAX_RESUBMISSION_BYTES)
+        original = data[REPLAY_FIELD]
+        message_id = original["messageId"]
+        if not isinstance(message_id, str) or not message_id:
+            return view
+        text = data.get("body")
+        body = (text.encode("utf-8") if isinstance(text, str)
+                else base64.b64decode(str(data["bodyBase64"]), validate=True))
+    except (PoisonMessageError, KeyError, TypeError, ValueError, UnicodeEncodeError):
+        return view
+    return dataclasses.replace(view, message_id=message_id, body=body, replayed=True)
 
 
 def _text_or_none(value: Any) -> str | None:
@@ -221,6 +291,13 @@ class _Identified:
     request_hash: str
 
 
+def _business_key(name: str, key: KeyOf, item: Any) -> DedupKey:
+    value = derived("key", lambda: key(item))
+    if isinstance(value, DedupKey):
+        return value
+    return derived("key", lambda: DedupKey.from_business_key(name, value))
+
+
 class BaseStorageQueueConsumer[L: (Idempotency, AsyncIdempotency)]:
     """What both faces share: identifying a message, the settlement rule, the envelope."""
 
@@ -253,26 +330,28 @@ class BaseStorageQueueConsumer[L: (Idempotency, AsyncIdempotency)]:
     def identify(self, view: QueueMessageView, *, parse: Parse | None = None,
                  key: KeyOf | None = None, content: Callable[[Any], Any] | None = None
                  ) -> _Identified:
-        """Parse the body, take the key, hash the content. Bad input raises
-        InvalidPayloadError / InvalidKeyError (the caller refuses it with its reason)."""
-        item = parse(view) if parse is not None else parse_json_object(
-            view.body, max_bytes=self.max_body_bytes)
-        if key is None:
-            dedup_key = DedupKey.from_message_id(self.name, view.message_id)
-        else:
-            value = key(item)
-            dedup_key = (value if isinstance(value, DedupKey)
-                         else DedupKey.from_business_key(self.name, value))
+        """Parse the body, take the key, hash the content. Whatever fails here is the
+        message's: `PoisonMessageError` with the reason (`shared.settlement.derived`)."""
+        by_id: DedupKey | None = None
+        if key is None:  # checked first: a message without an id is refused as such
+            try:
+                by_id = DedupKey.from_message_id(self.name, view.message_id)
+            except InvalidKeyError as error:
+                raise PoisonMessageError("InvalidMessageId", str(error)) from error
+        item = derived("parse", lambda: parse(view) if parse is not None else parse_json_object(
+            view.body, max_bytes=self.max_body_bytes))
+        dedup_key = _business_key(self.name, key, item) if key is not None else by_id
+        assert dedup_key is not None
         payload: Any = view.body  # an item that is not JSON: its bytes
         if content is not None:
-            payload = content(item)
+            payload = derived("content", lambda: content(item))
         elif isinstance(item, (dict, list)):
             payload = cast(Any, item)
-        return _Identified(item, dedup_key, request_hash(payload))
+        return _Identified(item, dedup_key, derived("content", lambda: request_hash(payload)))
 
     @staticmethod
     def _partition(partition: str | Callable[[Any], str] | None, item: Any) -> str | None:
-        return partition(item) if callable(partition) else partition
+        return derived("partition", lambda: partition(item)) if callable(partition) else partition
 
     @property
     def store(self) -> Any:
@@ -286,7 +365,8 @@ class BaseStorageQueueConsumer[L: (Idempotency, AsyncIdempotency)]:
                 marker: Callable[[Any], tuple[str, dict[str, Any]]] | None) -> Flow[Outcome]:
         """The atomic path as a flow: both faces run it (sync, or awaited)."""
         found = self.identify(view, parse=parse, key=key, content=content)
-        marker_id, marker_body = marker(found.item) if marker is not None else (None, None)
+        marker_id, marker_body = (derived("marker", lambda: marker(found.item))
+                                  if marker is not None else (None, None))
 
         def built(tx: Any) -> Any:
             return build(tx, found.item)
@@ -295,7 +375,7 @@ class BaseStorageQueueConsumer[L: (Idempotency, AsyncIdempotency)]:
             found.key, found.request_hash, built,
             partition=self._partition(partition, found.item), marker_id=marker_id,
             marker_body=marker_body, expires=marker is None, context=view.context(found.key),
-            read_first=view.dequeue_count > 1)
+            read_first=view.dequeue_count > 1 or view.replayed)
         return outcome
 
     @flowmethod
@@ -317,28 +397,20 @@ class BaseStorageQueueConsumer[L: (Idempotency, AsyncIdempotency)]:
     def _failed(self, view: QueueMessageView, error: Exception
                 ) -> tuple[Decision, DedupKey | None, Exception | None]:
         """The decision after `handle` raised (the last delivery poisons what would retry)."""
-        decision = self.decide_error(error, view) or self._on_unknown(error, view)
-        return self._final(decision, view), None, error
+        return self._final(self.decide_error(error, view), view), None, error
 
     # -- the settlement rule --------------------------------------------------------------
     def decide(self, result: Outcome | Decision) -> Decision:
         """The decision for what the dedup flow (or a handle) answered."""
-        if isinstance(result, Decision):
-            return result
-        if result.status is OutcomeStatus.STALE:
-            return Decision.deadletter(
-                REASON_STALE, f"{result.key.encoded} was claimed by an attempt that stopped "
-                "renewing it; the effect may have partly happened: reconcile it before "
-                "resubmitting this message", result.status.value)
-        return decision_for(result)
+        return result if isinstance(result, Decision) else decision_for(result)
 
-    def decide_error(self, error: Exception, view: QueueMessageView) -> Decision | None:
-        """The decision for an error, or None when it is not one the rule knows."""
-        if isinstance(error, PoisonMessageError):  # bad input, or refused by the business rule
-            return Decision.deadletter(error.reason, error.detail)
-        if isinstance(error, InvalidKeyError):
-            return Decision.deadletter(REASON_INVALID_KEY, str(error))
-        return decision_for_error(error, delivery_count=view.dequeue_count)
+    def decide_error(self, error: Exception, view: QueueMessageView) -> Decision:
+        """The decision for an error: the one rule (`shared.settlement`)."""
+        decision = decision_for_exception(error, delivery_count=view.dequeue_count)
+        if decision.reason == "UnexpectedError":
+            logger.error("%s: unexpected error; the message is retried", self.name,
+                         exc_info=error, extra=view.context())
+        return decision
 
     def last_delivery(self, view: QueueMessageView) -> bool:
         """Whether a failure now makes the host move the message to the poison queue."""
@@ -351,15 +423,6 @@ class BaseStorageQueueConsumer[L: (Idempotency, AsyncIdempotency)]:
                 REASON_LAST_DELIVERY, f"{decision.reason}: {decision.description} (dequeue "
                 f"count {view.dequeue_count} of {self.max_dequeue_count})", decision.outcome)
         return decision
-
-    def _on_unknown(self, error: Exception, view: QueueMessageView) -> Decision:
-        """Any other exception: the last delivery poisons it with the error; earlier ones
-        re-raise it, so the host logs it and the message comes back."""
-        if not self.last_delivery(view):
-            raise error
-        return Decision.deadletter(
-            REASON_LAST_DELIVERY, f"{type(error).__name__}: {error} (dequeue count "
-            f"{view.dequeue_count} of {self.max_dequeue_count})")
 
     def _retry(self, decision: Decision, view: QueueMessageView, key: DedupKey | None,
                cause: BaseException | None) -> MessageRetryError:
@@ -428,7 +491,7 @@ class StorageQueueConsumer(BaseStorageQueueConsumer[Idempotency], Sync):
             takeover_stale: bool = True) -> Decision:
         """Two phases, for an effect that cannot join a transaction: claim the key, run
         `handler(item)` once, record its result. A claim left by a crashed attempt is taken
-        over once its lease runs out (`takeover_stale=False`: poisoned as StaleClaim)."""
+        over once its lease runs out (`takeover_stale=False`: poisoned as StaleInProgress)."""
         return self.process(message, lambda view: self._two_phase(
             view, handler, parse, key, content, takeover_stale))
 
@@ -519,13 +582,13 @@ def _close(value: object) -> None:
 def read_envelope(text: str | bytes) -> Mapping[str, Any]:
     """A poison envelope as written by the consumer (for tools and tests that read the
     poison queue); ValueError when it is not one."""
-    data = json.loads(text)
-    if not isinstance(data, dict) or "reason" not in data or "messageId" not in data:
+    data = parse_json_object(text, max_bytes=MAX_RESUBMISSION_BYTES)  # InvalidPayloadError: a ValueError
+    if not isinstance(data.get("reason"), str) or "messageId" not in data:
         raise ValueError("not a poison envelope (no reason or messageId)")
-    return cast(dict[str, Any], data)
+    return data
 
 
 __all__ = [
     "DEFAULT_MAX_DEQUEUE_COUNT", "AsyncStorageQueueConsumer", "MessageRetryError", "PoisonQueue",
-    "QueueMessageView", "StorageQueueConsumer", "poison_envelope", "read_envelope",
+    "QueueMessageView", "StorageQueueConsumer", "poison_envelope", "read_envelope", "resubmission",
 ]

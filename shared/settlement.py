@@ -1,4 +1,9 @@
-"""Service Bus settlement behind a small interface.
+"""The settlement rule every trigger applies, and Service Bus settlement behind a small interface.
+
+One rule (docs/concepts.md#one-settlement-rule): what reads the message alone (parse, key,
+content, partition) and fails is the message's fault, refused at once with a reason
+(`derived`); a reused key is refused; a transient failure is retried; anything else a user
+function raises is retried to the trigger's delivery limit (`decision_for_exception`).
 
 The app settles explicitly (`auto_complete_messages=False`) so a key conflict
 can be dead-lettered with a reason instead of completed or retried. In Azure
@@ -10,6 +15,7 @@ tests pass their own implementation of the same three methods.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -17,6 +23,9 @@ from shared.exceptions import (
     ConcurrencyRetriesExhaustedError,
     DispatchRejectedError,
     DispatchUnavailableError,
+    EffectUncertainError,
+    InvalidKeyError,
+    PoisonMessageError,
     StoreRequestError,
     StoreUnavailableError,
 )
@@ -129,6 +138,42 @@ def decision_for_error(error: Exception, *, delivery_count: int = 1) -> Decision
     if isinstance(error, StoreRequestError):
         return Decision.deadletter("StoreRejected", str(error))
     return None
+
+
+def derived[R](what: str, derive: Callable[[], R]) -> R:
+    """A value derived from the message alone (`what`: parse, key, content, partition): any
+    failure is the message's, for good, so it is refused at once with a reason
+    (`PoisonMessageError`: its own, `InvalidKey`, or `InvalidMessage` naming the step)."""
+    try:
+        return derive()
+    except Exception as error:
+        raise refusal(what, error) from error
+
+
+def refusal(what: str, error: Exception) -> PoisonMessageError:
+    """The refusal for `error`, raised while deriving `what` from a message."""
+    if isinstance(error, PoisonMessageError):
+        return error
+    if isinstance(error, InvalidKeyError):
+        return PoisonMessageError("InvalidKey", str(error))
+    return PoisonMessageError("InvalidMessage", f"{what}: {type(error).__name__}: {error}")
+
+
+def decision_for_exception(error: Exception, *, delivery_count: int = 1) -> Decision:
+    """The settlement after the dedup flow or a user function raised: the one rule.
+
+    Refused for good with a reason: bad input (`PoisonMessageError`), an effect nobody
+    knows happened (`OutcomeUnknown`), a request the store refuses. Retried: a transient
+    failure, and any other exception (`UnexpectedError`), until the trigger's limit.
+    """
+    if isinstance(error, PoisonMessageError):
+        return Decision.deadletter(error.reason, error.detail)
+    if isinstance(error, InvalidKeyError):
+        return Decision.deadletter("InvalidKey", str(error))
+    if isinstance(error, EffectUncertainError):
+        return Decision.deadletter("OutcomeUnknown", f"{error}; reconcile it before resubmitting")
+    return decision_for_error(error, delivery_count=delivery_count) or transient(
+        "UnexpectedError", f"{type(error).__name__}: {error}", delivery_count=delivery_count)
 
 
 def settle(decision: Decision, message: Any, actions: MessageActions) -> None:

@@ -76,9 +76,9 @@ from shared.settlement import (
     Decision,
     MessageActions,
     decision_for,
-    decision_for_error,
+    decision_for_exception,
+    derived,
     settle,
-    transient,
 )
 from shared.telemetry import EVENT_CONFLICT, Telemetry
 
@@ -213,23 +213,19 @@ def decide(result: Outcome | Decision | None) -> Decision:
 
 
 def decide_error(error: BaseException, view: MessageView, consumer: str) -> Decision:
-    """The settlement after a consumer raised: the one rule (module docstring)."""
-    if isinstance(error, PoisonMessageError):
-        return Decision.deadletter(error.reason, error.detail)
-    if isinstance(error, EffectUncertainError):
-        return Decision.deadletter("OutcomeUnknown", f"{error}; reconcile it before resubmitting")
-    decision = decision_for_error(error, delivery_count=view.delivery_count) \
-        if isinstance(error, Exception) else None
-    if decision is not None:
+    """The settlement after a consumer raised: the one rule (`shared.settlement`)."""
+    if not isinstance(error, Exception):
+        raise error
+    decision = decision_for_exception(error, delivery_count=view.delivery_count)
+    if decision.reason == "UnexpectedError":
+        logger.error("%s: unexpected error; the message is retried", consumer, exc_info=error,
+                     extra=view.context)
+    elif decision.reason in ("Transient", "StoreRejected"):
         logger.warning("%s: %s: %s", consumer, "store rejected the request"
                        if decision.action is Action.DEADLETTER
                        else f"transient failure, {decision.action.value}", error,
                        extra=view.context)
-        return decision
-    logger.error("%s: unexpected error; the message is retried", consumer, exc_info=error,
-                 extra=view.context)
-    return transient("UnexpectedError", f"{type(error).__name__}: {error}",
-                     delivery_count=view.delivery_count)
+    return decision
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,19 +235,6 @@ class _Item[T]:
     value: T
     key: DedupKey
     request_hash: str
-
-
-def _derive[R](what: str, derive: Callable[[], R]) -> R:
-    """A value derived from the message alone: any failure is the message's, for good."""
-    try:
-        return derive()
-    except PoisonMessageError:
-        raise
-    except InvalidKeyError as error:
-        raise PoisonMessageError("InvalidKey", str(error)) from error
-    except Exception as error:  # deterministic in the message: retrying cannot help
-        raise PoisonMessageError("InvalidMessage", f"{what}: {type(error).__name__}: {error}") \
-            from error
 
 
 class BaseServiceBusConsumer[L: BaseIdempotency[Any, Any]]:
@@ -291,11 +274,11 @@ class BaseServiceBusConsumer[L: BaseIdempotency[Any, Any]]:
                 dedup_key = DedupKey.from_message_id(self.name, view.message_id)
             except InvalidKeyError as error:
                 raise PoisonMessageError("InvalidMessageId", str(error)) from error
-            value = _derive("parse", lambda: parse(view))
+            value = derived("parse", lambda: parse(view))
         else:
-            value = _derive("parse", lambda: parse(view))
-            dedup_key = _derive("key", lambda: DedupKey.from_business_key(self.name, key(value)))
-        hashed = _derive("content", lambda: request_hash(value if content is None
+            value = derived("parse", lambda: parse(view))
+            dedup_key = derived("key", lambda: DedupKey.from_business_key(self.name, key(value)))
+        hashed = derived("content", lambda: request_hash(value if content is None
                                                           else content(value)))
         return _Item(value, dedup_key, str(hashed))
 
@@ -307,9 +290,9 @@ class BaseServiceBusConsumer[L: BaseIdempotency[Any, Any]]:
         item = self._identify(view, parse, key, content)
         value = item.value
         where = None if partition is None else \
-            _derive("partition", lambda: store_safe_id(partition(value)))
+            derived("partition", lambda: store_safe_id(partition(value)))
         marker_id, marker_body = (None, None) if document is None else \
-            _derive("document", lambda: document(value))
+            derived("document", lambda: document(value))
         if marker_id is not None:
             marker_id = store_safe_id(marker_id)
         outcome: Outcome = yield from self._ledger().run_atomic.flow(

@@ -84,7 +84,7 @@ class FlakyStore(CountingMemoryStore):
         return super().read_document(partition, document_id)
 
 
-def message(body: Any, *, message_id: str = "m-1", dequeue_count: int = 1) -> QueueMessageView:
+def message(body: Any, *, message_id: str | None = "m-1", dequeue_count: int = 1) -> QueueMessageView:
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     return QueueMessageView(message_id, raw, dequeue_count)
 
@@ -241,18 +241,53 @@ def test_on_the_last_delivery_a_retry_goes_to_the_poison_queue_with_its_reason(s
     assert "dequeue count 3 of 3" in envelope["detail"] and envelope["dequeueCount"] == 3
 
 
-def test_any_other_error_propagates_as_it_is_until_the_last_delivery(store, poison):
+def test_a_build_that_raises_is_retried_as_unexpected_until_the_last_delivery(store, poison):
     consumer = StorageQueueConsumer("order-audit", Idempotency(store), poison=poison,
                                     max_dequeue_count=2)
 
     def broken(tx, item):
         raise KeyError("bug")
 
-    with pytest.raises(KeyError):
+    with pytest.raises(MessageRetryError) as raised:
         consumer.run_atomic(message(ORDER), broken, partition=partition)
+    assert raised.value.reason == "UnexpectedError"
+    assert isinstance(raised.value.__cause__, KeyError), "the cause is chained for the host's log"
+    assert not poison.sent
     decision = consumer.run_atomic(message(ORDER, dequeue_count=2), broken, partition=partition)
     assert decision.reason == "MaxDequeueCountReached"
-    assert poison.envelopes[0]["detail"].startswith("KeyError: 'bug'")
+    assert poison.envelopes[0]["detail"].startswith("UnexpectedError: KeyError: 'bug'")
+
+
+def _raise(error: Exception) -> Any:
+    raise error
+
+
+@pytest.mark.parametrize("where", ["key", "partition", "content", "parse", "marker"])
+def test_what_reads_the_message_alone_and_raises_refuses_it_on_the_first_delivery(
+        consumer, store, poison, where):
+    """The Service Bus rule: parse, key, content, partition and marker read the message alone,
+    so a retry cannot help; InvalidMessage names the step (tests/test_triggers.py holds the
+    same for Service Bus)."""
+    broken = {where: lambda *_: _raise(ZeroDivisionError("bug"))}
+    options: dict[str, Any] = {"key": by_order, "partition": partition, **broken}
+    decision = consumer.run_atomic(message(ORDER), lambda tx, item: None, **options)
+    assert (decision.action, decision.reason) == (Action.DEADLETTER, "InvalidMessage")
+    assert poison.envelopes[0]["detail"].startswith(f"{where}: ZeroDivisionError")
+    assert poison.envelopes[0]["dequeueCount"] == 1
+
+
+def test_an_effect_of_unknown_outcome_is_refused_for_reconciliation(consumer, poison):
+    from shared.exceptions import EffectUncertainError
+
+    decision = consumer.run(message(ORDER), lambda item: _raise(EffectUncertainError("timed out")),
+                            key=by_order)
+    assert (decision.action, decision.reason) == (Action.DEADLETTER, "OutcomeUnknown")
+
+
+def test_a_message_without_an_id_keyed_by_its_id_is_refused_as_such(consumer, poison):
+    decision = consumer.run_atomic(message(ORDER, message_id=None), lambda tx, item: None,
+                                   partition=partition)
+    assert (decision.action, decision.reason) == (Action.DEADLETTER, "InvalidMessageId")
 
 
 def test_a_poison_queue_that_cannot_be_written_leaves_the_message_to_come_back(store):
@@ -311,7 +346,7 @@ def test_two_phase_stale_claim_without_takeover_goes_to_the_poison_queue(store, 
     clock.advance(3600)
     decision = consumer.run(message(ORDER, dequeue_count=2), lambda item: None, key=by_order,
                             takeover_stale=False)
-    assert decision.reason == "StaleClaim"
+    assert decision.reason == "StaleInProgress"
     assert "reconcile" in poison.envelopes[0]["detail"]
 
 
