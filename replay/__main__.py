@@ -1,10 +1,12 @@
-"""`python -m replay`: act on parked entries and dead-lettered messages, dedup intact.
+"""`python -m replay`: act on parked entries, dead-lettered messages and poison envelopes.
 
     python -m replay list [--consumer C] [--reason R] [--older-than 1h] [--state all]
+    python -m replay list --source poison [--message-id M]   # Storage Queue poison envelopes
     python -m replay show dlq:orders/42
     python -m replay replay parked:payments/payments/0/1234
     python -m replay replay --filter consumer=payments,reason=ProcessingFailed --dry-run
     python -m replay replay --all            # one line per item as it completes, then totals
+    python -m replay replay --source poison --reason MaxDequeueCountReached
     python -m replay discard dlq:orders/43 --note "duplicate order, refunded by hand"
     python -m replay outbox [--older-than 10m]            # outgoing messages still pending
     python -m replay outbox --dispatch [--dry-run]        # dispatch them (same message ids)
@@ -14,8 +16,10 @@ The app's settings come from the environment (as the function app reads them)
 or from a local.settings.json (`--settings`). Azure: the stores with
 TABLE_ENDPOINT / COSMOS_ENDPOINT and the Service Bus namespace
 (`ServiceBusConnection__fullyQualifiedNamespace` or --servicebus-namespace),
-all with DefaultAzureCredential. Local: TABLE_CONNECTION_STRING / COSMOS_KEY and
-the emulator's connection string (SERVICEBUS_CONNECTION_STRING).
+all with DefaultAzureCredential, and the queue triggers' poison queues on their
+connection (AzureWebJobsStorage__queueServiceUri). Local: TABLE_CONNECTION_STRING /
+COSMOS_KEY, the emulator's connection string (SERVICEBUS_CONNECTION_STRING) and
+AzureWebJobsStorage (Azurite).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from datetime import UTC, datetime
 from functions.services import build_services
 from functions.settings import Settings, SettingsError
 from replay.deadletters import ServiceBusDeadLetters
+from replay.poison import StoragePoisonQueues
 from replay.render import counts_text, items_text, progress_line, results_text, show_text
 from replay.stores import ReuseScan, document_lister
 from replay.tool import (
@@ -43,6 +48,7 @@ from replay.tool import (
     ReplayTool,
     Result,
     app_entities,
+    app_queues,
     pending_outgoing,
     reused_keys,
 )
@@ -50,7 +56,7 @@ from shared.parking import ParkingLot
 
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-FILTER_KEYS = ("consumer", "reason", "source", "state", "older-than", "newer-than")
+FILTER_KEYS = ("consumer", "reason", "source", "state", "older-than", "newer-than", "message-id")
 
 
 def duration(text: str) -> float:
@@ -72,16 +78,21 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="fully qualified namespace, signed in with DefaultAzureCredential; "
                              "default: ServiceBusConnection__fullyQualifiedNamespace")
     parser.add_argument("--no-servicebus", action="store_true",
-                        help="parked entries only; do not read the dead-letter queues")
+                        help="do not read the dead-letter queues")
+    parser.add_argument("--no-queues", action="store_true",
+                        help="do not read the Storage queue triggers' poison queues")
     parser.add_argument("--duplicate-detection-window", type=duration, default=600.0,
                         help="the entities' duplicate-detection window (default 10m as in infra/; "
                              "the Docker emulator's config uses 5m)")
 
 
 def _filters(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--consumer", help="orders, order_status, notify, audit, payments")
-    parser.add_argument("--reason", help="e.g. MaxDeliveryCountExceeded, ProcessingFailed")
-    parser.add_argument("--source", choices=("parked", "deadletter"))
+    parser.add_argument("--consumer",
+                        help="orders, order_status, notify, audit, payments, order_audit")
+    parser.add_argument("--reason", help="e.g. MaxDeliveryCountExceeded, MaxDequeueCountReached")
+    parser.add_argument("--source", choices=("parked", "deadletter", "poison"))
+    parser.add_argument("--message-id", metavar="ID",
+                        help="the (original) message id, or the dedup key of a parked event")
     parser.add_argument("--older-than", type=duration, metavar="AGE")
     parser.add_argument("--newer-than", type=duration, metavar="AGE")
     parser.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
@@ -111,6 +122,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "was NOT sent, so sending it now is the first time")
     replay.add_argument("--past-retention", action="store_true",
                         help="replay items older than the dedup records' retention (checked by hand)")
+    replay.add_argument("--include-refused", action="store_true",
+                        help="poison envelopes: resubmit refusals too (bad input, a reused key), "
+                             "once you fixed their cause")
+    replay.add_argument("--host-copies", action="store_true",
+                        help="poison queue: resubmit the host's own copies (no envelope, no id) "
+                             "as stored; only a business-keyed consumer absorbs them")
     outbox = commands.add_parser("outbox", parents=[common],
                                  help="outgoing messages committed but not recorded as dispatched")
     outbox.add_argument("--older-than", type=duration, default=0.0, metavar="AGE")
@@ -137,7 +154,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 setattr(args, attr, duration(value) if attr.endswith("_than") else value)
     if args.command == "replay":
         selected = bool(args.ids) + bool(args.all or args.filter or args.consumer or args.reason
-                                         or args.source or args.older_than or args.newer_than)
+                                         or args.source or args.older_than or args.newer_than
+                                         or args.message_id)
         if selected != 1:
             parser.error("replay takes ids, or --all / --filter / filter options (not both, not none)")
     return args
@@ -180,20 +198,43 @@ def dead_letter_source(args: argparse.Namespace, env: Mapping[str, str],
         duplicate_detection_window=args.duplicate_detection_window)
 
 
+def poison_source(args: argparse.Namespace, env: Mapping[str, str],
+                  settings: Settings) -> StoragePoisonQueues | None:
+    """The queue triggers' poison queues on the trigger's own connection, or None (with the
+    reason on stderr): a connection string (Azurite), or the queue endpoint with
+    DefaultAzureCredential (Storage Queue Data Contributor on the queues)."""
+    if args.no_queues:
+        return None
+    queues = app_queues(env)
+    if settings.queue_connection:
+        return StoragePoisonQueues.connect(queues, connection_string=settings.queue_connection)
+    if settings.queue_service_uri:
+        from azure.identity import DefaultAzureCredential
+
+        return StoragePoisonQueues.connect(queues, account_url=settings.queue_service_uri,
+                                           credential=DefaultAzureCredential(
+                                               managed_identity_client_id=settings.azure_client_id))
+    print("note: no queue connection (AzureWebJobsStorage / AzureWebJobsStorage__queueServiceUri): "
+          "poison queues not read", file=sys.stderr)
+    return None
+
+
 def build_tool(args: argparse.Namespace, env: Mapping[str, str]) -> ReplayTool:
-    """The tool on the app's stores (built as the app builds them) and its dead-letter queues."""
+    """The tool on the app's stores (built as the app builds them), its dead-letter queues and
+    its queue triggers' poison queues."""
     settings = Settings.from_env(env)
     services = build_services(settings)
     parked = services.stores["parked"]
     parking = ParkingLot(parked, telemetry=services.telemetry, lister=document_lister(parked))
     return ReplayTool(services, parking, dead_letter_source(args, env, settings.azure_client_id),
-                      operator=args.operator or getpass.getuser(), clock=time.time)
+                      operator=args.operator or getpass.getuser(), clock=time.time,
+                      poison=poison_source(args, env, settings))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command == "reused-keys":
-        args.no_servicebus = True  # the stores only
+        args.no_servicebus = args.no_queues = True  # the stores only
     try:
         tool = build_tool(args, app_settings(args.settings))
     except SettingsError as error:
@@ -216,7 +257,8 @@ def run(tool: ReplayTool, args: argparse.Namespace) -> int:
     now = tool.now()
     if args.command == "list":
         filters = Filters(consumer=args.consumer, reason=args.reason, source=args.source,
-                          state=args.state, older_than=args.older_than, newer_than=args.newer_than)
+                          state=args.state, older_than=args.older_than, newer_than=args.newer_than,
+                          message_id=args.message_id)
         items = tool.items(filters)
         print(json.dumps([i.to_json(now) for i in items], indent=2) if args.json
               else items_text(items, now))
@@ -243,9 +285,11 @@ def run(tool: ReplayTool, args: argparse.Namespace) -> int:
         return 0
     if args.command == "replay":
         filters = Filters(consumer=args.consumer, reason=args.reason, source=args.source,
-                          older_than=args.older_than, newer_than=args.newer_than)
+                          older_than=args.older_than, newer_than=args.newer_than,
+                          message_id=args.message_id)
         options = Options(confirm_not_sent=args.confirm_not_sent,
-                          past_retention=args.past_retention, dry_run=args.dry_run)
+                          past_retention=args.past_retention, dry_run=args.dry_run,
+                          include_refused=args.include_refused, host_copies=args.host_copies)
         # One line per item as it completes, with the tally so far: on stdout as the text
         # answer itself, on stderr with --json (stdout stays one JSON document).
         stream = sys.stderr if args.json else sys.stdout

@@ -10,6 +10,9 @@ from typing import Any
 
 from replay.tool import Item, Result
 
+SOURCES = {"parked": "parked entry", "deadletter": "dead-lettered message",
+           "poison": "poison queue envelope"}
+
 
 def age_text(seconds: float | None) -> str:
     if seconds is None:
@@ -49,13 +52,14 @@ def items_text(items: Sequence[Item], now: float, *, notes: Sequence[str] = ()) 
              + "  " + row[-1] for row in rows]
     by_source = Counter(item.source for item in items)
     lines.append(f"{len(items)} item(s): {by_source.get('parked', 0)} parked, "
-                 f"{by_source.get('deadletter', 0)} dead-lettered")
+                 f"{by_source.get('deadletter', 0)} dead-lettered, "
+                 f"{by_source.get('poison', 0)} poisoned")
     return "\n".join([*notes, *lines])
 
 
 def show_text(item: Item, facts: dict[str, Any], now: float) -> str:
     lines = [f"{item.id}",
-             f"  source:    {'parked entry' if item.source == 'parked' else 'dead-lettered message'}",
+             f"  source:    {SOURCES.get(item.source, item.source)}",
              f"  consumer:  {item.consumer}",
              f"  reason:    {item.reason}",
              f"  detail:    {_clip(item.detail, 300)}",
@@ -72,6 +76,14 @@ def show_text(item: Item, facts: dict[str, Any], now: float) -> str:
                   f"CorrelationId={message.correlation_id}",
                   f"  properties: {json.dumps(message.application_properties, default=str)}",
                   f"  body:      {_clip(message.body.decode('utf-8', 'replace'), 500)}"]
+    poisoned = item.poisoned
+    if poisoned is not None:
+        lines.append(f"  queue:     {poisoned.queue.poison} (message {poisoned.id}; resubmitted to "
+                     f"{poisoned.queue.queue})")
+        envelope = poisoned.envelope
+        body = (envelope.get("body") or envelope.get("bodyBase64") if envelope is not None
+                else poisoned.text or poisoned.content)
+        lines.append(f"  body:      {_clip(str(body), 500)}")
     entry = item.entry
     if entry is not None and item.source == "parked":
         lines += [f"  context:   {json.dumps(entry.context, default=str)}",

@@ -4,13 +4,16 @@ Identity rule: a replay never gives a message a new identity. A dead-lettered
 Service Bus message is resubmitted with its original MessageId (and body,
 content type, correlation id, properties); a parked Event Hubs event is run
 through the same domain code as the trigger under its CloudEvent source+id;
-a parked notification is re-delivered under its MessageId. So the consumer's
+a parked notification is re-delivered under its MessageId; a Storage Queue
+poison envelope is resubmitted to its queue carrying the original message id
+and body (`shared.queues.resubmission`), and deleted only after that send. So the consumer's
 dedup absorbs a replay whose effect had in fact happened, and replaying the
 same entry twice never creates a second effect.
 
 Every action is recorded in the parking lot: on the parked entry itself, or,
-for a dead-lettered message (which leaves the queue once completed), on a
-journal entry under the same consumer (`deadletter/<entity>/<sequence>`).
+for a dead-lettered message or a poison envelope (which leave their queues),
+on a journal entry under the same consumer (`deadletter/<entity>/<sequence>`,
+`poison/<poison queue>/<message id>`).
 
 Concurrency rule: two people (or two `replay --all` runs) may work at once.
 Before acting on an item the tool claims its entry under the etag (who, when,
@@ -29,6 +32,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from domain.order_audit import CONSUMER as ORDER_AUDIT
+from domain.order_audit import parse_order_accepted
 from domain.payments import CONSUMER as PAYMENTS
 from domain.payments import Payment, payment_from
 from functions.services import Services
@@ -39,13 +44,24 @@ from replay.deadletters import (
     NotInDeadLetterQueueError,
     ResubmitDroppedError,
 )
+from replay.poison import (
+    LIST_HOLD_SECONDS,
+    REPLAY_HOLD_SECONDS,
+    EnvelopeLeftError,
+    NotInPoisonQueueError,
+    PoisonedMessage,
+    PoisonQueueError,
+    PoisonSource,
+    QueueRef,
+)
 from replay.stores import ReuseScan, scan_reused_keys, store_scope
 from shared import DedupKey, IdempotencyError, OutcomeStatus
 from shared.cloudevents import InvalidEventError, parse_cloudevent
-from shared.exceptions import InvalidKeyError
+from shared.exceptions import InvalidKeyError, PoisonMessageError
 from shared.keys import store_safe_id
 from shared.parking import EntryClaimedError, EntryResolvedError, ParkedEntry, ParkingLot
 from shared.payload import InvalidPayloadError as InvalidMessageError
+from shared.queues import QueueMessageView, resubmission
 from shared.records import RecordState
 from shared.settlement import Action
 from shared.triggers import MessageView
@@ -60,7 +76,12 @@ NOTIFICATION_CONSUMERS = ("notify", "audit")
 # How each Service Bus consumer deduplicates, which decides how long a resubmission is absorbed:
 # "marker": the business document is the marker and never expires (orders); "record": a dedup
 # record that expires after DEDUP_TTL_SECONDS (notify, audit); "natural": versioned upserts.
-DEDUP_STYLE = {"orders": "marker", "order_status": "natural", "notify": "record", "audit": "record"}
+DEDUP_STYLE = {"orders": "marker", "order_status": "natural", "notify": "record", "audit": "record",
+               "order_audit": "marker"}
+#: Poison envelope reasons a resubmission can cure (the store was down, or refused a request
+#: for a while): replayed by default. Every other reason is the consumer refusing bad input or
+#: a reused key, which it would do again: replayed only with `include_refused`.
+RESUBMITTABLE = frozenset({"MaxDequeueCountReached", "StoreRejected"})
 
 
 def app_entities(env: Mapping[str, str]) -> list[EntityRef]:
@@ -70,6 +91,11 @@ def app_entities(env: Mapping[str, str]) -> list[EntityRef]:
             EntityRef("order_status", env.get("ORDER_STATUS_QUEUE_NAME") or "order-status"),
             EntityRef("notify", topic, env.get("NOTIFY_SUBSCRIPTION_NAME") or "notify"),
             EntityRef("audit", topic, env.get("AUDIT_SUBSCRIPTION_NAME") or "audit")]
+
+
+def app_queues(env: Mapping[str, str]) -> list[QueueRef]:
+    """The Storage queues the app's queue triggers read (their poison queues: `<queue>-poison`)."""
+    return [QueueRef(ORDER_AUDIT, env.get("ORDER_AUDIT_QUEUE_NAME") or "order-audit")]
 
 
 class ReplayError(Exception):
@@ -89,15 +115,16 @@ class Item:
     """One thing an operator can act on: a parked entry or a dead-lettered message."""
 
     id: str
-    source: str  # "parked" | "deadletter"
+    source: str  # "parked" | "deadletter" | "poison"
     consumer: str
     reason: str
     detail: str
     key: str | None
     since: float | None  # parked at / enqueued at (epoch seconds)
     state: str  # "open", or the resolution: "replayed", "discarded"
-    entry: ParkedEntry | None = None  # the parked entry, or the dead-letter journal entry
+    entry: ParkedEntry | None = None  # the parked entry, or the dead-letter / poison journal
     message: DeadLetteredMessage | None = None
+    poisoned: PoisonedMessage | None = None
 
     def age(self, now: float) -> float | None:
         return None if self.since is None else max(0.0, now - self.since)
@@ -121,6 +148,12 @@ class Item:
                     "applicationProperties": m.application_properties,
                     "deliveryCount": m.delivery_count,
                     "body": m.body.decode("utf-8", "replace")}
+            if self.poisoned is not None:
+                p = self.poisoned
+                data["poisoned"] = {"queue": p.queue.poison, "poisonMessageId": p.id,
+                                    "insertedAt": p.inserted_at, "envelope": p.envelope,
+                                    "problem": p.problem,
+                                    **({} if p.envelope is not None else {"text": p.text})}
             if entry is not None:
                 data["parked"] = {"entryId": entry.entry_id, "parkedAt": entry.parked_at,
                                   "error": entry.error, "context": entry.context,
@@ -147,8 +180,9 @@ class Result:
 class Filters:
     consumer: str | None = None
     reason: str | None = None
-    source: str | None = None  # parked | deadletter
+    source: str | None = None  # parked | deadletter | poison
     state: str = "open"  # open | replayed | discarded | all
+    message_id: str | None = None  # the (original) message id, or the key
     older_than: float | None = None  # seconds
     newer_than: float | None = None
 
@@ -157,6 +191,7 @@ class Filters:
         return ((self.consumer is None or item.consumer == self.consumer)
                 and (self.reason is None or item.reason == self.reason)
                 and (self.source is None or item.source == self.source)
+                and (self.message_id is None or self.message_id == item.key)
                 and (self.state == "all" or item.state == self.state)
                 and (self.older_than is None or (age is not None and age >= self.older_than))
                 and (self.newer_than is None or (age is not None and age <= self.newer_than)))
@@ -169,14 +204,20 @@ class Options:
     confirm_not_sent: bool = False  # notifications: a person checked it was NOT sent
     past_retention: bool = False  # replay although dedup records may have expired
     dry_run: bool = False
+    include_refused: bool = False  # poison envelopes: resubmit a refusal too (bad input, conflict)
+    host_copies: bool = False  # poison queue: resubmit the host's copies (no envelope) as stored
 
 
 def _journal_id(message: DeadLetteredMessage) -> str:
     return f"deadletter/{message.entity.path}/{message.sequence_number}"
 
 
+def _poison_journal_id(message: PoisonedMessage) -> str:
+    return f"poison/{message.queue.poison}/{message.id}"
+
+
 def _is_journal(entry: ParkedEntry) -> bool:
-    return entry.context.get("source") == "deadletter"
+    return entry.context.get("source") in ("deadletter", "poison")
 
 
 @dataclass
@@ -187,6 +228,7 @@ class ReplayTool:
     operator: str
     clock: Callable[[], float]
     entities: Sequence[EntityRef] = field(default_factory=list)
+    poison: PoisonSource | None = None  # the queue triggers' poison queues
     claim_seconds: float = CLAIM_SECONDS
     # (consumer, entry id) -> token of the claims this tool holds on the item in hand
     _claims: dict[tuple[str, str], str] = field(default_factory=dict, init=False, repr=False)
@@ -199,7 +241,10 @@ class ReplayTool:
             self.entities = list(self.dead_letters.entities)
 
     def close(self) -> None:
-        """Close the async clients on the loop that used them, then the loop."""
+        """Release what the tool holds, close the async clients on the loop that used them,
+        then the loop."""
+        if self.poison is not None:
+            self.poison.close()
         self._loop.run(self.services.aclose())
         self._loop.close()
 
@@ -238,16 +283,36 @@ class ReplayTool:
 
     def _journal_item(self, entry: ParkedEntry) -> Item:
         context = entry.context
-        return Item(id=f"dlq:{entry.consumer}/{context.get('sequence_number')}", source="deadletter",
+        poison = context.get("source") == "poison"
+        return Item(id=(f"poison:{entry.consumer}/{context.get('poison_message_id')}" if poison
+                        else f"dlq:{entry.consumer}/{context.get('sequence_number')}"),
+                    source="poison" if poison else "deadletter",
                     consumer=entry.consumer, reason=entry.reason, detail=entry.error,
-                    key=context.get("message_id"), since=context.get("enqueued_at"),
+                    key=context.get("message_id"),
+                    since=context.get("poisoned_at" if poison else "enqueued_at"),
                     state=(entry.resolution or "open") if entry.resolved else "open", entry=entry)
 
+    def _poison_item(self, message: PoisonedMessage, journal: ParkedEntry | None) -> Item:
+        return Item(id=f"poison:{message.queue.consumer}/{message.id}", source="poison",
+                    consumer=message.queue.consumer, reason=message.reason, detail=message.detail,
+                    key=message.message_id, since=message.poisoned_at, state="open",
+                    entry=journal, poisoned=message)
+
     def items(self, filters: Filters | None = None) -> list[Item]:
-        """Parked entries and dead-lettered messages (and the journal of past actions)."""
-        filters = filters or Filters()
+        """Parked entries, dead-lettered messages and poison envelopes (and the journal of past
+        actions): a snapshot, the envelopes released again once read."""
+        try:
+            return self._items(filters or Filters(), hold=LIST_HOLD_SECONDS)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        if self.poison is not None:
+            self.poison.release()
+
+    def _items(self, filters: Filters, *, hold: int) -> list[Item]:
         now = self.now()
-        entries = ([] if filters.source == "deadletter" and filters.state == "open"
+        entries = ([] if filters.source in ("deadletter", "poison") and filters.state == "open"
                    else self.parking.entries(filters.consumer, include_resolved=True))
         journals = {(e.consumer, e.entry_id): e for e in entries if _is_journal(e)}
         found: list[Item] = [self._parked_item(e) for e in entries if not _is_journal(e)]
@@ -260,6 +325,18 @@ class ReplayTool:
                     location = (entity.consumer, _journal_id(message))
                     live.add(location)
                     found.append(self._dead_letter_item(message, journals.get(location)))
+        if self.poison is not None and filters.source in (None, "poison"):
+            for queue in self.poison.queues:
+                if filters.consumer not in (None, queue.consumer):
+                    continue
+                try:
+                    envelopes = self.poison.read(queue, hold=hold)
+                except PoisonQueueError as error:
+                    raise ReplayError(str(error)) from error
+                for envelope in envelopes:
+                    location = (queue.consumer, _poison_journal_id(envelope))
+                    live.add(location)
+                    found.append(self._poison_item(envelope, journals.get(location)))
         found += [self._journal_item(e) for location, e in journals.items() if location not in live]
         selected = [item for item in found if filters.accepts(item, now)]
         return sorted(selected, key=lambda i: (i.since or 0.0, i.consumer, i.id))
@@ -291,8 +368,31 @@ class ReplayTool:
                 raise ReplayError(f"{item_id}: the dead-letter queues are not connected "
                                   "(pass --servicebus-connection or --servicebus-namespace)")
             raise ReplayError(f"{item_id} is not in the dead-letter queue of {entity.path}")
-        raise ReplayError(f"unknown id {item_id!r}: expected parked:<consumer>/<entry id> or "
-                          "dlq:<consumer>/<sequence number>")
+        if kind == "poison" and consumer and tail:
+            return self._find_poisoned(item_id, consumer, tail)
+        raise ReplayError(f"unknown id {item_id!r}: expected parked:<consumer>/<entry id>, "
+                          "dlq:<consumer>/<sequence number> or poison:<consumer>/<message id>")
+
+    def _find_poisoned(self, item_id: str, consumer: str, poison_id: str) -> Item:
+        if self.poison is None:
+            raise ReplayError(f"{item_id}: the poison queues are not connected (give the queue "
+                              "trigger's connection: AzureWebJobsStorage, or "
+                              "AzureWebJobsStorage__queueServiceUri)")
+        queue = next((q for q in self.poison.queues if q.consumer == consumer), None)
+        if queue is None:
+            raise ReplayError(f"{consumer!r} is not a queue consumer of this app "
+                              f"({', '.join(q.consumer for q in self.poison.queues) or 'none'})")
+        journal = self.parking.entry(consumer, f"poison/{queue.poison}/{poison_id}")
+        try:
+            envelopes = self.poison.read(queue, hold=REPLAY_HOLD_SECONDS)
+        except PoisonQueueError as error:
+            raise ReplayError(str(error)) from error
+        for message in envelopes:
+            if message.id == poison_id:
+                return self._poison_item(message, journal)
+        if journal is not None:
+            return self._journal_item(journal)
+        raise ReplayError(f"{item_id} is not in {queue.poison} (or another run holds it)")
 
     # -- what the stores already hold ----------------------------------------------
     def _record_state(self, consumer: str, message_id: str) -> str | None:
@@ -328,9 +428,14 @@ class ReplayTool:
     # -- commands --------------------------------------------------------------------
     def show(self, item_id: str) -> tuple[Item, dict[str, Any]]:
         """The item and what the consumer's dedup already holds for it."""
-        item = self.find(item_id)
+        try:
+            item = self.find(item_id)
+        finally:
+            self._release()
         facts: dict[str, Any] = {}
-        if item.source == "deadletter" and item.key:
+        if item.poisoned is not None:
+            facts.update(self._poison_facts(item.poisoned))
+        elif item.source == "deadletter" and item.key:
             facts["dedup"] = self._record_state(item.consumer, item.key) or (
                 "versioned upsert: replays of older versions change nothing"
                 if DEDUP_STYLE.get(item.consumer) == "natural" else "no effect recorded")
@@ -350,23 +455,33 @@ class ReplayTool:
         each result as it comes."""
         options = options or Options()
         ids = list(item_ids)
-        targets = [self.find(i) for i in ids] if ids else self.items(filters or Filters())
-        results: list[Result] = []
-        for item in targets:
-            results.append(self._guarded(item, lambda item=item: self._replay_one(item, options)))
-            if progress is not None:
-                progress(results[-1], len(results), len(targets))
-        return results
+        try:
+            targets = ([self.find(i) for i in ids] if ids
+                       else self._items(filters or Filters(), hold=REPLAY_HOLD_SECONDS))
+            results: list[Result] = []
+            for item in targets:
+                results.append(self._guarded(item, lambda item=item: self._replay_one(item,
+                                                                                      options)))
+                if progress is not None:
+                    progress(results[-1], len(results), len(targets))
+            return results
+        finally:
+            self._release()
 
     def discard(self, item_id: str, note: str) -> Result:
         if not note.strip():
             raise ReplayError("discard needs --note saying why (it is kept on the entry)")
-        item = self.find(item_id)
-        return self._guarded(item, lambda: self._discard(item, note))
+        try:
+            item = self.find(item_id)
+            return self._guarded(item, lambda: self._discard(item, note))
+        finally:
+            self._release()
 
     def _discard(self, item: Item, note: str) -> Result:
         if item.state != "open":
             return self._already(item)
+        if item.poisoned is not None:
+            return self._discard_poisoned(item, item.poisoned, note)
         if item.message is not None:
             journal = self._ensure_journal(item.message, item.entry)
             self._claim(item, journal.entry_id)
@@ -444,6 +559,8 @@ class ReplayTool:
     def _replay_one(self, item: Item, options: Options) -> Result:
         if item.state != "open":
             return self._already(item)
+        if item.poisoned is not None:
+            return self._replay_poisoned(item, item.poisoned, options)
         if item.reason == CONFLICT:
             return Result(item.id, "refused",
                           "a different message was already applied under this key: a replay would "
@@ -525,6 +642,131 @@ class ReplayTool:
                    f"{prior or 'no effect recorded'}; {expected}){fanout}; dead-lettered copy "
                    "completed")
         return self._done(item, journal.entry_id, outcome, "resubmitted")
+
+    # Storage Queue poison envelopes ------------------------------------------------------------
+    def _poison_facts(self, message: PoisonedMessage) -> dict[str, Any]:
+        envelope = message.envelope
+        if envelope is None:
+            return {"invalid": message.problem}
+        facts: dict[str, Any] = {"original": f"message {message.message_id}, dequeue count "
+                                             f"{envelope.get('dequeueCount')}, dedup key "
+                                             f"{envelope.get('dedupKey')}"}
+        if envelope.get("bodyTruncated"):
+            facts["invalid"] = (f"body cut to fit ({envelope.get('bodyBytes')} bytes, sha256 "
+                                f"{envelope.get('bodySha256')}): re-send it from its source")
+        else:
+            facts["dedup"] = self._poison_record_state(message) or "no effect recorded"
+        return facts
+
+    def _poison_record_state(self, message: PoisonedMessage) -> str | None:
+        """Whether the queue consumer already applied the envelope's message (its marker)."""
+        body = message.envelope.get("body") if message.envelope is not None else None
+        if message.queue.consumer != ORDER_AUDIT or not isinstance(body, str):
+            return None
+        try:
+            event = parse_order_accepted(QueueMessageView(message.message_id, body.encode()))
+            applied = self.services.order_audit.entry(event.customer_id, event.order_id)
+        except PoisonMessageError:
+            return None
+        except IdempotencyError as error:
+            return f"unknown (store error: {error})"
+        return "completed" if applied is not None else None
+
+    def _replay_poisoned(self, item: Item, message: PoisonedMessage, options: Options) -> Result:
+        assert self.poison is not None
+        kept = "; nothing sent, nothing deleted"
+        if message.envelope is None:
+            text = message.text
+            if text is None:
+                return Result(item.id, "refused", f"{message.problem}: re-send it from its "
+                              f"source, then discard this one with a note{kept}")
+            if not options.host_copies:
+                return Result(item.id, "refused", f"{message.problem}. Without the original id "
+                              "only a consumer keyed by a business key absorbs a copy: if "
+                              f"{item.consumer} is, replay it with --host-copies; else discard it "
+                              f"with a note{kept}")
+            carrying = "as the host stored it"
+        else:
+            try:
+                text = resubmission(message.envelope, by=self.operator,
+                                    now=datetime.fromtimestamp(self.now(), UTC))
+            except ValueError as error:
+                return Result(item.id, "refused", f"cannot bring it back: {error}; then discard "
+                              f"this one with a note{kept}")
+            if item.reason not in RESUBMITTABLE and not options.include_refused:
+                why = ("a different message was already applied under this key"
+                       if item.reason == CONFLICT else f"{item.consumer} refused it as bad input")
+                return Result(item.id, "refused", f"{item.reason}: {why}, and would again. Fix "
+                              "the cause (a corrected message from the producer, or the "
+                              "consumer), then replay with --include-refused; or discard it "
+                              f"with a note{kept}")
+            carrying = f"carrying the original id {message.message_id}"
+        age = item.age(self.now()) or 0.0
+        if (DEDUP_STYLE.get(item.consumer) == "record" and age >= self._ttl()
+                and not options.past_retention):
+            return Result(item.id, "refused", f"older than the dedup records' retention "
+                          f"({self._ttl():.0f} s): check it was not applied, then pass "
+                          f"--past-retention{kept}")
+        prior = self._poison_record_state(message)
+        expected = ("the consumer will absorb it as a duplicate" if prior == "completed"
+                    else "the consumer's dedup decides on delivery")
+        target = f"queue {message.queue.queue}"
+        if options.dry_run:
+            return Result(item.id, "would-replay", f"would resubmit to {target} {carrying}; "
+                          f"{expected}")
+        journal = self._ensure_poison_journal(message, item.entry)
+        if journal.resolved:  # resubmitted before, its envelope left behind: remove it now
+            with contextlib.suppress(PoisonQueueError, NotInPoisonQueueError):
+                self.poison.delete(message)
+            return self._already(item, journal)
+        self._claim(item, journal.entry_id)
+        try:
+            sent = self.poison.resubmit(message, text)
+        except EnvelopeLeftError as error:
+            return self._done(item, journal.entry_id, f"{error}: replaying it again is absorbed "
+                              "by the consumer's dedup; discard it with a note", "resubmitted")
+        except (NotInPoisonQueueError, PoisonQueueError) as error:
+            if isinstance(error, NotInPoisonQueueError):
+                self._gone(item, journal.entry_id)
+            self._mark(item.consumer, journal.entry_id, action="replay-failed", outcome=str(error),
+                       resolved=False)
+            return Result(item.id, "failed", str(error))
+        return self._done(item, journal.entry_id,
+                          f"resubmitted to {target} as message {sent} {carrying} (dedup before: "
+                          f"{prior or 'no effect recorded'}; {expected}); envelope deleted from "
+                          f"{message.queue.poison}", "resubmitted")
+
+    def _discard_poisoned(self, item: Item, message: PoisonedMessage, note: str) -> Result:
+        assert self.poison is not None
+        journal = self._ensure_poison_journal(message, item.entry)
+        self._claim(item, journal.entry_id)
+        try:
+            self.poison.delete(message)
+        except (NotInPoisonQueueError, PoisonQueueError) as error:
+            if isinstance(error, NotInPoisonQueueError):
+                self._gone(item, journal.entry_id)
+            return Result(item.id, "failed", str(error))
+        self._mark(item.consumer, journal.entry_id, action="discarded",
+                   outcome=f"deleted from {message.queue.poison} without resubmitting", note=note,
+                   resolved=True)
+        return Result(item.id, "discarded", "removed from the poison queue; note kept")
+
+    def _ensure_poison_journal(self, message: PoisonedMessage,
+                               known: ParkedEntry | None) -> ParkedEntry:
+        if known is not None:
+            return known
+        consumer, entry_id = message.queue.consumer, _poison_journal_id(message)
+        existing = self.parking.entry(consumer, entry_id)
+        if existing is not None:
+            return existing
+        envelope = message.envelope or {}
+        return self.parking.park_if_absent(  # only if absent: a racing run keeps its own
+            consumer=consumer, entry_id=entry_id, reason=message.reason,
+            payload=message.text or message.content, error=message.detail,
+            context={"source": "poison", "queue": message.queue.queue,
+                     "poison_queue": message.queue.poison, "poison_message_id": message.id,
+                     "message_id": message.message_id, "dedup_key": envelope.get("dedupKey"),
+                     "poisoned_at": message.poisoned_at})
 
     def _ensure_journal(self, message: DeadLetteredMessage, known: ParkedEntry | None) -> ParkedEntry:
         if known is not None:
