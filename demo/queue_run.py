@@ -16,12 +16,18 @@ What goes wrong on purpose, per backend (Table Storage on Azurite, the Cosmos se
   the delete, so the queue redelivers the message when its visibility runs out;
 * a store outage: the dedup store answers 503 for a while; the function raises, the host
   releases the message, the queue redelivers it after `visibilityTimeout`;
+* a long store outage, longer than the dequeue window ((maxDequeueCount - 1) x
+  visibilityTimeout): valid messages reach their last delivery and the consumer writes
+  them to the poison queue (`MaxDequeueCountReached`), new orders, re-sends of orders
+  already audited and two copies of one order among them; once the store is back,
+  `python -m replay replay --source poison` (the tool's own code) brings them back;
 * bad input: malformed events, an order id reused with other content (sent after the
   original was audited), a message that is not base64.
 
 Checked from the stores and the poison queue afterwards: no order counted twice, no valid
-order missing, every bad message refused with its reason on its first delivery, no valid
-message in the poison queue, and the queue empty. `--delete-first` seeds a bug (the host
+order missing, every bad message refused with its reason on its first delivery, every valid
+message the long outage poisoned replayed (none left in the poison queue), and the queue
+empty. `--delete-first` seeds a bug (the host
 deletes each message before the function commits) that the checks must catch.
 """
 
@@ -39,6 +45,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +80,10 @@ class QueueScenarioConfig:
     outage_seconds: float = 2.0  # one store outage, 503 on every dedup store request
     outage_after_calls: int | None = None  # it begins at this store request (default: about
     #                                        halfway, each new order costing two requests)
+    long_outage_orders: int = 12  # new orders sent during the long outage (0: no long outage)
+    long_outage_resends: int = 4  # re-sends of orders audited before it
+    long_outage_copies: int = 2  # of the new orders, sent twice
+    replay_poison: bool = True  # False seeds a bug: nobody replays (the checks must catch it)
     receive_visibility: float = 3.0  # the host's invisibility while running (Azure: 10 min)
     visibility_timeout: float = 2.0  # host.json visibilityTimeout: a failed message's delay
     max_dequeue_count: int = 5
@@ -94,6 +105,7 @@ def outage_store(inner: Any, *, after_calls: int, seconds: float) -> Any:
             self.name = inner.name
             self.calls = 0
             self.failed = 0
+            self.forced = False  # down until set back (the long outage)
             self.began: float | None = None
             self._lock = threading.Lock()
 
@@ -107,7 +119,8 @@ def outage_store(inner: Any, *, after_calls: int, seconds: float) -> Any:
                 self.calls += 1
                 if self.began is None and self.calls >= after_calls:
                     self.began = time.monotonic()
-                down = self.began is not None and time.monotonic() - self.began < seconds
+                down = self.forced or (self.began is not None
+                                       and time.monotonic() - self.began < seconds)
                 if down:
                     self.failed += 1
             if down:
@@ -167,6 +180,9 @@ class Workload:
     invalid: list[tuple[bytes, str]]  # (body, the reason it is refused with)
     conflicts: list[dict[str, Any]]
     undecodable: list[str]
+    late: list[str] = field(default_factory=list)  # new orders sent during the long outage
+    late_copies: list[str] = field(default_factory=list)  # of those, sent a second time
+    resends: list[str] = field(default_factory=list)  # audited before it, sent again during it
 
 
 def workload(config: QueueScenarioConfig) -> Workload:
@@ -196,7 +212,19 @@ def workload(config: QueueScenarioConfig) -> Workload:
     conflicts = [{**orders[order_id], "total": orders[order_id]["total"] + 1}
                  for order_id in rng.sample(ids, min(len(ids), config.conflicts))]
     undecodable = [f"not base64: {run}-{n}!" for n in range(config.undecodable)]
-    return Workload(run, orders, crashes, duplicates, invalid, conflicts, undecodable)
+    # The long outage: drawn last, so the rest of the workload is the same with or without it.
+    reused = {body["orderId"] for body in conflicts} | crashes
+    resends = rng.sample([i for i in ids if i not in reused],
+                         min(len(ids) - len(reused), config.long_outage_resends))
+    late: list[str] = []
+    for n in range(config.long_outage_orders):
+        order_id = f"{run}-late{n:03d}"
+        orders[order_id] = {**orders[rng.choice(ids)], "orderId": order_id,
+                            "total": round(rng.uniform(1, 500), 2)}
+        late.append(order_id)
+    copies = rng.sample(late, min(len(late), config.long_outage_copies))
+    return Workload(run, orders, crashes, duplicates, invalid, conflicts, undecodable, late,
+                    copies, resends)
 
 
 # -- the report --------------------------------------------------------------------------------
@@ -212,6 +240,8 @@ class QueueReport:
     outage_failed_calls: int = 0
     poison_envelopes: Counter[str] = field(default_factory=Counter)  # by reason
     poison_host_copies: int = 0
+    poisoned: int = 0  # valid messages the long outage sent to the poison queue
+    replayed: Counter[str] = field(default_factory=Counter)  # the replay's results, by status
     duplicates: Counter[str] = field(default_factory=Counter)  # absorbed, by the metric's cause
     # Valid orders' deliveries that returned normally, beyond each order's first: producer
     # re-sends and redeliveries after a crash. Each must have been absorbed as a duplicate.
@@ -236,6 +266,9 @@ class QueueReport:
         if self.crashed_redelivered < self.crashes:
             found.append(f"{self.crashes - self.crashed_redelivered} crashed message(s) not "
                          "redelivered by the queue")
+        if self.replayed["replayed"] != self.poisoned:
+            found.append(f"{self.poisoned} valid messages poisoned by the long outage, "
+                         f"{self.replayed['replayed']} replayed ({dict(self.replayed)})")
         if sum(self.duplicates.values()) != self.duplicates_expected:
             found.append(f"{sum(self.duplicates.values())} duplicates absorbed, "
                          f"{self.duplicates_expected} copies sent or redelivered after a commit")
@@ -247,8 +280,8 @@ class QueueReport:
 
     def summary(self) -> dict[str, Any]:
         return {**{k: v for k, v in dataclasses.asdict(self).items()
-                   if k not in ("sent", "host", "poison_envelopes", "duplicates")},
-                "sent": dict(self.sent), "host": dict(self.host),
+                   if k not in ("sent", "host", "poison_envelopes", "duplicates", "replayed")},
+                "sent": dict(self.sent), "host": dict(self.host), "replayed": dict(self.replayed),
                 "poisonEnvelopes": dict(self.poison_envelopes), "duplicates": dict(self.duplicates),
                 "ok": self.ok}
 
@@ -268,9 +301,13 @@ class QueueReport:
             f"duplicates absorbed: {sum(self.duplicates.values())} of {self.duplicates_expected} "
             f"copies (producer re-sends + redeliveries after a crash; by the metric's cause: "
             f"{duplicates or 'none'})",
+            f"long store outage (past the dequeue window): {self.poisoned} valid messages "
+            f"poisoned as MaxDequeueCountReached; python -m replay brought back "
+            f"{self.replayed['replayed']} (original ids and bodies) and refused "
+            f"{self.replayed['refused']} (bad input and reused keys stay until fixed)",
             f"bad messages refused with their reason on their first delivery: {self.refused_first} "
             f"of {self.sent['invalid'] + self.sent['conflict']}",
-            f"poison queue: {sum(self.poison_envelopes.values())} envelopes with a reason "
+            f"poison queue at the end: {sum(self.poison_envelopes.values())} envelopes with a reason "
             f"({envelopes or 'none'}), {self.poison_host_copies} host copies (not base64, never run)",
             f"double effects {self.double_effects}, lost {self.lost}, left on the queue "
             f"{self.left_on_queue}, invalid input not refused {self.invalid_not_refused}, refused "
@@ -358,7 +395,7 @@ def run_queue_scenario(config: QueueScenarioConfig, endpoints: QueueEndpoints) -
             crashed.add(message.message_id)
             return True
 
-    def host_run() -> None:
+    def host_run() -> list[Any]:
         host = QueueTriggerHost(
             worker, "order_audit", queue=raw, poison=raw_poison, instances=config.instances,
             crash=crash, delete_first=config.delete_first,
@@ -374,13 +411,15 @@ def run_queue_scenario(config: QueueScenarioConfig, endpoints: QueueEndpoints) -
         report.deliveries += host.stats.received
         report.redeliveries += host.stats.redeliveries
         deliveries.extend(host.stats.deliveries)
+        return list(host.stats.deliveries)
 
     deliveries: list[Any] = []
     with use_services(services):
         rng = random.Random(f"{config.seed}/{config.backend}/order")
         first: list[tuple[str, bytes | str, str | None, str | None, bool]] = []
         for order_id, body in work.orders.items():
-            first.append(("order", json.dumps(body), order_id, None, True))
+            if order_id not in work.late:
+                first.append(("order", json.dumps(body), order_id, None, True))
         for order_id in work.duplicates:
             first.append(("duplicate", json.dumps(work.orders[order_id]), order_id, None, True))
         for body, reason in work.invalid:
@@ -396,8 +435,24 @@ def run_queue_scenario(config: QueueScenarioConfig, endpoints: QueueEndpoints) -
             send("conflict", json.dumps(body), order_id=body["orderId"],
                  reason="IdempotencyKeyConflict")
         host_run()
+        poisoned: set[str] = set()
+        resubmitted: set[str] = set()
+        if work.late:
+            # The long outage: every delivery of these fails until the last one poisons them.
+            late = [("late", o) for o in work.late] + [("late-duplicate", o)
+                                                      for o in (*work.late_copies, *work.resends)]
+            rng.shuffle(late)
+            outage.forced = True
+            for kind, order_id in late:
+                send(kind, json.dumps(work.orders[order_id]), order_id=order_id)
+            host_run()
+            outage.forced = False
+            poisoned = replay_poison_queue(report, services, connection, queue_name,
+                                           replay=config.replay_poison)
+            resubmitted = {d.message_id for d in host_run()}
         report.left_on_queue = int(raw.get_queue_properties().approximate_message_count or 0)
-        _check(report, work, sent, deliveries, raw_poison, AuditReader(outage.inner))
+        _check(report, work, sent, deliveries, raw_poison, AuditReader(outage.inner),
+               poisoned=poisoned, resubmitted=resubmitted)
     report.outage_failed_calls = int(outage.failed)
     report.duplicates = _duplicates(reader)
     report.seconds = time.perf_counter() - started
@@ -406,6 +461,31 @@ def run_queue_scenario(config: QueueScenarioConfig, endpoints: QueueEndpoints) -
         raw.delete_queue()
         raw_poison.delete_queue()
     return report
+
+
+def replay_poison_queue(report: QueueReport, services: Any, connection: str,
+                        queue_name: str, *, replay: bool = True) -> set[str]:
+    """`python -m replay replay --source poison`, on the run's queue: what the long outage
+    poisoned is resubmitted (bad input stays refused); the original ids it poisoned."""
+    from replay.poison import QueueRef, StoragePoisonQueues
+    from replay.stores import document_lister
+    from replay.tool import Filters, ReplayTool
+    from shared.parking import ParkingLot
+
+    parked = services.stores["parked"]
+    poison = StoragePoisonQueues.connect([QueueRef(CONSUMER, queue_name)],
+                                         connection_string=connection)
+    tool = ReplayTool(services, ParkingLot(parked, lister=document_lister(parked)), None,
+                      operator="demo", clock=time.time, poison=poison)
+    try:
+        listed = tool.items(Filters(source="poison"))
+        valid = {i.key for i in listed if i.reason == "MaxDequeueCountReached" and i.key}
+        report.poisoned = sum(1 for i in listed if i.reason == "MaxDequeueCountReached")
+        if replay:
+            report.replayed.update(r.status for r in tool.replay(filters=Filters(source="poison")))
+    finally:
+        poison.close()
+    return valid
 
 
 class AuditReader:
@@ -431,8 +511,12 @@ class AuditReader:
         return self._read(customer_id, entry_id(order_id))
 
 
+VALID_KINDS = ("order", "duplicate", "late", "late-duplicate")
+
+
 def _check(report: QueueReport, work: Workload, sent: list[Sent], deliveries: list[Any],
-           poison: Any, trail: AuditReader) -> None:
+           poison: Any, trail: AuditReader, *, poisoned: AbstractSet[str] = frozenset(),
+           resubmitted: AbstractSet[str] = frozenset()) -> None:
     from local_stack.queue_host import drain_poison
 
     # Crashes: each crashed message must come back (same id, a higher dequeue count).
@@ -444,7 +528,8 @@ def _check(report: QueueReport, work: Workload, sent: list[Sent], deliveries: li
     report.crashed_redelivered = sum(
         1 for crash in crashed
         if any(d.dequeue_count > crash.dequeue_count for d in by_id[crash.message_id]))
-    valid = {m.message_id for m in sent if m.kind in ("order", "duplicate")}
+    # A poisoned message's deliveries never committed; its resubmission's (a new id) count.
+    valid = {m.message_id for m in sent if m.kind in VALID_KINDS} - poisoned | resubmitted
     returned = sum(1 for d in deliveries if d.message_id in valid
                    and d.outcome in ("deleted", "crashed-before-delete"))
     report.duplicates_expected = returned - len(work.orders)
@@ -468,7 +553,7 @@ def _check(report: QueueReport, work: Workload, sent: list[Sent], deliveries: li
                 report.refused_late += 1
             else:
                 report.refused_first += 1
-        elif message.kind in ("order", "duplicate") and found:
+        elif message.kind in VALID_KINDS and found:
             report.valid_refused += 1
             report.problems.append(f"valid {message.order_id} refused: {found[0].get('reason')}")
     undecodable = sum(1 for m in sent if m.kind == "undecodable")
