@@ -216,6 +216,13 @@ def _poison_journal_id(message: PoisonedMessage) -> str:
     return f"poison/{message.queue.poison}/{message.id}"
 
 
+def _journal_of(entry: ParkedEntry, poison_queues: set[str]) -> bool:
+    """A poison journal belongs to this tool only if it reads that poison queue: another
+    deployment's journals in a shared table are not its items."""
+    return (entry.context.get("source") != "poison"
+            or entry.context.get("poison_queue") in poison_queues)
+
+
 def _is_journal(entry: ParkedEntry) -> bool:
     return entry.context.get("source") in ("deadletter", "poison")
 
@@ -337,7 +344,9 @@ class ReplayTool:
                     location = (queue.consumer, _poison_journal_id(envelope))
                     live.add(location)
                     found.append(self._poison_item(envelope, journals.get(location)))
-        found += [self._journal_item(e) for location, e in journals.items() if location not in live]
+        read = {q.poison for q in self.poison.queues} if self.poison is not None else set()
+        found += [self._journal_item(e) for location, e in journals.items()
+                  if location not in live and _journal_of(e, read)]
         selected = [item for item in found if filters.accepts(item, now)]
         return sorted(selected, key=lambda i: (i.since or 0.0, i.consumer, i.id))
 
