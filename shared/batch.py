@@ -48,16 +48,20 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from shared.exceptions import ConcurrencyRetriesExhaustedError, ConfigurationError, retry_after
+from shared.exceptions import (
+    ConcurrencyRetriesExhaustedError,
+    ConfigurationError,
+    PoisonMessageError,
+    retry_after,
+)
 from shared.flow import Async, Dispatch, Flow, Gather, OnStore, Sleep, Sync, flowmethod
 from shared.idempotency import AsyncIdempotency, BaseIdempotency, GroupMessage, Idempotency
 from shared.keys import DedupKey
 from shared.observability import CORRELATION_ID_HEADER
 from shared.outbox import EventPosition, OutgoingMessage
 from shared.parking import AsyncParkingLot, BaseParkingLot, ParkingLot
-from shared.payload import InvalidPayloadError
 from shared.records import Outcome, OutcomeStatus
-from shared.settlement import TRANSIENT_ERRORS, refusal
+from shared.settlement import TRANSIENT_ERRORS, decision_for_exception, refusal
 from shared.watermark import (
     AsyncPartitionWatermark,
     BasePartitionWatermark,
@@ -355,7 +359,7 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency[Any, Any]
                 except TRANSIENT_ERRORS:
                     raise
                 except Exception as error:  # refused or a bug for this event: park it, go on
-                    if not isinstance(error, InvalidPayloadError):
+                    if not isinstance(error, PoisonMessageError):
                         logger.exception("%s: unexpected error", self.consumer, extra=context)
                     results.append(error)
         held = [r for r in results if isinstance(r, Outcome) and r.status not in SETTLED]
@@ -367,10 +371,9 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency[Any, Any]
     def _count(parsed: _Parsed[E, I], result: Outcome | Exception,
                report: BatchReport) -> tuple[str, str] | None:
         """Count the result; the reason and detail to park the event with, if it must be."""
-        if isinstance(result, InvalidPayloadError):  # valid alone, refused by the group's state
-            return result.reason, result.detail
-        if isinstance(result, Exception):
-            return "UnexpectedError", repr(result)
+        if isinstance(result, Exception):  # the one rule's reason; parked, never retried here
+            decision = decision_for_exception(result)  # so that the partition never stalls
+            return decision.reason or "UnexpectedError", decision.description or repr(result)
         if result.status is OutcomeStatus.CONFLICT:
             return "IdempotencyKeyConflict", f"{parsed.key.key} was applied with different content"
         if result.status is OutcomeStatus.DUPLICATE:

@@ -29,7 +29,13 @@ from functions.services import Services, build_services
 from functions.settings import COSMOS_CONTAINERS, TABLE_FOR
 from shared import DedupKey
 from shared.batch import MAX_RETRY_AFTER_SECONDS, BatchReport
-from shared.exceptions import StoreUnavailableError, retry_after
+from shared.exceptions import (
+    EffectUncertainError,
+    InvalidKeyError,
+    PoisonMessageError,
+    StoreUnavailableError,
+    retry_after,
+)
 from shared.keys import store_safe_id
 from shared.stores.base import IdempotencyStore, WriteOp
 from shared.telemetry import EVENT_SEQUENCE_RESET, METRIC_MARK_LAG, METRIC_SEQUENCE_RESET, Telemetry
@@ -780,3 +786,29 @@ def test_a_parked_event_of_a_recreated_hub_does_not_replace_the_old_ones_entry(c
     batch(restarted(services), new)
     assert parked_body(services.parking, "payments", renamed)["payload"] == "{broken new"
     assert parked(services, "0", 3)["payload"] == "{broken old"
+
+
+@pytest.mark.parametrize(("raised", "reason"), [
+    (PoisonMessageError("AccountClosed", "the account was closed"), "AccountClosed"),
+    (EffectUncertainError("the ledger did not answer"), "OutcomeUnknown"),
+    (InvalidKeyError("no such key"), "InvalidKey"),
+])
+def test_a_refusal_from_the_build_parks_with_the_rule_s_reason(services, monkeypatch, raised,
+                                                               reason):
+    """The one settlement rule (docs/concepts.md#one-settlement-rule): what Service Bus
+    dead-letters with a reason, the batch parks with the same reason."""
+    account, cursed = account_id(), account_id()
+    real_post = services.payments_async.build
+
+    async def refusing(tx, payments):
+        if payments[0].account_id == cursed:
+            raise raised
+        return await real_post(tx, payments)
+
+    monkeypatch.setattr(services.payments_async, "build", refusing)
+    partition = uuid.uuid4().hex[:6]
+    run([SentEvent(structured("r1", cursed, 1), 1), SentEvent(structured("r2", account, 4), 2)],
+        partition)
+    assert balance(services, account) == 4 and balance(services, cursed) is None
+    assert parked(services, partition, 1)["reason"] == reason
+    assert services.payments.watermark.read(partition).sequence_number == 2
