@@ -82,6 +82,8 @@ DEDUP_STYLE = {"orders": "marker", "order_status": "natural", "notify": "record"
 #: for a while): replayed by default. Every other reason is the consumer refusing bad input or
 #: a reused key, which it would do again: replayed only with `include_refused`.
 RESUBMITTABLE = frozenset({"MaxDequeueCountReached", "StoreRejected"})
+#: Reasons whose effect may or may not have happened: a person reconciles before replaying.
+UNKNOWN_OUTCOME = frozenset({"StaleInProgress", "OutcomeUnknown"})
 
 
 def app_entities(env: Mapping[str, str]) -> list[EntityRef]:
@@ -214,6 +216,19 @@ def _journal_id(message: DeadLetteredMessage) -> str:
 
 def _poison_journal_id(message: PoisonedMessage) -> str:
     return f"poison/{message.queue.poison}/{message.id}"
+
+
+def _poison_refusal(item: Item) -> str:
+    """Why an envelope is not resubmitted without --include-refused, and what to do."""
+    if item.reason in UNKNOWN_OUTCOME:
+        return (f"{item.reason}: nobody knows whether its effect happened. Reconcile it with "
+                "the downstream; if it did not happen, replay with --include-refused; if it "
+                "did, discard it with a note")
+    why = ("a different message was already applied under this key" if item.reason == CONFLICT
+           else f"{item.consumer} refused it as bad input")
+    return (f"{item.reason}: {why}, and would again. Fix the cause (a corrected message from the "
+            "producer, or the consumer), then replay with --include-refused; or discard it with "
+            "a note")
 
 
 def _journal_of(entry: ParkedEntry, poison_queues: set[str]) -> bool:
@@ -703,12 +718,7 @@ class ReplayTool:
                 return Result(item.id, "refused", f"cannot bring it back: {error}; then discard "
                               f"this one with a note{kept}")
             if item.reason not in RESUBMITTABLE and not options.include_refused:
-                why = ("a different message was already applied under this key"
-                       if item.reason == CONFLICT else f"{item.consumer} refused it as bad input")
-                return Result(item.id, "refused", f"{item.reason}: {why}, and would again. Fix "
-                              "the cause (a corrected message from the producer, or the "
-                              "consumer), then replay with --include-refused; or discard it "
-                              f"with a note{kept}")
+                return Result(item.id, "refused", _poison_refusal(item) + kept)
             carrying = f"carrying the original id {message.message_id}"
         age = item.age(self.now()) or 0.0
         if (DEDUP_STYLE.get(item.consumer) == "record" and age >= self._ttl()

@@ -271,3 +271,19 @@ def test_the_command_line_lists_shows_replays_and_discards_poison_envelopes(
     assert "cancelled by the customer" in out
     rig.host().run_until_drained(timeout=60)
     assert audited(rig, kept)[0] == 1 and audited(rig, dropped)[0] == 0
+
+
+@pytest.mark.parametrize("reason", ["StaleInProgress", "OutcomeUnknown"])
+def test_an_effect_of_unknown_outcome_waits_for_a_person(make_rig, queue_service, reason):
+    rig = make_rig()
+    body = order()
+    poison_now(rig, body, reason=reason)
+    tool = tool_for(rig, queue_service)
+    (refused,) = tool.replay(filters=Filters(source="poison"))
+    assert refused.status == "refused" and "Reconcile it with the downstream" in refused.outcome
+    assert poison_count(rig) == 1
+    (replayed,) = tool.replay(filters=Filters(source="poison"),
+                              options=Options(include_refused=True))
+    assert replayed.status == "replayed" and poison_count(rig) == 0
+    rig.host().run_until_drained(timeout=60)
+    assert audited(rig, body)[0] == 1
