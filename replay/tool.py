@@ -62,7 +62,7 @@ from shared.keys import store_safe_id
 from shared.parking import EntryClaimedError, EntryResolvedError, ParkedEntry, ParkingLot
 from shared.payload import InvalidPayloadError as InvalidMessageError
 from shared.queues import QueueMessageView, resubmission
-from shared.records import RecordState
+from shared.records import IdempotencyRecord, RecordState
 from shared.settlement import Action
 from shared.triggers import MessageView
 
@@ -443,6 +443,19 @@ class ReplayTool:
             return f"closed as parked ({record.result['parked']})"
         return "completed"
 
+    def _closed_record(self, consumer: str, message_id: str) -> IdempotencyRecord | None:
+        """A notification's record closed as parked (an attempt of unknown outcome, or the
+        maintenance sweep's stale claim): re-opened before a resubmission, or the consumer
+        would absorb the copy as a duplicate of an effect that may never have happened."""
+        if consumer not in NOTIFICATION_CONSUMERS:
+            return None
+        key = DedupKey.from_message_id(consumer, message_id)
+        record = self.services.stores["notifications"].get_record(key.encoded, key.encoded)
+        if (record is None or record.is_expired(self.now())
+                or not (isinstance(record.result, dict) and "parked" in record.result)):
+            return None
+        return record
+
     def _notifications(self, consumer: str) -> Any:
         return self.services.notify if consumer == "notify" else self.services.audit
 
@@ -635,8 +648,18 @@ class ReplayTool:
                           "processed, its record may be gone and a copy would act again. Check, then "
                           "pass --past-retention")
         prior = self._record_state(item.consumer, message.message_id)
+        closed = self._closed_record(item.consumer, message.message_id)
+        if closed is not None and not self._notifications(item.consumer).api_honours_key \
+                and not options.confirm_not_sent:
+            return Result(item.id, "refused",
+                          f"its record was closed as {prior}: nobody knows whether it was sent, "
+                          "and the notification API does not honour Idempotency-Key. Check the "
+                          "API's records: if it was NOT sent, replay with --confirm-not-sent; if "
+                          "it was, discard with a note")
         expected = ("the consumer will absorb it as a duplicate" if prior == "completed"
                     else "the consumer's dedup decides on delivery")
+        if closed is not None:  # absorbed as a duplicate otherwise: the effect would be lost
+            expected = "its closed record re-opened, the consumer runs it again"
         fanout = ""
         if message.entity.is_topic:
             others = [e.consumer for e in self.entities
@@ -651,6 +674,8 @@ class ReplayTool:
                           f"{message.message_id}; {expected}{fanout}")
         journal = self._ensure_journal(message, item.entry)
         self._claim(item, journal.entry_id)
+        if closed is not None:
+            self.services.stores["notifications"].delete_record_if_unchanged(closed)
         try:
             self.dead_letters.resubmit_and_complete(message)
         except NotInDeadLetterQueueError as error:

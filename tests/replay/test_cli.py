@@ -44,12 +44,12 @@ def test_a_session_in_text_and_json(make_world, backend, capsys, monkeypatch):
     code, out = command(tool, capsys, "list")
     assert code == 0
     assert "dlq:orders/" in out and "OrderTooLarge" in out and big.key in out
-    assert "parked:payments/" in out and "UnexpectedError" in out and "10m05s" in out
+    assert "parked:payments/" in out and "StoreRejected" in out and "10m05s" in out
     assert "2 item(s): 1 parked, 1 dead-lettered" in out
     code, out = command(tool, capsys, "list", "--json", "--consumer", "payments")
     [listed] = json.loads(out)
     assert (listed["source"], listed["reason"], listed["key"], listed["state"]) == (
-        "parked", "UnexpectedError", pay.key, "open")
+        "parked", "StoreRejected", pay.key, "open")
     code, out = command(tool, capsys, "list", "--filter", "reason=OrderTooLarge,older-than=10m")
     assert "dlq:orders/" in out and "parked:" not in out
     code, out = command(tool, capsys, "list", "--newer-than", "1m")

@@ -49,7 +49,7 @@ def stage(w):
     payments = [w.payment(n, amount=100 * n, account=n) for n in range(1, 4)]
     w.stores["ledger"].forbidden = True
     for p in payments:
-        assert w.process_payments([p]).parked == {"UnexpectedError": 1}
+        assert w.process_payments([p]).parked == {"StoreRejected": 1}
     w.stores["ledger"].forbidden = False
     note = w.notification(1)
     w.api.unreachable.add(("notify", note.key))

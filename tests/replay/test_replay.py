@@ -18,7 +18,9 @@ import domain.orders
 import domain.payments
 from replay.deadletters import DEAD_LETTER_PROPERTIES
 from replay.tool import Filters, Options, ReplayError
+from shared import DedupKey, request_hash
 from simulator.check import Checker, DeadLetter, Evidence, stores_of
+from tests.support.services import records
 
 from .conftest import WINDOW
 
@@ -104,10 +106,10 @@ def test_every_valid_message_gets_exactly_one_effect_and_a_second_replay_changes
     p_clash = w.payment(1, amount=999, variant=1, expect="conflict")
     assert w.process_payments([p_ok]).applied == 1
     w.stores["ledger"].forbidden = True
-    assert w.process_payments([p_outage]).parked == {"UnexpectedError": 1}
+    assert w.process_payments([p_outage]).parked == {"StoreRejected": 1}
     w.stores["ledger"].forbidden = False
     w.stores["ledger"].lose_next_commit_answer = True
-    assert w.process_payments([p_applied]).parked == {"UnexpectedError": 1}
+    assert w.process_payments([p_applied]).parked == {"StoreRejected": 1}
     w.stores["ledger"].forbidden = False
     with monkeypatch.context() as patch:
         patch.delitem(domain.payments.EVENT_TYPES, "payment.debit")
@@ -134,7 +136,7 @@ def test_every_valid_message_gets_exactly_one_effect_and_a_second_replay_changes
         ("orders", "MaxDeliveryCountExceeded", stuck.key), ("orders", "MaxDeliveryCountExceeded", done.key),
         ("orders", "OrderTooLarge", fixed.key), ("orders", "IdempotencyKeyConflict", ok.key),
         ("notify", "OutcomeUnknown", lost.key),
-        ("payments", "UnexpectedError", p_outage.key), ("payments", "UnexpectedError", p_applied.key),
+        ("payments", "StoreRejected", p_outage.key), ("payments", "StoreRejected", p_applied.key),
         ("payments", "UnknownEventType", p_fixed.key), ("payments", "IdempotencyKeyConflict", p_ok.key)}
 
     results = {r.id: r for r in tool.replay(filters=Filters(), options=Options(confirm_not_sent=True))}
@@ -145,8 +147,8 @@ def test_every_valid_message_gets_exactly_one_effect_and_a_second_replay_changes
         ("orders", "OrderTooLarge", fixed.key): ("replayed", "resubmitted"),
         ("orders", "IdempotencyKeyConflict", ok.key): ("refused", None),
         ("notify", "OutcomeUnknown", lost.key): ("replayed", "processed"),
-        ("payments", "UnexpectedError", p_outage.key): ("replayed", "processed"),
-        ("payments", "UnexpectedError", p_applied.key): ("replayed", "duplicate"),
+        ("payments", "StoreRejected", p_outage.key): ("replayed", "processed"),
+        ("payments", "StoreRejected", p_applied.key): ("replayed", "duplicate"),
         ("payments", "UnknownEventType", p_fixed.key): ("replayed", "processed"),
         ("payments", "IdempotencyKeyConflict", p_ok.key): ("refused", None)}
     assert "will absorb it as a duplicate" in results[listed[("orders", "MaxDeliveryCountExceeded",
@@ -337,3 +339,33 @@ def test_discard_of_a_dead_letter_records_the_note_and_removes_it(make_world, ba
     assert (journal.state, journal.entry.note, journal.entry.resolved_by) == (
         "discarded", "empty order from the test shop", "ops@example.org")
     assert tool.items(Filters(state="all"))[0].entry.payload == bad.body  # the journal keeps it
+
+
+@pytest.mark.parametrize("dead_letters", SOURCES)
+def test_a_dead_letter_whose_claim_the_sweep_closed_is_reopened_not_absorbed(
+        make_world, backend, dead_letters):
+    """An attempt crashed mid-send, then an outage ran the message out of deliveries; the
+    maintenance sweep closed the stale claim as parked. Resubmitted as it is, the copy would be
+    absorbed as a duplicate of a send nobody knows happened: the tool re-opens the record
+    (with the operator's word when the API ignores keys) and the notification is sent once."""
+    w = make_world(backend, honours_key=False)
+    note = w.notification(5)
+    records(w.services).claim(DedupKey.from_message_id("notify", note.message_id),
+                              request_hash(json.loads(note.body)))  # the crashed attempt
+    w.stores["notifications"].down = True
+    w.send(note)
+    w.drain()
+    w.stores["notifications"].down = False
+    assert sorted(w.dead_lettered()) == ["audit", "notify"]
+    w.clock.advance(w.settings.window.length.total_seconds() + 3600)
+    assert w.services.maintenance.run().parked == 1
+    tool = w.tool(dead_letters)
+    (letter,) = tool.items(Filters(source="deadletter", consumer="notify"))
+    (refused,) = tool.replay([letter.id])
+    assert refused.status == "refused" and "--confirm-not-sent" in refused.outcome
+    (sent,) = tool.replay([letter.id], options=Options(confirm_not_sent=True))
+    assert sent.status == "replayed" and "re-opened" in sent.outcome
+    w.drain()
+    assert w.api_calls("notify", note.key) == 1
+    (swept,) = tool.items(Filters(source="parked", consumer="notify"))
+    assert swept.reason == "StaleInProgress"  # the key alone: a person discards it with a note
