@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from replay import __main__ as cli
+import replay.__main__ as cli
 from replay.poison import QueueRef, StoragePoisonQueues
 from replay.stores import document_lister
 from replay.tool import Filters, Options, ReplayError, ReplayTool
@@ -220,11 +220,11 @@ def test_an_envelope_left_behind_after_its_resubmission_is_replayed_once(make_ri
 
         raise ServiceRequestError("connection reset")
 
-    source._delete = lost_answer  # type: ignore[method-assign]  # the delete's answer is lost
+    source._delete = lost_answer  # the delete's answer is lost
     (first,) = tool.replay(filters=Filters(source="poison"))
     assert first.status == "replayed" and "the envelope could not be deleted" in first.outcome
     assert poison_count(rig) == 1, "released again at the end of the run"
-    source._delete = real_delete  # type: ignore[method-assign]
+    source._delete = real_delete
     (second,) = tool.replay(filters=Filters(source="poison"))
     assert second.status == "skipped" and second.outcome.startswith("already replayed by alice")
     assert poison_count(rig) == 0
