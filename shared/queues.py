@@ -68,8 +68,8 @@ from shared.settlement import (
     MAX_DESCRIPTION_CHARS,
     Action,
     Decision,
-    decision_for,
-    decision_for_exception,
+    decision_after,
+    decision_for_result,
     derived,
 )
 from shared.telemetry import EVENT_CONFLICT, Telemetry
@@ -392,26 +392,16 @@ class BaseStorageQueueConsumer[L: (Idempotency, AsyncIdempotency)]:
     def _settled(self, view: QueueMessageView, result: Any) -> tuple[Decision, DedupKey | None,
                                                                      Exception | None]:
         """The decision for what `handle` answered (after the last delivery's rule)."""
-        return self._final(self.decide(result), view), _key_of(result), None
+        return self._final(decision_for_result(result), view), _key_of(result), None
 
     def _failed(self, view: QueueMessageView, error: Exception
                 ) -> tuple[Decision, DedupKey | None, Exception | None]:
         """The decision after `handle` raised (the last delivery poisons what would retry)."""
-        return self._final(self.decide_error(error, view), view), None, error
+        decision = decision_after(error, consumer=self.name, delivery_count=view.dequeue_count,
+                                  context=view.context())
+        return self._final(decision, view), None, error
 
-    # -- the settlement rule --------------------------------------------------------------
-    def decide(self, result: Outcome | Decision) -> Decision:
-        """The decision for what the dedup flow (or a handle) answered."""
-        return result if isinstance(result, Decision) else decision_for(result)
-
-    def decide_error(self, error: Exception, view: QueueMessageView) -> Decision:
-        """The decision for an error: the one rule (`shared.settlement`)."""
-        decision = decision_for_exception(error, delivery_count=view.dequeue_count)
-        if decision.reason == "UnexpectedError":
-            logger.error("%s: unexpected error; the message is retried", self.name,
-                         exc_info=error, extra=view.context())
-        return decision
-
+    # -- the settlement rule: shared.settlement, then the last delivery's ------------------
     def last_delivery(self, view: QueueMessageView) -> bool:
         """Whether a failure now makes the host move the message to the poison queue."""
         return view.dequeue_count >= self.max_dequeue_count

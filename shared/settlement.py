@@ -15,7 +15,8 @@ tests pass their own implementation of the same three methods.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -32,6 +33,7 @@ from shared.exceptions import (
 from shared.records import Outcome, OutcomeStatus
 
 MAX_DESCRIPTION_CHARS = 4000
+logger = logging.getLogger(__name__)
 
 
 class MessageActions(Protocol):
@@ -174,6 +176,34 @@ def decision_for_exception(error: Exception, *, delivery_count: int = 1) -> Deci
         return Decision.deadletter("OutcomeUnknown", f"{error}; reconcile it before resubmitting")
     return decision_for_error(error, delivery_count=delivery_count) or transient(
         "UnexpectedError", f"{type(error).__name__}: {error}", delivery_count=delivery_count)
+
+
+def decision_for_result(result: Outcome | Decision | None) -> Decision:
+    """The settlement a consumer's handler answered for: a `Decision` as it is, an `Outcome`
+    by `decision_for`, None: complete. What every trigger helper calls after a handler."""
+    if result is None:
+        return Decision.complete()
+    if isinstance(result, Decision):
+        return result
+    return decision_for(result)
+
+
+def decision_after(error: BaseException, *, consumer: str, delivery_count: int = 1,
+                   context: Mapping[str, Any] | None = None) -> Decision:
+    """`decision_for_exception`, logged: what every trigger helper calls after a handler
+    raised. A BaseException that is not an Exception (cancellation, exit) is raised again."""
+    if not isinstance(error, Exception):
+        raise error
+    decision = decision_for_exception(error, delivery_count=delivery_count)
+    extra = dict(context or {})
+    if decision.reason == "UnexpectedError":
+        logger.error("%s: unexpected error; the message is retried", consumer, exc_info=error,
+                     extra=extra)
+    elif decision.reason in ("Transient", "StoreRejected"):
+        logger.warning("%s: %s: %s", consumer, "store rejected the request"
+                       if decision.action is Action.DEADLETTER
+                       else f"transient failure, {decision.action.value}", error, extra=extra)
+    return decision
 
 
 def settle(decision: Decision, message: Any, actions: MessageActions) -> None:

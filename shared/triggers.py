@@ -75,8 +75,9 @@ from shared.settlement import (
     Action,
     Decision,
     MessageActions,
+    decision_after,
     decision_for,
-    decision_for_exception,
+    decision_for_result,
     derived,
     settle,
 )
@@ -203,31 +204,6 @@ def json_object(view: MessageView) -> dict[str, Any]:
     return parse_json_object(view.body, max_bytes=MAX_MESSAGE_BYTES)
 
 
-def decide(result: Outcome | Decision | None) -> Decision:
-    """The settlement a consumer's result asks for (None: complete)."""
-    if result is None:
-        return Decision.complete()
-    if isinstance(result, Decision):
-        return result
-    return decision_for(result)
-
-
-def decide_error(error: BaseException, view: MessageView, consumer: str) -> Decision:
-    """The settlement after a consumer raised: the one rule (`shared.settlement`)."""
-    if not isinstance(error, Exception):
-        raise error
-    decision = decision_for_exception(error, delivery_count=view.delivery_count)
-    if decision.reason == "UnexpectedError":
-        logger.error("%s: unexpected error; the message is retried", consumer, exc_info=error,
-                     extra=view.context)
-    elif decision.reason in ("Transient", "StoreRejected"):
-        logger.warning("%s: %s: %s", consumer, "store rejected the request"
-                       if decision.action is Action.DEADLETTER
-                       else f"transient failure, {decision.action.value}", error,
-                       extra=view.context)
-    return decision
-
-
 @dataclass(frozen=True, slots=True)
 class _Item[T]:
     """A parsed message, identified."""
@@ -343,9 +319,10 @@ class ServiceBusConsumer(BaseServiceBusConsumer[Idempotency], Sync):
         view = MessageView.of(message)
         with self._span(view):
             try:
-                decision = decide(handle(view))
+                decision = decision_for_result(handle(view))
             except Exception as error:
-                decision = decide_error(error, view, self.name)
+                decision = decision_after(error, consumer=self.name,
+                                          delivery_count=view.delivery_count, context=view.context)
             return self._settle(decision, message, actions, view)
 
     def run_atomic[T](self, message: Any, actions: MessageActions | None,
@@ -402,9 +379,11 @@ class AsyncServiceBusConsumer(BaseServiceBusConsumer[AsyncIdempotency], Async):
         with self._span(view):
             try:
                 result = handle(view)
-                decision = decide(await result if inspect.isawaitable(result) else result)
+                decision = decision_for_result(
+                    await result if inspect.isawaitable(result) else result)
             except Exception as error:
-                decision = decide_error(error, view, self.name)
+                decision = decision_after(error, consumer=self.name,
+                                          delivery_count=view.delivery_count, context=view.context)
             return await self._settle(decision, message, actions, view)
 
     async def run_atomic[T](self, message: Any, actions: MessageActions | None,
