@@ -17,13 +17,13 @@ from shared import aio
 from shared.batch import PartitionBatchProcessor
 from shared.config import IdempotencyConfig
 from shared.dispatch import ServiceBusDispatcher
-from shared.exceptions import IdempotencyError, KeyInProgressError, KeyReusedError, PoisonMessageError
+from shared.exceptions import IdempotencyError, PoisonMessageError
 from shared.flow import Transaction
 from shared.idempotency import Idempotency
 from shared.keys import DedupKey, request_hash
 from shared.parking import ParkingLot
 from shared.queues import StorageQueueConsumer
-from shared.records import OutcomeStatus
+from shared.records import KeyInProgressError, KeyReusedError, OutcomeStatus
 from shared.stores import CosmosIdempotencyStore, InMemoryIdempotencyStore, TableIdempotencyStore
 from shared.triggers import (
     EventHubConsumer,

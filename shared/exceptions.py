@@ -1,7 +1,8 @@
 """Precise exception types of the dedup library; every one derives from `IdempotencyError`.
 
-Three families: errors the caller acts on (a key reused for other content or held by
-another attempt, a message that can never succeed, a store outage), configuration errors
+Three families: errors the caller acts on (a message that can never succeed, a store outage;
+the two that carry an `Outcome`, a key reused or held, live beside it in `shared.records`
+so that this module imports nothing of the library), configuration errors
 raised when the library is set up (a missing or mismatched collaborator, a retention
 shorter than the redelivery window), and the store contract errors the backends raise
 to the flow (record exists, etag mismatch, failed batch).
@@ -12,10 +13,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import email.utils
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from shared.records import Outcome
 
 
 class IdempotencyError(Exception):
@@ -36,23 +33,6 @@ class PoisonMessageError(IdempotencyError):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
-
-
-class KeyReusedError(IdempotencyError):
-    """The key was processed before with other content (a producer reused an id): the first
-    content's effect stands; this call did nothing. `outcome` holds both request hashes."""
-
-    def __init__(self, message: str, *, outcome: Outcome) -> None:
-        super().__init__(message)
-        self.outcome = outcome
-
-
-class KeyInProgressError(IdempotencyError):
-    """Another attempt holds the key under a live lease: retry after it ends (`outcome`)."""
-
-    def __init__(self, message: str, *, outcome: Outcome) -> None:
-        super().__init__(message)
-        self.outcome = outcome
 
 
 class InvalidKeyError(IdempotencyError, ValueError):

@@ -40,8 +40,6 @@ from shared.exceptions import (
     ConcurrencyRetriesExhaustedError,
     ConfigurationError,
     EffectUncertainError,
-    KeyInProgressError,
-    KeyReusedError,
     LeaseLostError,
     OperationFailedError,
     RecordChangedError,
@@ -76,7 +74,15 @@ from shared.flow import (
 from shared.keys import DedupKey
 from shared.keys import request_hash as hash_request
 from shared.outbox import EventPosition
-from shared.records import IdempotencyRecord, Outcome, OutcomeStatus, RecordState, encode_result
+from shared.records import (
+    IdempotencyRecord,
+    KeyInProgressError,
+    KeyReusedError,
+    Outcome,
+    OutcomeStatus,
+    RecordState,
+    encode_result,
+)
 from shared.stores.base import MAX_TRANSACTION_OPERATIONS, RACE_STATUSES
 from shared.telemetry import Telemetry
 

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from shared.exceptions import ResultTooLargeError
+from shared.exceptions import IdempotencyError, ResultTooLargeError
 from shared.jsontext import compact_encoder
 from shared.keys import DedupKey
 from shared.outbox import EventPosition, OutgoingMessage
@@ -129,3 +129,20 @@ class Outcome:
         """Safe to settle the message as complete (effect done now or earlier)."""
         return self.status in (OutcomeStatus.PROCESSED, OutcomeStatus.TAKEN_OVER,
                                OutcomeStatus.DUPLICATE, OutcomeStatus.LEASE_LOST)
+
+
+class KeyReusedError(IdempotencyError):
+    """The key was processed before with other content (a producer reused an id): the first
+    content's effect stands; this call did nothing. `outcome` holds both request hashes."""
+
+    def __init__(self, message: str, *, outcome: Outcome) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
+class KeyInProgressError(IdempotencyError):
+    """Another attempt holds the key under a live lease: retry after it ends (`outcome`)."""
+
+    def __init__(self, message: str, *, outcome: Outcome) -> None:
+        super().__init__(message)
+        self.outcome = outcome

@@ -16,10 +16,9 @@ from azure.cosmos.aio import CosmosClient
 
 from shared import DedupKey, IdempotencyConfig, request_hash
 from shared.aio import InMemoryIdempotencyStore as AsyncInMemoryIdempotencyStore
-from shared.exceptions import KeyReusedError
 from shared.flow import AsyncTransaction
 from shared.idempotency import AsyncIdempotency
-from shared.records import OutcomeStatus, RecordState
+from shared.records import KeyReusedError, OutcomeStatus, RecordState
 from shared.stores.cosmos_aio import AsyncCosmosIdempotencyStore
 from shared.stores.cosmos_indexing import record_indexing_policy
 from shared.stores.table_aio import AsyncTableIdempotencyStore

@@ -22,7 +22,6 @@ from shared.cache import CompletedKeyCache
 from shared.exceptions import (
     ConcurrencyRetriesExhaustedError,
     EffectUncertainError,
-    KeyReusedError,
     OperationFailedError,
     RecordChangedError,
     RecordExistsError,
@@ -30,7 +29,7 @@ from shared.exceptions import (
     StoreUnavailableError,
 )
 from shared.flow import SyncStore
-from shared.records import IdempotencyRecord, Outcome, RecordState
+from shared.records import IdempotencyRecord, KeyReusedError, Outcome, RecordState
 from shared.stores.base import RecordStore
 from shared.telemetry import Telemetry
 from tests.conftest import FakeClock

@@ -1,0 +1,107 @@
+"""`shared/` has no import cycle, counting every import: under `TYPE_CHECKING` and inside
+functions too (a lazy import dodges the interpreter, not the maintainer going round in
+circles). The graph is read from the source with `ast`, so a new cycle fails here, named."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(package: Path, root: Path) -> dict[str, set[str]]:
+    """Each module of `package` -> the modules of `package` it imports (any import, anywhere)."""
+    paths = {module_name(p, root): p for p in package.rglob("*.py")}
+    top = module_name(package / "__init__.py", root)
+    graph: dict[str, set[str]] = {name: set() for name in paths}
+    for name, path in paths.items():
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = here.split(".")[: len(here.split(".")) - node.level + 1]
+                    base = ".".join([*parent, base] if base else parent)
+                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in paths else base
+                           for alias in node.names]
+            for target in targets:
+                while target and target not in paths:  # `import a.b.c` names module a.b.c
+                    target = target.rpartition(".")[0]
+                if target.startswith(top) and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def cycles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in graph:
+        if start in index:
+            continue
+        work: list[tuple[str, list[str]]] = [(start, list(graph[start]))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, pending = work[-1]
+            if pending:
+                nxt = pending.pop()
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, list(graph.get(nxt, ()))))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component: list[str] = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_shared_has_no_import_cycle():
+    graph = import_graph(ROOT / "shared", ROOT)
+    assert "shared.records" in graph and "shared.exceptions" in graph["shared.records"]
+    assert cycles(graph) == [], "modules of shared/ that import each other in a cycle"
+
+
+def test_exceptions_import_nothing_of_the_library():
+    """Plain data at the bottom: the errors every module raises depend on no module."""
+    assert import_graph(ROOT / "shared", ROOT)["shared.exceptions"] == set()
+
+
+def test_counter_proof_a_cycle_under_type_checking_is_found(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from pkg.b import B\n")
+    (package / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                  "    from .c import C\nB = 1\n")
+    (package / "c.py").write_text("def late():\n    import pkg.a\n")
+    (package / "d.py").write_text("from pkg import a\n")  # imports into the cycle: not in it
+    assert cycles(import_graph(package, tmp_path)) == [["pkg.a", "pkg.b", "pkg.c"]]
