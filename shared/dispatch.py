@@ -26,20 +26,13 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Collection, Sequence
-from typing import Any, Protocol, Self
+from typing import Any, Self
 
 from shared.exceptions import DispatchRejectedError, DispatchUnavailableError
+from shared.outbox import Dispatcher as Dispatcher  # the contract, beside the message
 from shared.outbox import OutgoingMessage
 
 logger = logging.getLogger(__name__)
-
-
-class Dispatcher(Protocol):
-    """Sends outgoing messages; raises `DispatchUnavailableError` or `DispatchRejectedError`."""
-
-    def dispatch(self, messages: Sequence[OutgoingMessage]) -> None: ...
-
-    def close(self) -> None: ...
 
 
 def grouped[K](messages: Sequence[OutgoingMessage], key: Callable[[OutgoingMessage], K]

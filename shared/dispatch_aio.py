@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from shared.dispatch import (
     InMemoryDispatcher as _SyncInMemoryDispatcher,
@@ -24,15 +24,10 @@ from shared.dispatch import (
     translate_event_hub_error,
     translate_service_bus_error,
 )
-from shared.outbox import OutgoingMessage
+from shared.outbox import AsyncDispatcher, OutgoingMessage
 
-
-class Dispatcher(Protocol):
-    """Sends outgoing messages; raises `DispatchUnavailableError` or `DispatchRejectedError`."""
-
-    async def dispatch(self, messages: Sequence[OutgoingMessage]) -> None: ...
-
-    async def close(self) -> None: ...
+#: The contract these dispatchers meet (`shared.outbox.AsyncDispatcher`, beside the message).
+Dispatcher = AsyncDispatcher
 
 
 class ServiceBusDispatcher(ServiceBusSenders):

@@ -286,7 +286,7 @@ class RunHandler:
 
 @dataclass(frozen=True, slots=True)
 class Dispatch:
-    """Send committed outgoing messages with `dispatcher` (a `shared.dispatch.Dispatcher`, or an
+    """Send committed outgoing messages with `dispatcher` (a `shared.outbox.Dispatcher`, or an
     async one under `run_async`). Answer: None; DispatchUnavailableError (transient) or
     DispatchRejectedError: the messages stay pending on their marker either way."""
 

@@ -34,8 +34,6 @@ from typing import Any
 
 from shared.cache import CompletedKeyCache, DocumentCache
 from shared.config import IdempotencyConfig
-from shared.dispatch import Dispatcher as SyncDispatcher
-from shared.dispatch_aio import Dispatcher as AsyncDispatcher
 from shared.exceptions import (
     ConcurrencyRetriesExhaustedError,
     ConfigurationError,
@@ -73,7 +71,8 @@ from shared.flow import (
 )
 from shared.keys import DedupKey
 from shared.keys import request_hash as hash_request
-from shared.outbox import EventPosition
+from shared.outbox import AsyncDispatcher, EventPosition
+from shared.outbox import Dispatcher as SyncDispatcher
 from shared.records import (
     IdempotencyRecord,
     KeyInProgressError,

@@ -41,7 +41,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 from shared.exceptions import OutgoingMessageTooLargeError
 from shared.jsontext import compact_encoder
@@ -112,6 +112,24 @@ class OutgoingMessage:
             raise ValueError("scheduled_enqueue_time must be timezone-aware")
         object.__setattr__(self, "properties", MappingProxyType(dict(self.properties)))
 
+
+
+class Dispatcher(Protocol):
+    """Sends outgoing messages (the sync face); raises `DispatchUnavailableError` or
+    `DispatchRejectedError`. `shared.dispatch` holds the Service Bus and Event Hubs ones;
+    here, beside the message, so that the flows depend on the contract, not on an SDK."""
+
+    def dispatch(self, messages: Sequence[OutgoingMessage]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class AsyncDispatcher(Protocol):
+    """`Dispatcher` on the async face (`shared.dispatch_aio` holds the SDK ones)."""
+
+    async def dispatch(self, messages: Sequence[OutgoingMessage]) -> None: ...
+
+    async def close(self) -> None: ...
 
 @dataclass(frozen=True, slots=True)
 class EventPosition:
@@ -370,6 +388,8 @@ __all__ = [
     "PENDING_SINCE",
     "POSITION",
     "TABLE_CHUNK_CHARS",
+    "AsyncDispatcher",
+    "Dispatcher",
     "EventPosition",
     "OutgoingMessage",
     "check_pending_size",

@@ -105,3 +105,67 @@ def test_counter_proof_a_cycle_under_type_checking_is_found(tmp_path):
     (package / "c.py").write_text("def late():\n    import pkg.a\n")
     (package / "d.py").write_text("from pkg import a\n")  # imports into the cycle: not in it
     assert cycles(import_graph(package, tmp_path)) == [["pkg.a", "pkg.b", "pkg.c"]]
+
+
+# -- the layers (docs/library.md opens with this picture) ------------------------------------
+#: Each module of `shared/` in one layer; a module imports only from the layers `MAY_IMPORT`
+#: names for its own (its own layer included, without a cycle).
+LAYERS: dict[str, frozenset[str]] = {
+    "front door": frozenset({"shared", "shared.aio"}),
+    "trigger helpers": frozenset({"shared.triggers", "shared.queues", "shared.maintenance"}),
+    "flows": frozenset({"shared.flow", "shared.idempotency", "shared.batch", "shared.parking",
+                        "shared.watermark", "shared.cache"}),
+    "backends": frozenset({"shared.stores", "shared.stores.cosmos", "shared.stores.cosmos_aio",
+                           "shared.stores.cosmos_indexing", "shared.stores.table",
+                           "shared.stores.table_aio", "shared.stores.table_batch",
+                           "shared.stores.memory", "shared.stores.retry", "shared.dispatch",
+                           "shared.dispatch_aio", "shared.sdk_transport"}),
+    "data and rules": frozenset({"shared.exceptions", "shared.jsontext", "shared.config",
+                                 "shared.keys", "shared.payload", "shared.cloudevents",
+                                 "shared.observability", "shared.outbox", "shared.records",
+                                 "shared.settlement", "shared.telemetry", "shared.stores.base",
+                                 "shared.stores.codec", "shared.stores.sweep"}),
+}
+MAY_IMPORT: dict[str, frozenset[str]] = {
+    "front door": frozenset(LAYERS),
+    "trigger helpers": frozenset({"trigger helpers", "flows", "data and rules"}),
+    "flows": frozenset({"flows", "data and rules"}),  # the flows know no SDK
+    "backends": frozenset({"backends", "data and rules"}),  # the backends run no flow
+    "data and rules": frozenset({"data and rules"}),
+}
+
+
+def layer_violations(graph: Mapping[str, Iterable[str]]) -> list[str]:
+    """Each import that goes where its module's layer may not, and each module in no layer."""
+    layer_of = {module: layer for layer, modules in LAYERS.items() for module in modules}
+    problems = [f"{module} is in no layer" for module in graph if module not in layer_of]
+    for module, targets in graph.items():
+        if module not in layer_of:
+            continue
+        problems += [f"{module} ({layer_of[module]}) imports {target} ({layer_of[target]})"
+                     for target in sorted(targets) if target in layer_of
+                     and layer_of[target] not in MAY_IMPORT[layer_of[module]]]
+    return problems
+
+
+def test_shared_imports_follow_the_layers():
+    graph = import_graph(ROOT / "shared", ROOT)
+    assert set(graph) == set().union(*LAYERS.values()), "a module added or gone: place it"
+    assert layer_violations(graph) == []
+
+
+def test_counter_proof_an_upward_import_is_named():
+    graph = {module: set[str]() for modules in LAYERS.values() for module in modules}
+    graph["shared.idempotency"].add("shared.dispatch")  # a flow importing an SDK's dispatcher
+    graph["shared.new_module"] = set()
+    assert layer_violations(graph) == [
+        "shared.new_module is in no layer",
+        "shared.idempotency (flows) imports shared.dispatch (backends)"]
+
+
+def test_the_docs_picture_names_the_layers():
+    """docs/library.md opens with the layers, top first, as this test holds them."""
+    text = (ROOT / "docs" / "library.md").read_text()
+    picture = text[: text.index("## The front door")]
+    positions = [picture.find(layer) for layer in LAYERS]
+    assert -1 not in positions and positions == sorted(positions), positions
