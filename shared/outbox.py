@@ -113,7 +113,6 @@ class OutgoingMessage:
         object.__setattr__(self, "properties", MappingProxyType(dict(self.properties)))
 
 
-
 class Dispatcher(Protocol):
     """Sends outgoing messages (the sync face); raises `DispatchUnavailableError` or
     `DispatchRejectedError`. `shared.dispatch` holds the Service Bus and Event Hubs ones;
@@ -130,6 +129,7 @@ class AsyncDispatcher(Protocol):
     async def dispatch(self, messages: Sequence[OutgoingMessage]) -> None: ...
 
     async def close(self) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class EventPosition:
