@@ -29,7 +29,6 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any, Self
 
 from shared.exceptions import DispatchRejectedError, DispatchUnavailableError
-from shared.outbox import Dispatcher as Dispatcher  # the contract, beside the message
 from shared.outbox import OutgoingMessage
 
 logger = logging.getLogger(__name__)

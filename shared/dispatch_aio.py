@@ -24,10 +24,7 @@ from shared.dispatch import (
     translate_event_hub_error,
     translate_service_bus_error,
 )
-from shared.outbox import AsyncDispatcher, OutgoingMessage
-
-#: The contract these dispatchers meet (`shared.outbox.AsyncDispatcher`, beside the message).
-Dispatcher = AsyncDispatcher
+from shared.outbox import OutgoingMessage
 
 
 class ServiceBusDispatcher(ServiceBusSenders):

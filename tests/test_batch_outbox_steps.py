@@ -16,11 +16,10 @@ import pytest
 
 from shared import DedupKey, IdempotencyConfig
 from shared.batch import BatchReport, PartitionBatchProcessor
-from shared.dispatch import Dispatcher
 from shared.exceptions import DispatchUnavailableError
 from shared.flow import Dispatch, Flow, Gather, OnStore, Step, run_sync
 from shared.idempotency import Idempotency
-from shared.outbox import PENDING_SINCE, POSITION, EventPosition, has_pending, outgoing_message_id
+from shared.outbox import PENDING_SINCE, POSITION, Dispatcher, EventPosition, has_pending, outgoing_message_id
 from shared.parking import ParkingLot
 from shared.records import OutcomeStatus
 from shared.stores.memory import InMemoryIdempotencyStore
