@@ -58,6 +58,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 import uuid
 import weakref
 from collections import Counter
@@ -350,9 +351,10 @@ def settings_env(endpoints: dict[str, str], backend: str) -> dict[str, str]:
             "COSMOS_DATABASE": "hops", "PAYMENTS_HUB_NAME": f"hops-{unique()}"}
 
 
-def build(env: dict[str, str]) -> Any:
-    """The services as the host builds them from settings; the dispatchers' Service Bus
-    clients are the recording stand-ins."""
+def build(env: dict[str, str], *, clock: Callable[[], float] = time.time,
+          sent: AsyncRecordingServiceBusClient | None = None) -> Any:
+    """The services as the host builds them from settings, on `clock`; the dispatchers'
+    Service Bus clients are the recording stand-ins (`sent`: the async one, given)."""
     from functions.services import build_services
     from functions.settings import Settings
     from shared import dispatch, dispatch_aio
@@ -364,7 +366,7 @@ def build(env: dict[str, str]) -> Any:
         dispatcher=dispatch.ServiceBusDispatcher.from_client(RecordingServiceBusClient(),
                                                              topics=topics),
         async_dispatcher=dispatch_aio.ServiceBusDispatcher.from_client(
-            AsyncRecordingServiceBusClient(), topics=topics))
+            sent or AsyncRecordingServiceBusClient(), topics=topics), clock=clock)
 
 
 def installed(services: Any) -> contextlib.AbstractContextManager[Any]:

@@ -24,13 +24,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import logging
+import math
 import os
 import pstats
+import re
 import time
 import warnings
 from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from benchmarks import rtt
@@ -94,9 +98,135 @@ def report(stats: pstats.Stats, events: int, top: int, unit: str = "event") -> s
 
 
 #: The Service Bus paths `--orders` compares in one run: the registered `orders` function as
-#: deployed (`async def` on the async stores and SDKs), and the same consumer on the sync face
-#: (the sync stores and SDKs, as the function ran before it was made async).
-ORDER_PATHS = ("function", "sync")
+#: deployed (`async def` on the async stores and SDKs), the same consumer on the sync face
+#: (the sync stores and SDKs, as the function ran before it was made async), and the
+#: `same-requests` baseline (`benchmarks.raw_orders`: the same store requests, message and
+#: settlement on the raw async SDKs, no library).
+ORDER_PATHS = ("function", "sync", "same-requests")
+
+
+class RequestsDiffer(RuntimeError):
+    """The same-requests baseline did not send what the app sent for the probe order."""
+
+
+@contextlib.contextmanager
+def wire_requests() -> Iterator[list[tuple[str, str, dict[str, str], bytes]]]:
+    """The data requests every async store client sends while inside (method, url, headers,
+    body), in order: azure-core's aiohttp transport, which both async SDKs send through."""
+    from azure.core.pipeline.transport import AioHttpTransport
+
+    from benchmarks.counting import _body_of, classify
+
+    recorded: list[tuple[str, str, dict[str, str], bytes]] = []
+    send = AioHttpTransport.send
+
+    async def recording(self: Any, request: Any, **kwargs: Any) -> Any:
+        backend = "cosmos" if "/dbs/" in request.url else "table"
+        if classify(backend, request.method, request.url) == "data":
+            recorded.append((request.method, request.url, dict(request.headers), _body_of(request)))
+        return await send(self, request, **kwargs)
+
+    AioHttpTransport.send = recording  # type: ignore[method-assign]  # undone below
+    try:
+        yield recorded
+    finally:
+        AioHttpTransport.send = send  # type: ignore[method-assign]
+
+
+_COMPARED_HEADERS = ("content-type", "prefer", "if-match", "accept", "x-ms-cosmos-is-batch-request",
+                     "x-ms-cosmos-batch-atomic", "x-ms-documentdb-partitionkey")
+_VARYING = ((re.compile(rb"(batch|changeset)_[0-9a-f-]{36}"), rb"\1_*"),  # boundaries
+            (re.compile(rb"(x-ms-date|Date): [^\r\n]+"), rb"\1: *"))  # the clock in a $batch
+
+
+def normal_request(request: tuple[str, str, dict[str, str], bytes]) -> tuple[Any, ...]:
+    """What must be equal in two runs' requests: all but boundaries, dates and etag values."""
+    method, url, headers, body = request
+    for pattern, replacement in _VARYING:
+        body = pattern.sub(replacement, body)
+    lowered = {name.lower(): value for name, value in headers.items()}
+    kept = {name: ("*" if name == "if-match" else re.sub(r"(batch|changeset)_[0-9a-f-]{36}",
+                                                          r"\1_*", lowered[name]))
+            for name in _COMPARED_HEADERS if name in lowered}
+    return method, url, kept, body
+
+
+def normal_message(message: Any) -> tuple[Any, ...]:
+    return (b"".join(message.body), message.message_id, message.content_type,
+            message.correlation_id, dict(message.application_properties or {}),
+            message.session_id, message.partition_key, message.scheduled_enqueue_time_utc)
+
+
+def differences(app: Sequence[tuple[Any, ...]], raw: Sequence[tuple[Any, ...]], what: str) -> list[str]:
+    """Each position where the two sequences differ, described (empty: the same)."""
+    if len(app) != len(raw):
+        return [f"{what}: the app sent {len(app)}, the baseline {len(raw)}"]
+    return [f"{what} {n}: app {a!r}\n  baseline {b!r}" for n, (a, b) in enumerate(zip(app, raw, strict=True))
+            if a != b]
+
+
+def check_same_requests(environment: dict[str, str], backend: str, *,
+                        raw_orders: Callable[..., Any] | None = None) -> int:
+    """The probe: one order and its redelivery through the registered function and then through
+    the baseline, on the same id and clock; RequestsDiffer unless every data request, the
+    message sent and the settlement are the same. Returns the requests compared."""
+    from benchmarks import hops
+    from benchmarks.raw_orders import RawOrders
+    from simulator.host_inputs import RecordingActions
+
+    make = raw_orders or RawOrders
+    _app_settings_in_environment()
+    probe_time = math.floor(time.time()) + 0.125  # one clock for both (a fraction: ms told apart)
+    order_id = f"ORD-probe-{hops.unique()}"
+    deliveries = [hops.order_message(order_id, n, correlation_id="profile") for n in (1, 2)]
+    app_sent, raw_sent = hops.AsyncRecordingServiceBusClient(), hops.AsyncRecordingServiceBusClient()
+    services = hops.build(hops.settings_env(environment, backend), clock=lambda: probe_time,
+                          sent=app_sent)
+    function = hops.user_function("orders")
+    app_actions, raw_actions = RecordingActions(), RecordingActions()
+    store = services.async_stores["orders"]
+    topic = services.settings.notifications_topic
+    with hops.installed(services), asyncio.Runner() as runner:
+        runner.run(function(message=hops.order_message(f"ORD-warm-{hops.unique()}", 1),
+                            message_actions=RecordingActions()))  # first-use requests: not compared
+        app_sent.sent.clear()
+        with wire_requests() as app:
+            for message in deliveries:
+                runner.run(function(message=message, message_actions=app_actions))
+        runner.run(_delete_order(store, backend, order_id, lines=2))
+        raw = make(topic=topic, sender=raw_sent.get_topic_sender(topic), clock=lambda: probe_time,
+                   **({"container": store.container} if backend == "cosmos" else {"table": store.client}))
+        with wire_requests() as baseline:
+            for message in deliveries:
+                runner.run(raw.handle(message, raw_actions))
+        runner.run(services.aclose())
+    found = (differences([normal_request(r) for r in app], [normal_request(r) for r in baseline],
+                         "request")
+             + differences([normal_message(m) for m in app_sent.sent],
+                           [normal_message(m) for m in raw_sent.sent], "message")
+             + differences([s[0] for s in app_actions.settled], [s[0] for s in raw_actions.settled],
+                           "settlement"))
+    if found:
+        raise RequestsDiffer(f"{backend}: the same-requests baseline differs from the app:\n"
+                             + "\n".join(found))
+    return len(app)
+
+
+def _app_settings_in_environment() -> None:
+    from benchmarks import hops
+
+    for name, value in hops.app_settings().items():  # `function_app` validates these on import
+        os.environ.setdefault(name, value)
+
+
+async def _delete_order(store: Any, backend: str, order_id: str, *, lines: int) -> None:
+    """The probe order's documents gone (the baseline writes them again, under the same ids)."""
+    ids = [order_id, *(f"{order_id}:line:{n:03d}" for n in range(1, lines + 1))]
+    for document_id in ids:
+        if backend == "cosmos":
+            await store.container.delete_item(document_id, partition_key=order_id)
+        else:
+            await store.client.delete_entity(order_id, document_id)
 
 
 def profile_orders(environment: dict[str, str], backend: str, count: int,
@@ -104,12 +234,12 @@ def profile_orders(environment: dict[str, str], backend: str, count: int,
                    ) -> tuple[int, float]:
     """Deliveries made and their CPU seconds: `count` new orders, then each redelivered."""
     from benchmarks import hops
+    from benchmarks.raw_orders import RawOrders
     from domain.orders import OrderService
     from shared import Idempotency, ServiceBusConsumer
     from simulator.host_inputs import RecordingActions
 
-    for name, value in hops.app_settings().items():  # `function_app` validates these on import
-        os.environ.setdefault(name, value)
+    _app_settings_in_environment()
     services = hops.build(hops.settings_env(environment, backend))
     ids = [f"ORD-{hops.unique()}" for _ in range(count)]
     deliveries = [hops.order_message(order_id, delivery_count, correlation_id="profile")
@@ -120,6 +250,14 @@ def profile_orders(environment: dict[str, str], backend: str, count: int,
 
         def deliver(message: Any) -> None:
             runner.run(function(message=message, message_actions=actions))
+    elif path == "same-requests":
+        store, topic = services.async_stores["orders"], services.settings.notifications_topic
+        raw = RawOrders(topic=topic, sender=hops.AsyncRecordingServiceBusClient().get_topic_sender(
+            topic), **({"container": store.container} if backend == "cosmos"
+                       else {"table": store.client}))
+
+        def deliver(message: Any) -> None:
+            runner.run(raw.handle(message, actions))
     else:
         face = services.orders.consumer.idempotency
         sync = OrderService(ServiceBusConsumer("orders", Idempotency(
@@ -178,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.orders:
         cpu_per: dict[str, float] = {}
         with LocalStack() as stack:
+            compared = check_same_requests(stack.environment(), args.backend)
+            print(f"same-requests / {args.backend}: the probe order's {compared} data requests, "
+                  "its message and its settlements are the app's")
             for path in ORDER_PATHS:
                 profiler = cProfile.Profile(time.process_time)
                 deliveries, cpu = profile_orders(stack.environment(), args.backend, args.orders,
@@ -191,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
                     if args.dump:
                         profiler.dump_stats(f"{args.dump}.{path}")
         print(f"function / sync: {cpu_per['function'] / cpu_per['sync']:.2f}x CPU per delivery")
+        print(f"function / same-requests: {cpu_per['function'] / cpu_per['same-requests']:.2f}x "
+              "CPU per delivery")
         return 0
     with LocalStack() as stack:
         endpoints = Endpoints(stack.table_connection_string, stack.cosmos_endpoint, COSMOS_LOCAL_KEY,

@@ -1,13 +1,25 @@
 """The Service Bus path's profile (benchmarks/profile_cpu.py --orders) at a tiny size, on
 Azurite: every delivery goes through the registered `orders` function and is completed, and
-the profile holds that function and the Table SDK beneath it."""
+the profile holds that function and the Table SDK beneath it; the `same-requests` baseline
+sends the app's requests byte for byte with no library code, and a seeded difference stops it."""
 
 from __future__ import annotations
 
+import ast
 import cProfile
+import functools
 import pstats
+import subprocess
+import sys
+from pathlib import Path
 
-from benchmarks.profile_cpu import profile_orders, report
+import pytest
+
+from benchmarks.profile_cpu import RequestsDiffer, check_same_requests, profile_orders, report
+from benchmarks.raw_orders import RawOrders
+
+ROOT = Path(__file__).resolve().parents[2]
+LIBRARY = ("shared", "domain", "functions")
 
 
 def test_orders_are_profiled_through_the_registered_function(stack):
@@ -31,3 +43,55 @@ def test_the_sync_path_runs_the_same_consumer_on_the_sync_sdk(stack):
     assert not any(name.endswith("functions/orders.py") for name in files)
     assert any("domain/orders.py" in name for name in files)
     assert not any("azure/data/tables/aio" in name for name in files)
+
+
+# -- the same-requests baseline: the app's requests, message and settlement, no library --------
+def test_the_baseline_imports_no_library_code():
+    tree = ast.parse((ROOT / "benchmarks" / "raw_orders.py").read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert not {name for name in imported if name.split(".")[0] in LIBRARY}, imported
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, benchmarks.raw_orders; "
+         f"print(sorted({{n.split('.')[0] for n in sys.modules}} & {set(LIBRARY)!r}))"],
+        cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]"
+
+
+@pytest.mark.parametrize("backend", ["table", "cosmos"])
+def test_the_baseline_sends_the_apps_requests_byte_for_byte(stack, backend):
+    # a new order (its transaction, the clearing patch) and its redelivery (the read)
+    assert check_same_requests(stack.app_settings(), backend) == 3
+
+
+class _ClearsTheMessageOnly(RawOrders):
+    """A seeded difference: the clearing merge leaves the pending-since time (Table)."""
+
+    async def _clear(self, document_id: str, etag: str) -> None:
+        from azure.core import MatchConditions
+        from azure.data.tables import UpdateMode
+
+        await self._table.update_entity(
+            {"o0": "", "PartitionKey": document_id, "RowKey": document_id},
+            mode=UpdateMode.MERGE, etag=etag, match_condition=MatchConditions.IfNotModified)
+
+
+# seeded differences: a marker keyed under another consumer; a clearing merge that misses a field
+@pytest.mark.parametrize("seeded", [functools.partial(RawOrders, consumer="orders-v2"),
+                                    _ClearsTheMessageOnly])
+def test_a_baseline_that_differs_from_the_app_stops_the_profile(stack, seeded):
+    with pytest.raises(RequestsDiffer, match="request"):
+        check_same_requests(stack.app_settings(), "table", raw_orders=seeded)
+
+
+def test_the_baseline_path_is_profiled_without_the_library(stack):
+    profiler = cProfile.Profile()
+    deliveries, cpu = profile_orders(stack.app_settings(), "table", 2, profiler,
+                                     path="same-requests")
+
+    assert deliveries == 4 and cpu > 0
+    files = {filename for filename, _line, _name in pstats.Stats(profiler).stats}  # type: ignore[attr-defined]  # pstats keeps its table here; typeshed omits it
+    assert any(name.endswith("benchmarks/raw_orders.py") for name in files)
+    assert not any("/shared/" in name or "/domain/" in name for name in files)
+    assert any("azure/data/tables/aio" in name for name in files)
