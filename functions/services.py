@@ -64,13 +64,13 @@ from shared import (
 )
 from shared.aio import ThreadedStore  # a sync store behind the async face (tests, simulator)
 from shared.cache import DocumentCache  # the payments ledger's remembered balances
-from shared.dispatch import InMemoryDispatcher  # the default when stores are given (tests)
 from shared.exceptions import DispatchRejectedError  # what an unconfigured dispatcher raises
 from shared.maintenance import Maintenance  # the timer's purge, sweep and outbox sweeper
 from shared.sdk_transport import async_transport, sync_transport  # no per-request env lookups
 from shared.stores.base import IdempotencyStore  # what the sync store factory returns
 from shared.stores.retry import RetryBudget  # the SDKs' retries, sized for the lock
 from shared.telemetry import Telemetry  # one instance shared by every consumer
+from shared.testing import InMemoryDispatcher  # the default when stores are given (tests)
 
 #: The store SDKs' retries, set explicitly on every client built here. With the payments batch's
 #: tries per account group (PAYMENTS_MAX_ATTEMPTS, A) and its cap on an honoured Retry-After

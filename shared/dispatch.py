@@ -17,7 +17,6 @@ pending.
   partition keys and scheduled enqueue honoured.
 * `EventHubDispatcher`: azure-eventhub; one producer per event hub, a batch
   per partition key.
-* `InMemoryDispatcher`: records what it sent, for tests; can be told to fail.
 """
 
 from __future__ import annotations
@@ -285,23 +284,3 @@ class EventHubDispatcher:
             for producer in self._producers.values():
                 producer.close()
         self._producers.clear()
-
-
-# -- in memory -------------------------------------------------------------------------
-class InMemoryDispatcher:
-    """Records every message it sends (`sent`), in order: the dispatcher of fast tests and of
-    the delivery simulator (which sends them on into its simulated broker)."""
-
-    def __init__(self) -> None:
-        self.sent: list[OutgoingMessage] = []
-        self._lock = threading.Lock()
-
-    def dispatch(self, messages: Sequence[OutgoingMessage]) -> None:
-        with self._lock:
-            self.sent.extend(messages)
-
-    def close(self) -> None:
-        pass
-
-    def ids(self) -> list[str]:
-        return [m.message_id for m in self.sent]

@@ -12,9 +12,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from shared.dispatch import (
-    InMemoryDispatcher as _SyncInMemoryDispatcher,
-)
-from shared.dispatch import (
     ServiceBusSenders,
     by_destination,
     by_partition_key,
@@ -100,24 +97,3 @@ class EventHubDispatcher:
             closing: list[Awaitable[Any]] = [p.close() for p in self._producers.values()]
             await asyncio.gather(*closing)
         self._producers.clear()
-
-
-class InMemoryDispatcher:
-    """`shared.dispatch.InMemoryDispatcher`, awaited (the same record of what was sent)."""
-
-    def __init__(self) -> None:
-        self._sync = _SyncInMemoryDispatcher()
-
-    @property
-    def sent(self) -> list[OutgoingMessage]:
-        return self._sync.sent
-
-    def ids(self) -> list[str]:
-        return self._sync.ids()
-
-    async def dispatch(self, messages: Sequence[OutgoingMessage]) -> None:
-        await asyncio.sleep(0)  # a real send yields to the loop
-        self._sync.dispatch(messages)
-
-    async def close(self) -> None:
-        pass

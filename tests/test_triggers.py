@@ -27,7 +27,6 @@ from shared import (
     aio,
     request_hash,
 )
-from shared.dispatch import InMemoryDispatcher
 from shared.exceptions import (
     ConfigurationError,
     DispatchUnavailableError,
@@ -38,6 +37,7 @@ from shared.exceptions import (
 from shared.keys import DedupKey
 from shared.parking import ParkedEntryError
 from shared.payload import InvalidPayloadError
+from shared.testing import InMemoryDispatcher
 from shared.triggers import MessageView
 
 

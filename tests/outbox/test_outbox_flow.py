@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from shared.aio import InMemoryIdempotencyStore as AsyncInMemoryIdempotencyStore
-from shared.dispatch import InMemoryDispatcher
 from shared.exceptions import (
     ConfigurationError,
     DispatchUnavailableError,
@@ -40,6 +39,7 @@ from shared.keys import DedupKey
 from shared.outbox import MAX_BODY_BYTES, outgoing_message_id
 from shared.records import IdempotencyRecord, OutcomeStatus
 from shared.stores.memory import InMemoryIdempotencyStore
+from shared.testing import InMemoryDispatcher
 from tests.support.doubles import CountingMemoryStore, FailingDispatcher
 
 KEY = DedupKey("orders", "ORD-1")

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from shared.dispatch import InMemoryDispatcher
 from shared.exceptions import DispatchUnavailableError, RecordChangedError
 from shared.idempotency import AsyncIdempotency, GroupMessage, Idempotency
 from shared.keys import DedupKey
 from shared.outbox import outgoing_message_id
 from shared.records import OutcomeStatus
+from shared.testing import InMemoryDispatcher
 from tests.store.test_async_flow import async_backend, open_store  # noqa: F401 - fixtures
 from tests.support.doubles import AsyncFailingDispatcher, FailingDispatcher
 

@@ -1,6 +1,6 @@
 """Test doubles with what only tests need: a memory store that counts its requests, dispatchers
 that fail on demand. The library's own doubles (`InMemoryIdempotencyStore`,
-`InMemoryDispatcher`) stay plain."""
+`InMemoryDispatcher`, in shared.testing) stay plain."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import asyncio
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from shared.dispatch import InMemoryDispatcher
 from shared.exceptions import DispatchUnavailableError
 from shared.outbox import OutgoingMessage
 from shared.records import IdempotencyRecord
 from shared.stores.base import Document, WriteOp
 from shared.stores.memory import InMemoryIdempotencyStore
+from shared.testing import InMemoryDispatcher
 
 
 class CountingMemoryStore(InMemoryIdempotencyStore):

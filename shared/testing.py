@@ -1,0 +1,199 @@
+"""Test doubles for your own consumers: every one a stand-in for something the host or an SDK
+gives a function, so a consumer's test runs in process, fast, with no server (docs/testing.md).
+
+    from shared import Idempotency, MessageView, ServiceBusConsumer
+    from shared.testing import InMemoryDispatcher, InMemoryIdempotencyStore, RecordingMessageActions
+
+    outbox = InMemoryDispatcher()
+    orders = ServiceBusConsumer("orders", Idempotency(InMemoryIdempotencyStore(), dispatcher=outbox))
+    actions = RecordingMessageActions()
+    message = MessageView(message_id="o-1", body=b'{"orderId": "o-1"}')
+    orders.run_atomic(message, actions, save)
+    orders.run_atomic(message, actions, save)  # the broker's redelivery: absorbed
+    assert actions.actions() == ["complete", "complete"] and len(outbox.sent) == 1
+
+The async faces' doubles (`AsyncInMemoryIdempotencyStore`, `AsyncInMemoryDispatcher`) are the
+same records, awaited; `ThreadedStore` puts any sync store (a fault-injecting wrapper of your
+own) behind the async interface. `shared.aio` names the async store and `ThreadedStore` too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from shared.outbox import OutgoingMessage
+from shared.records import IdempotencyRecord
+from shared.stores.base import AsyncDocumentStore, Document, WriteOp
+from shared.stores.memory import InMemoryIdempotencyStore
+
+__all__ = ["AsyncInMemoryDispatcher", "AsyncInMemoryIdempotencyStore", "InMemoryDispatcher",
+           "InMemoryIdempotencyStore", "RecordingMessageActions", "Settlement", "ThreadedStore"]
+
+
+# -- the outbox's dispatchers ------------------------------------------------------------------
+class InMemoryDispatcher:
+    """Records every message it sends (`sent`), in order: the dispatcher of fast tests and of
+    the delivery simulator (which sends them on into its simulated broker)."""
+
+    def __init__(self) -> None:
+        self.sent: list[OutgoingMessage] = []
+        self._lock = threading.Lock()
+
+    def dispatch(self, messages: Sequence[OutgoingMessage]) -> None:
+        with self._lock:
+            self.sent.extend(messages)
+
+    def close(self) -> None:
+        pass
+
+    def ids(self) -> list[str]:
+        return [m.message_id for m in self.sent]
+
+
+class AsyncInMemoryDispatcher:
+    """`InMemoryDispatcher`, awaited (the same record of what was sent)."""
+
+    def __init__(self) -> None:
+        self._sync = InMemoryDispatcher()
+
+    @property
+    def sent(self) -> list[OutgoingMessage]:
+        return self._sync.sent
+
+    def ids(self) -> list[str]:
+        return self._sync.ids()
+
+    async def dispatch(self, messages: Sequence[OutgoingMessage]) -> None:
+        await asyncio.sleep(0)  # a real send yields to the loop
+        self._sync.dispatch(messages)
+
+    async def close(self) -> None:
+        pass
+
+
+# -- the host's settlement -------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """One settlement call a consumer made: the action, the message's id, and for a
+    dead-letter its reason and description."""
+
+    action: str  # "complete", "abandon" or "deadletter"
+    message_id: str | None
+    reason: str | None = None
+    description: str | None = None
+
+
+class RecordingMessageActions:
+    """Stands in for the `message_actions` the Service Bus trigger hands a function
+    (`azurefunctions.extensions.bindings.servicebus.ServiceBusMessageActions`): records each
+    settlement (`settled`) instead of sending it to the host."""
+
+    def __init__(self) -> None:
+        self.settled: list[Settlement] = []
+
+    def complete(self, message: Any) -> None:
+        self.settled.append(Settlement("complete", _message_id(message)))
+
+    def abandon(self, message: Any) -> None:
+        self.settled.append(Settlement("abandon", _message_id(message)))
+
+    def deadletter(self, message: Any, deadletter_reason: str | None = None,
+                   deadletter_error_description: str | None = None) -> None:
+        self.settled.append(Settlement("deadletter", _message_id(message), deadletter_reason,
+                                       deadletter_error_description))
+
+    def actions(self) -> list[str]:
+        """The actions, in order (a message left unsettled adds none: its lock runs out)."""
+        return [settlement.action for settlement in self.settled]
+
+
+def _message_id(message: Any) -> str | None:
+    message_id = getattr(message, "message_id", None)
+    return None if message_id is None else str(message_id)
+
+
+# -- stores behind the async interface ----------------------------------------------------------
+#: Threads for sync stores' requests behind the async interface: each request holds one while it
+#: waits on the network, so a slow store must not exhaust them (the loop's default executor has
+#: only cores + 4); shared by every ThreadedStore of the process.
+THREADED_STORE_THREADS = 64
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _threads() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(THREADED_STORE_THREADS, thread_name_prefix="threaded-store")
+        return _pool
+
+
+class ThreadedStore(AsyncDocumentStore):
+    """A sync store behind the async interface, each request on a worker thread.
+
+    For an async app whose stores are given as sync ones (a test double, a
+    fault-injecting wrapper, a backend with no async SDK): the event loop stays
+    free while the request runs. The real backends have native async stores.
+    """
+
+    def __init__(self, store: Any) -> None:
+        self.sync = store
+
+    @property
+    def name(self) -> str:
+        return str(self.sync.name)
+
+    async def _call[T](self, request: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        context = contextvars.copy_context()  # as asyncio.to_thread: the caller's context goes along
+        return await asyncio.get_running_loop().run_in_executor(
+            _threads(), functools.partial(context.run, request, *args, **kwargs))
+
+    async def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
+        return await self._call(self.sync.get_record, partition, record_id)
+
+    async def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        return await self._call(self.sync.put_record_if_absent, record)
+
+    async def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        return await self._call(self.sync.replace_record_if_unchanged, record)
+
+    async def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
+        await self._call(self.sync.delete_record_if_unchanged, record)
+
+    async def read_document(self, partition: str, document_id: str) -> Document | None:
+        return await self._call(self.sync.read_document, partition, document_id)
+
+    async def write_documents(self, partition: str, operations: Sequence[WriteOp]
+                              ) -> list[Document]:
+        return await self._call(self.sync.write_documents, partition, operations)
+
+    async def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
+                     marker_body: dict[str, Any] | None = None,
+                     written: list[Document] | None = None) -> IdempotencyRecord:
+        return await self._call(self.sync.commit, marker, operations, marker_body=marker_body,
+                                written=written)
+
+    async def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
+        return await self._call(self.sync.record_dispatched, marker)
+
+    async def close(self) -> None:
+        await self._call(self.sync.close)
+
+
+class AsyncInMemoryIdempotencyStore(ThreadedStore):
+    """The in-memory store behind the async interface: for fast tests of async handlers and
+    flows. Requests run inline (they never block); `sync` is the in-memory store itself."""
+
+    def __init__(self, store: InMemoryIdempotencyStore | None = None) -> None:
+        super().__init__(store or InMemoryIdempotencyStore())
+
+    async def _call[T](self, request: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return request(*args, **kwargs)
