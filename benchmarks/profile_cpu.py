@@ -126,11 +126,11 @@ def wire_requests() -> Iterator[list[tuple[str, str, dict[str, str], bytes]]]:
             recorded.append((request.method, request.url, dict(request.headers), _body_of(request)))
         return await send(self, request, **kwargs)
 
-    AioHttpTransport.send = recording  # type: ignore[method-assign]  # undone below
+    AioHttpTransport.send = recording  # undone below
     try:
         yield recorded
     finally:
-        AioHttpTransport.send = send  # type: ignore[method-assign]
+        AioHttpTransport.send = send
 
 
 _COMPARED_HEADERS = ("content-type", "prefer", "if-match", "accept", "x-ms-cosmos-is-batch-request",
@@ -157,7 +157,7 @@ def normal_message(message: Any) -> tuple[Any, ...]:
             message.session_id, message.partition_key, message.scheduled_enqueue_time_utc)
 
 
-def differences(app: Sequence[tuple[Any, ...]], raw: Sequence[tuple[Any, ...]], what: str) -> list[str]:
+def differences(app: Sequence[Any], raw: Sequence[Any], what: str) -> list[str]:
     """Each position where the two sequences differ, described (empty: the same)."""
     if len(app) != len(raw):
         return [f"{what}: the app sent {len(app)}, the baseline {len(raw)}"]
