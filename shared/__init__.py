@@ -19,6 +19,7 @@ from shared.config import IdempotencyConfig
 from shared.dispatch import ServiceBusDispatcher
 from shared.exceptions import IdempotencyError, PoisonMessageError
 from shared.flow import Transaction
+from shared.http import HttpResult, IdempotencyKeyEndpoint
 from shared.idempotency import Idempotency
 from shared.keys import DedupKey, request_hash
 from shared.parking import ParkingLot
@@ -28,8 +29,6 @@ from shared.stores import CosmosIdempotencyStore, InMemoryIdempotencyStore, Tabl
 from shared.triggers import (
     EventHubConsumer,
     EventView,
-    HttpResult,
-    IdempotencyKeyEndpoint,
     MessageView,
     ServiceBusConsumer,
 )

@@ -11,6 +11,7 @@ from shared.batch import AsyncPartitionBatchProcessor as PartitionBatchProcessor
 from shared.dispatch_aio import EventHubDispatcher, ServiceBusDispatcher
 from shared.flow import AsyncStore
 from shared.flow import AsyncTransaction as Transaction
+from shared.http import AsyncIdempotencyKeyEndpoint as IdempotencyKeyEndpoint
 from shared.idempotency import AsyncIdempotency as Idempotency
 from shared.parking import AsyncParkingLot as ParkingLot
 from shared.queues import AsyncStorageQueueConsumer as StorageQueueConsumer
@@ -19,7 +20,6 @@ from shared.stores.table_aio import AsyncTableIdempotencyStore as TableIdempoten
 from shared.testing import AsyncInMemoryIdempotencyStore as InMemoryIdempotencyStore
 from shared.testing import ThreadedStore
 from shared.triggers import AsyncEventHubConsumer as EventHubConsumer
-from shared.triggers import AsyncIdempotencyKeyEndpoint as IdempotencyKeyEndpoint
 from shared.triggers import AsyncServiceBusConsumer as ServiceBusConsumer
 from shared.watermark import AsyncPartitionWatermark as PartitionWatermark
 

@@ -334,7 +334,7 @@ def test_http_first_request_then_a_replay_of_its_stored_response(store):
     ("k-1", b"[1]", "request-invalid", 400),
 ])
 def test_http_problems_name_their_type_and_keep_their_title(store, key, body, slug, status):
-    from shared.triggers import PROBLEMS
+    from shared.http import PROBLEMS
 
     result = IdempotencyKeyEndpoint(Idempotency(store), problem_base="https://docs.example/http/#"
                                     ).answer(headers(key), body, created)

@@ -18,7 +18,7 @@ from shared import (
     PoisonMessageError,
     TableIdempotencyStore,
 )
-from shared.triggers import IdempotentRequest
+from shared.http import IdempotentRequest
 
 storage = os.environ.get("STORAGE_CONNECTION")
 credential = DefaultAzureCredential()

@@ -154,20 +154,20 @@ FACTS = [
          lambda: (settings_default("outbox_duplicate_detection").days,)),
     Fact("trace sampling", r"`TRACE_SAMPLING_RATIO` \(default (0\.\d+)",
          lambda: (code("shared.observability", "DEFAULT_SAMPLING_RATIO"),)),
-    # The trigger helpers (shared/triggers.py)
+    # The trigger helpers (shared/triggers.py, shared/http.py)
     Fact("Service Bus body", r"at most (\d+) KiB, a Standard-tier message",
          lambda: (code("shared.triggers", "MAX_MESSAGE_BYTES") / 1024,)),
     Fact("HTTP body",
          r"at most (\d+) KiB by default, `max_body_bytes=`|`max_body_bytes`, (\d+) KiB by default",
-         lambda: (code("shared.triggers", "MAX_REQUEST_BYTES") / 1024,)),
+         lambda: (code("shared.http", "MAX_REQUEST_BYTES") / 1024,)),
     Fact("Idempotency-Key length", r"longer than (\d+) characters, holding control characters",
-         lambda: (code("shared.triggers", "MAX_KEY_CHARS"),)),
+         lambda: (code("shared.http", "MAX_KEY_CHARS"),)),
     Fact("caller header lengths",
          r"is longer than ([\d,]+) characters, `X-MS-CLIENT-PRINCIPAL` is longer than (\d+) KiB",
-         lambda: (code("shared.triggers", "MAX_CALLER_CHARS"),
-                  code("shared.triggers", "MAX_PRINCIPAL_CHARS") / 1024)),
+         lambda: (code("shared.http", "MAX_CALLER_CHARS"),
+                  code("shared.http", "MAX_PRINCIPAL_CHARS") / 1024)),
     Fact("HTTP Retry-After", r"`Retry-After: (\d+)`",
-         lambda: (default("shared.triggers", "BaseIdempotencyKeyEndpoint", "retry_after_seconds"),)),
+         lambda: (default("shared.http", "BaseIdempotencyKeyEndpoint", "retry_after_seconds"),)),
     # Clock skew (a lease renewed every 1/LEASE_RENEWALS of it, judged on each instance's clock)
     Fact("skew between two instances",
          r"just under (\d+) s with the default (\d+)-second lease",
@@ -239,7 +239,7 @@ def test_the_cosmos_indexed_paths_the_docs_list_are_the_codes():
 def test_every_problem_type_has_its_section_on_the_http_page():
     """Each problem type's URI ends in the anchor of its section (RFC 9457: a type resolves to its
     documentation); the section is titled with the type's title and states its status."""
-    problems: dict[str, tuple[int, str]] = dict(code("shared.triggers", "PROBLEMS"))
+    problems: dict[str, tuple[int, str]] = dict(code("shared.http", "PROBLEMS"))
     text = (ROOT / "docs" / "http.md").read_text()
     sections = {m.group(2): (m.group(1), text[m.end():text.find("\n#", m.end())])
                 for m in re.finditer(r"^### (.+?) \{#([a-z0-9-]+)\}$", text, re.M)}
