@@ -193,9 +193,10 @@ def _measure(backend: str, stack: Any, messages: int, payments_cpu_ms: float | N
     from functions.services import build_services, real_stores
     from functions.settings import Settings
     from local_stack import COSMOS_LOCAL_KEY
+    from shared.eventhubs import EventView
     from shared.sdk_transport import proxy_configured
     from shared.stores.codec import is_record
-    from shared.triggers import EventView, MessageView
+    from shared.triggers import MessageView
     from simulator.check import scan
     from simulator.faults import FakeNotificationApi
 

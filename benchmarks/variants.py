@@ -87,12 +87,12 @@ from shared.batch import BatchReport
 from shared.cache import CompletedKeyCache
 from shared.cloudevents import parse_cloudevent
 from shared.dispatch import _HEADER_ALLOWANCE, SEND_BYTES  # the send cut of the app's dispatcher (set-up)
+from shared.eventhubs import EventView
 from shared.flow import Transaction
 from shared.keys import store_safe_id
 from shared.outbox import _ID_NAMESPACE  # the namespace of the app's message ids (set-up)
 from shared.stores.base import IdempotencyStore
 from shared.telemetry import Telemetry
-from shared.triggers import EventView
 from shared.watermark import PartitionWatermark
 
 CONSUMER = "bench"

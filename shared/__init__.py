@@ -17,6 +17,7 @@ from shared import aio
 from shared.batch import PartitionBatchProcessor
 from shared.config import IdempotencyConfig
 from shared.dispatch import ServiceBusDispatcher
+from shared.eventhubs import EventHubConsumer, EventView
 from shared.exceptions import IdempotencyError, PoisonMessageError
 from shared.flow import Transaction
 from shared.http import HttpResult, IdempotencyKeyEndpoint
@@ -26,12 +27,7 @@ from shared.parking import ParkingLot
 from shared.queues import StorageQueueConsumer
 from shared.records import KeyInProgressError, KeyReusedError, OutcomeStatus
 from shared.stores import CosmosIdempotencyStore, InMemoryIdempotencyStore, TableIdempotencyStore
-from shared.triggers import (
-    EventHubConsumer,
-    EventView,
-    MessageView,
-    ServiceBusConsumer,
-)
+from shared.triggers import MessageView, ServiceBusConsumer
 from shared.watermark import PartitionWatermark
 
 __all__ = [

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from shared.batch import AsyncPartitionBatchProcessor as PartitionBatchProcessor
 from shared.dispatch_aio import EventHubDispatcher, ServiceBusDispatcher
+from shared.eventhubs import AsyncEventHubConsumer as EventHubConsumer
 from shared.flow import AsyncStore
 from shared.flow import AsyncTransaction as Transaction
 from shared.http import AsyncIdempotencyKeyEndpoint as IdempotencyKeyEndpoint
@@ -19,7 +20,6 @@ from shared.stores.cosmos_aio import AsyncCosmosIdempotencyStore as CosmosIdempo
 from shared.stores.table_aio import AsyncTableIdempotencyStore as TableIdempotencyStore
 from shared.testing import AsyncInMemoryIdempotencyStore as InMemoryIdempotencyStore
 from shared.testing import ThreadedStore
-from shared.triggers import AsyncEventHubConsumer as EventHubConsumer
 from shared.triggers import AsyncServiceBusConsumer as ServiceBusConsumer
 from shared.watermark import AsyncPartitionWatermark as PartitionWatermark
 

@@ -9,9 +9,8 @@ from typing import Any
 import azure.functions as func
 from azure.identity.aio import DefaultAzureCredential
 
-from shared import DedupKey, aio, request_hash
+from shared import DedupKey, EventView, aio, request_hash
 from shared.cloudevents import parse_cloudevent
-from shared.triggers import EventView
 
 
 def table(name: str) -> aio.TableIdempotencyStore:

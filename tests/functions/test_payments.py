@@ -29,6 +29,7 @@ from functions.services import Services, build_services
 from functions.settings import COSMOS_CONTAINERS, TABLE_FOR
 from shared import DedupKey
 from shared.batch import MAX_RETRY_AFTER_SECONDS, BatchReport
+from shared.eventhubs import event_views
 from shared.exceptions import (
     EffectUncertainError,
     InvalidKeyError,
@@ -39,7 +40,6 @@ from shared.exceptions import (
 from shared.keys import store_safe_id
 from shared.stores.base import IdempotencyStore, WriteOp
 from shared.telemetry import EVENT_SEQUENCE_RESET, METRIC_MARK_LAG, METRIC_SEQUENCE_RESET, Telemetry
-from shared.triggers import event_views
 from simulator.host_inputs import SentEvent, event_hub_batch
 from tests.functions.conftest import function, settings_for
 from tests.support.doubles import CountingMemoryStore

@@ -27,10 +27,10 @@ from functions.settings import COSMOS_CONTAINERS, TABLE_FOR, Settings
 from replay.deadletters import EntityRef, ServiceBusDeadLetters, SimulatorDeadLetters
 from replay.stores import document_lister
 from replay.tool import ReplayTool, app_entities
+from shared.eventhubs import EventView
 from shared.exceptions import StoreRequestError, StoreUnavailableError
 from shared.parking import ParkingLot
 from shared.stores.base import IdempotencyStore
-from shared.triggers import EventView
 from simulator.faults import FakeNotificationApi, _Forwarding
 from simulator.host_inputs import SentMessage, service_bus_message
 from simulator.servicebus import Origin, ServiceBusNamespace

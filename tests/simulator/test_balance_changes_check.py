@@ -19,13 +19,14 @@ import pytest
 from domain.balance_projection import VIEW_DOCUMENT, BalanceProjection, view_partition
 from domain.payments import PaymentRules, payment_processor
 from shared import Idempotency, aio
+from shared.eventhubs import EventView
 from shared.keys import store_safe_id
 from shared.outbox import OutgoingMessage
 from shared.parking import ParkingLot
 from shared.stores.base import WriteOp
 from shared.stores.memory import InMemoryIdempotencyStore
 from shared.testing import InMemoryDispatcher
-from shared.triggers import EventView, MessageView
+from shared.triggers import MessageView
 from shared.watermark import PartitionWatermark
 from simulator.check import CheckResult, DeadLetter, Evidence, Invariant, balance_changes, shared_invariants
 from simulator.check.stores import Stores
