@@ -32,6 +32,8 @@ from local_stack.servers import azurite_tables, cosmos_server
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
+#: The example function apps (examples/testing is a test module to copy, not an app).
+APPS = sorted(p.name for p in EXAMPLES.iterdir() if (p / "function_app.py").is_file())
 DRIVER = Path(__file__).resolve().parent / "lift_driver.py"
 LIFTED = ("function_app.py", "host.json", "requirements.txt")
 
@@ -157,7 +159,7 @@ def distribution_of(module: str) -> str | None:
     return owner
 
 
-@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.iterdir() if p.is_dir()))
+@pytest.mark.parametrize("example", APPS)
 def test_an_example_imports_only_the_library_and_the_azure_sdks(example):
     code = EXAMPLES / example / "function_app.py"
     found = {m.split(".")[0] for m in imports_of(code)} - set(sys.stdlib_module_names)
@@ -168,7 +170,7 @@ def test_an_example_imports_only_the_library_and_the_azure_sdks(example):
     assert len(lines) <= 60, f"{example}: {len(lines)} lines of code; an example stays small"
 
 
-@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.iterdir() if p.is_dir()))
+@pytest.mark.parametrize("example", APPS)
 def test_an_examples_requirements_hold_what_it_and_the_library_import(example):
     """Every package the app's import needs (the example's and shared/'s module-level imports)
     is in the example's requirements.txt, pinned as the app's lock pins it."""
