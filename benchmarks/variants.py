@@ -87,8 +87,8 @@ from shared.batch import BatchReport
 from shared.cache import CompletedKeyCache
 from shared.cloudevents import parse_cloudevent
 from shared.dispatch import _HEADER_ALLOWANCE, SEND_BYTES  # the send cut of the app's dispatcher (set-up)
+from shared.drivers import Transaction
 from shared.eventhubs import EventView
-from shared.flow import Transaction
 from shared.keys import store_safe_id
 from shared.outbox import _ID_NAMESPACE  # the namespace of the app's message ids (set-up)
 from shared.stores.base import IdempotencyStore

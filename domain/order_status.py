@@ -14,9 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from shared import MessageView, aio
+from shared.drivers import run_async
 
 # The naturally idempotent path: a version-guarded upsert, no dedup record (a flow of its own).
-from shared.flow import run_async, update_document
+from shared.flow import update_document
 from shared.keys import store_safe_id  # the status document's id: the order id, escaped
 
 # The library's bounded decoder and its refusal: bad input gets a reason on its first delivery.

@@ -17,9 +17,9 @@ from shared import aio
 from shared.batch import PartitionBatchProcessor
 from shared.config import IdempotencyConfig
 from shared.dispatch import ServiceBusDispatcher
+from shared.drivers import Transaction
 from shared.eventhubs import EventHubConsumer, EventView
 from shared.exceptions import IdempotencyError, PoisonMessageError
-from shared.flow import Transaction
 from shared.http import HttpResult, IdempotencyKeyEndpoint
 from shared.idempotency import Idempotency
 from shared.keys import DedupKey, request_hash

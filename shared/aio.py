@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from shared.batch import AsyncPartitionBatchProcessor as PartitionBatchProcessor
 from shared.dispatch_aio import EventHubDispatcher, ServiceBusDispatcher
+from shared.drivers import AsyncStore
+from shared.drivers import AsyncTransaction as Transaction
 from shared.eventhubs import AsyncEventHubConsumer as EventHubConsumer
-from shared.flow import AsyncStore
-from shared.flow import AsyncTransaction as Transaction
 from shared.http import AsyncIdempotencyKeyEndpoint as IdempotencyKeyEndpoint
 from shared.idempotency import AsyncIdempotency as Idempotency
 from shared.parking import AsyncParkingLot as ParkingLot

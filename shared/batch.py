@@ -48,13 +48,24 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from shared.drivers import (
+    Async,
+    Sync,
+    flowmethod,
+)
 from shared.exceptions import (
     ConcurrencyRetriesExhaustedError,
     ConfigurationError,
     PoisonMessageError,
     retry_after,
 )
-from shared.flow import Async, Dispatch, Flow, Gather, OnStore, Sleep, Sync, flowmethod
+from shared.flow import (
+    Dispatch,
+    Flow,
+    Gather,
+    OnStore,
+    Sleep,
+)
 from shared.idempotency import AsyncIdempotency, BaseIdempotency, GroupMessage, Idempotency
 from shared.keys import DedupKey
 from shared.observability import CORRELATION_ID_HEADER

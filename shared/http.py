@@ -22,6 +22,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.drivers import (
+    Async,
+    Sync,
+    flowmethod,
+)
 from shared.exceptions import (
     ConcurrencyRetriesExhaustedError,
     ConfigurationError,
@@ -32,7 +37,7 @@ from shared.exceptions import (
     PoisonMessageError,
     StoreUnavailableError,
 )
-from shared.flow import Async, Flow, Sync, flowmethod
+from shared.flow import Flow
 from shared.idempotency import AsyncIdempotency, BaseIdempotency, Idempotency
 from shared.keys import DedupKey, request_hash
 from shared.payload import InvalidPayloadError, parse_json_object

@@ -17,7 +17,7 @@ them pending for the next copy or the sweeper (`dispatch_pending`). A group
 commit of Event Hubs events (`GroupMessage.position`) leaves its messages to
 the caller instead: their partition's mark records the dispatch (`shared.batch`).
 
-Each method is written once, as a flow (`shared.flow`): `Idempotency` runs it
+Each method is written once, as a flow (`shared.flow`, `shared.drivers`): `Idempotency` runs it
 on a sync store, `shared.aio.Idempotency` awaits it on an async one.
 """
 
@@ -34,6 +34,13 @@ from typing import Any
 
 from shared.cache import CompletedKeyCache, DocumentCache
 from shared.config import IdempotencyConfig
+from shared.drivers import (
+    Async,
+    AsyncStore,
+    Sync,
+    SyncStore,
+    flowmethod,
+)
 from shared.exceptions import (
     ConcurrencyRetriesExhaustedError,
     ConfigurationError,
@@ -46,8 +53,6 @@ from shared.exceptions import (
     StoreUnavailableError,
 )
 from shared.flow import (
-    Async,
-    AsyncStore,
     Build,
     Built,
     Commit,
@@ -63,10 +68,7 @@ from shared.flow import (
     RecordDispatched,
     ReplaceRecordIfUnchanged,
     RunHandler,
-    Sync,
-    SyncStore,
     Writes,
-    flowmethod,
     retry_on_race,
 )
 from shared.keys import DedupKey

@@ -26,16 +26,18 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.drivers import (
+    Async,
+    Sync,
+    flowmethod,
+)
 from shared.exceptions import IdempotencyError
 from shared.flow import (
-    Async,
     Flow,
     OnStore,
     ReadDocument,
     ReplaceRecordIfUnchanged,
-    Sync,
     WriteDocuments,
-    flowmethod,
     update_document,
 )
 from shared.keys import store_safe_id

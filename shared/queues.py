@@ -57,8 +57,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
+from shared.drivers import (
+    Async,
+    Sync,
+    flowmethod,
+)
 from shared.exceptions import ConfigurationError, IdempotencyError, InvalidKeyError, PoisonMessageError
-from shared.flow import Async, Flow, Sync, flowmethod
+from shared.flow import Flow
 from shared.idempotency import AsyncIdempotency, Idempotency
 from shared.keys import DedupKey, request_hash
 from shared.observability import message_span

@@ -30,7 +30,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from shared.flow import UNREAD, Async, Flow, ReadDocument, Sync, Unread, flowmethod, update_document
+from shared.drivers import (
+    Async,
+    Sync,
+    flowmethod,
+)
+from shared.flow import (
+    UNREAD,
+    Flow,
+    ReadDocument,
+    Unread,
+    update_document,
+)
 from shared.keys import store_safe_id
 from shared.stores.base import Document
 

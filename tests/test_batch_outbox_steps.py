@@ -16,8 +16,15 @@ import pytest
 
 from shared import DedupKey, IdempotencyConfig
 from shared.batch import BatchReport, PartitionBatchProcessor
+from shared.drivers import run_sync
 from shared.exceptions import DispatchUnavailableError
-from shared.flow import Dispatch, Flow, Gather, OnStore, Step, run_sync
+from shared.flow import (
+    Dispatch,
+    Flow,
+    Gather,
+    OnStore,
+    Step,
+)
 from shared.idempotency import Idempotency
 from shared.outbox import PENDING_SINCE, POSITION, Dispatcher, EventPosition, has_pending, outgoing_message_id
 from shared.parking import ParkingLot

@@ -15,6 +15,7 @@ from typing import Any, cast
 import pytest
 
 from shared import DedupKey, IdempotencyConfig, OutcomeStatus
+from shared.drivers import SyncStore, run_async, run_sync
 from shared.exceptions import (
     ConcurrencyRetriesExhaustedError,
     OperationFailedError,
@@ -34,11 +35,8 @@ from shared.flow import (
     ReplaceRecordIfUnchanged,
     Sleep,
     Step,
-    SyncStore,
     WriteDocuments,
     Writes,
-    run_async,
-    run_sync,
 )
 from shared.idempotency import GroupMessage, Idempotency
 from shared.records import IdempotencyRecord, RecordState

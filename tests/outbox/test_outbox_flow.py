@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from shared.aio import InMemoryIdempotencyStore as AsyncInMemoryIdempotencyStore
+from shared.drivers import Transaction
 from shared.exceptions import (
     ConfigurationError,
     DispatchUnavailableError,
@@ -31,7 +32,6 @@ from shared.flow import (
     Flow,
     GetRecord,
     RecordDispatched,
-    Transaction,
     Writes,
 )
 from shared.idempotency import AsyncIdempotency, GroupMessage, Idempotency

@@ -16,7 +16,7 @@ from azure.cosmos.aio import CosmosClient
 
 from shared import DedupKey, IdempotencyConfig, request_hash
 from shared.aio import InMemoryIdempotencyStore as AsyncInMemoryIdempotencyStore
-from shared.flow import AsyncTransaction
+from shared.drivers import AsyncTransaction
 from shared.idempotency import AsyncIdempotency
 from shared.records import KeyReusedError, OutcomeStatus, RecordState
 from shared.stores.cosmos_aio import AsyncCosmosIdempotencyStore

@@ -6,7 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 from shared import DedupKey, request_hash
-from shared.flow import AsyncTransaction
+from shared.drivers import AsyncTransaction
 from shared.idempotency import AsyncIdempotency, GroupMessage
 from shared.records import OutcomeStatus
 from shared.stores.base import WriteOp

@@ -19,6 +19,7 @@ import pytest
 
 from shared import DedupKey, Idempotency, IdempotencyConfig, OutcomeStatus, request_hash
 from shared.cache import CompletedKeyCache
+from shared.drivers import SyncStore
 from shared.exceptions import (
     ConcurrencyRetriesExhaustedError,
     EffectUncertainError,
@@ -28,7 +29,6 @@ from shared.exceptions import (
     ResultTooLargeError,
     StoreUnavailableError,
 )
-from shared.flow import SyncStore
 from shared.records import IdempotencyRecord, KeyReusedError, Outcome, RecordState
 from shared.stores.base import RecordStore
 from shared.telemetry import Telemetry
