@@ -50,6 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     loop.add_argument("--rounds", type=int, default=d.rounds,
                       help="interleaved rounds of the new-message phase")
     loop.add_argument("--no-chart", action="store_true", help="skip the PNG chart")
+    p.add_argument("--orders", type=int, default=0, metavar="N",
+                   help="the Service Bus orders path instead: the function against its "
+                        "same-requests baseline, N new orders each redelivered, three rounds")
     lat = p.add_argument_group(
         "latency mode", "payment batches behind relays that add round-trip time")
     lat.add_argument("--rtt-ms", default=None,
@@ -117,6 +120,19 @@ def _run(args: argparse.Namespace, names: tuple[str, ...], backends: tuple[str, 
                            variants=names, progress=_progress)
 
 
+def _orders(count: int, backends: tuple[str, ...]) -> int:
+    """The orders function's CPU per delivery against its same-requests baseline, per backend."""
+    from benchmarks.profile_cpu import compare_orders, orders_lines
+    from local_stack import LocalStack
+
+    _progress("starting Azurite and the Cosmos server on loopback")
+    with LocalStack() as stack:
+        for backend in backends:
+            for line in orders_lines(backend, compare_orders(stack.environment(), backend, count)):
+                print(line)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     known = LATENCY_VARIANTS if args.rtt_ms else LOOPBACK_VARIANTS
@@ -132,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
 
     urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
     warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
+    if args.orders:
+        return _orders(args.orders, backends)
     try:
         run = _run(args, names, backends)
     except RttNotVerifiedError as error:

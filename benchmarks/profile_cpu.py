@@ -286,6 +286,68 @@ def profile_orders(environment: dict[str, str], backend: str, count: int,
     return len(deliveries), cpu
 
 
+#: The function's CPU per delivery against the same-requests baseline's: issue 34's bound.
+ORDERS_TARGET = 1.15
+
+
+def compare_orders(environment: dict[str, str], backend: str, count: int, *, rounds: int = 3
+                   ) -> list[tuple[float, float]]:
+    """(function, same-requests) ms of CPU per delivery, `rounds` times: the probe checked first;
+    then, on one set of host-built services, `count` new orders each way and then each
+    redelivered, the two paths interleaved delivery by delivery (which goes first alternating),
+    so drift on the machine falls on both alike."""
+    from benchmarks import hops
+    from benchmarks.raw_orders import RawOrders
+    from simulator.host_inputs import RecordingActions
+
+    check_same_requests(environment, backend)
+    _app_settings_in_environment()
+    services = hops.build(hops.settings_env(environment, backend))
+    function = hops.user_function("orders")
+    store, topic = services.async_stores["orders"], services.settings.notifications_topic
+    raw = RawOrders(topic=topic, sender=hops.AsyncRecordingServiceBusClient().get_topic_sender(
+        topic), **({"container": store.container} if backend == "cosmos" else {"table": store.client}))
+    actions = RecordingActions()
+    paths: dict[str, Callable[[Any], Any]] = {
+        "function": lambda message: function(message=message, message_actions=actions),
+        "same-requests": lambda message: raw.handle(message, actions)}
+    figures: list[tuple[float, float]] = []
+    with hops.installed(services), asyncio.Runner() as runner:
+        for path in paths.values():  # first use (connections, account reads): not measured
+            runner.run(path(hops.order_message(f"ORD-warm-{hops.unique()}", 1, correlation_id="c")))
+        for _ in range(rounds):
+            ids = {name: [f"ORD-{hops.unique()}" for _ in range(count)] for name in paths}
+            cpu = dict.fromkeys(paths, 0.0)
+            for delivery_count in (1, 2):
+                for n in range(count):
+                    for name in (list(paths) if n % 2 == 0 else list(reversed(paths))):
+                        message = hops.order_message(ids[name][n], delivery_count,
+                                                     correlation_id="c")
+                        started = time.process_time()
+                        runner.run(paths[name](message))
+                        cpu[name] += time.process_time() - started
+            deliveries = 2 * count
+            figures.append((cpu["function"] * 1000 / deliveries,
+                            cpu["same-requests"] * 1000 / deliveries))
+        runner.run(services.aclose())
+    if {action for action, *_ in actions.settled} != {"complete"}:
+        raise RuntimeError("an order was not completed")
+    return figures
+
+
+def orders_lines(backend: str, figures: Sequence[tuple[float, float]]) -> list[str]:
+    """What `python -m benchmarks --orders` prints for one backend: each round, then the bound."""
+    ratios = [function / raw for function, raw in figures]
+    lines = [f"orders / {backend}, round {n}: function {function:.3f} ms, same-requests "
+             f"{raw:.3f} ms CPU per delivery: {function / raw:.2f}x"
+             for n, (function, raw) in enumerate(figures, start=1)]
+    worst = max(ratios)
+    lines.append(f"[{'met' if worst <= ORDERS_TARGET else 'MISSED'}] orders ({backend}): the "
+                 f"function's CPU per delivery <= {ORDERS_TARGET:.2f}x same-requests' in every "
+                 f"round: {', '.join(f'{r:.2f}x' for r in ratios)}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--variant", default="app", choices=sorted(LATENCY_VARIANTS))

@@ -15,7 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.profile_cpu import RequestsDiffer, check_same_requests, profile_orders, report
+from benchmarks.profile_cpu import (
+    RequestsDiffer,
+    check_same_requests,
+    compare_orders,
+    orders_lines,
+    profile_orders,
+    report,
+)
 from benchmarks.raw_orders import RawOrders
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,3 +102,16 @@ def test_the_baseline_path_is_profiled_without_the_library(stack):
     assert any(name.endswith("benchmarks/raw_orders.py") for name in files)
     assert not any("/shared/" in name or "/domain/" in name for name in files)
     assert any("azure/data/tables/aio" in name for name in files)
+
+
+def test_the_comparison_interleaves_both_paths_and_reports_each_round(stack):
+    figures = compare_orders(stack.app_settings(), "table", 2, rounds=2)
+    assert len(figures) == 2 and all(function > 0 and raw > 0 for function, raw in figures)
+
+
+def test_the_bound_is_met_only_when_every_round_is_within_it():
+    assert orders_lines("cosmos", [(1.1, 1.0), (1.14, 1.0)])[-1].startswith("[met]")
+    missed = orders_lines("cosmos", [(1.1, 1.0), (1.2, 1.0)])
+    assert missed[-1].startswith("[MISSED]") and "1.10x, 1.20x" in missed[-1]
+    assert missed[1] == ("orders / cosmos, round 2: function 1.200 ms, same-requests 1.000 ms "
+                         "CPU per delivery: 1.20x")
