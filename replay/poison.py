@@ -6,7 +6,7 @@ copies a message it could not hand to the function there as it was (no reason, n
 This module reads both, holding what it read invisible while the tool acts on it (a
 queue has no lock of its own: the visibility timeout is one), and brings one back:
 
-1. the resubmission (`shared.queues.resubmission`: the original id and body) is sent
+1. the resubmission (`shared.queue_messages.resubmission`: the original id and body) is sent
    to the consumer's queue, base64-encoded as the trigger reads it;
 2. only then is the envelope deleted from the poison queue, with the pop receipt of
    the read that holds it.
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from shared.queues import read_envelope
+from shared.queue_messages import read_envelope
 
 #: How long a read for `list` or `show` hides the envelopes it read (then they are released).
 LIST_HOLD_SECONDS = 30

@@ -6,7 +6,7 @@ content type, correlation id, properties); a parked Event Hubs event is run
 through the same domain code as the trigger under its CloudEvent source+id;
 a parked notification is re-delivered under its MessageId; a Storage Queue
 poison envelope is resubmitted to its queue carrying the original message id
-and body (`shared.queues.resubmission`), and deleted only after that send. So the consumer's
+and body (`shared.queue_messages.resubmission`), and deleted only after that send. So the consumer's
 dedup absorbs a replay whose effect had in fact happened, and replaying the
 same entry twice never creates a second effect.
 
@@ -61,7 +61,7 @@ from shared.exceptions import InvalidKeyError, PoisonMessageError
 from shared.keys import store_safe_id
 from shared.parking import EntryClaimedError, EntryResolvedError, ParkedEntry, ParkingLot
 from shared.payload import InvalidPayloadError as InvalidMessageError
-from shared.queues import QueueMessageView, resubmission
+from shared.queue_messages import QueueMessageView, resubmission
 from shared.records import IdempotencyRecord, RecordState
 from shared.settlement import Action
 from shared.triggers import MessageView

@@ -113,7 +113,7 @@ def test_counter_proof_a_cycle_under_type_checking_is_found(tmp_path):
 LAYERS: dict[str, frozenset[str]] = {
     "front door": frozenset({"shared", "shared.aio", "shared.testing"}),
     "trigger helpers": frozenset({"shared.triggers", "shared.eventhubs", "shared.http",
-                                  "shared.queues",
+                                  "shared.queues", "shared.queue_messages",
                                   "shared.maintenance"}),
     "flows": frozenset({"shared.flow", "shared.drivers", "shared.idempotency", "shared.batch",
                         "shared.parking", "shared.watermark", "shared.cache"}),

@@ -183,11 +183,11 @@ FACTS = [
          lambda: (code("shared.telemetry", "CLOCK_SKEW_SAMPLE_SECONDS"),)),
     Fact("skew warning interval", r"`ClockSkewDetected` \(WARNING, at most (?:once )?every (\d+) minutes",
          lambda: (code("shared.telemetry", "CLOCK_SKEW_WARNING_SECONDS") / 60,)),
-    # Storage queues (shared/queues.py)
+    # Storage queues (shared/queues.py, shared/queue_messages.py)
     Fact("max dequeue count", r"`maxDequeueCount`(?:\*\*)? \(default (\d+)\)",
          lambda: (code("shared.queues", "DEFAULT_MAX_DEQUEUE_COUNT"),)),
     Fact("poison envelope text", r"64 KiB \((\d+) KiB of text before base64\)",
-         lambda: (code("shared.queues", "MAX_POISON_TEXT_BYTES") / 1024,)),
+         lambda: (code("shared.queue_messages", "MAX_POISON_TEXT_BYTES") / 1024,)),
     Fact("queue body", r"bounded decoder, at most (\d+) KiB\); `key\(item\)`",
          lambda: (default("shared.queues", "StorageQueueConsumer", "max_body_bytes") / 1024,)),
 ]

@@ -20,14 +20,16 @@ from shared import DedupKey, Idempotency, InMemoryIdempotencyStore, aio
 from shared.aio import InMemoryIdempotencyStore as AsyncInMemoryIdempotencyStore
 from shared.exceptions import StoreUnavailableError
 from shared.payload import InvalidPayloadError
-from shared.queues import (
+from shared.queue_messages import (
     MAX_POISON_TEXT_BYTES,
-    AsyncStorageQueueConsumer,
-    MessageRetryError,
     QueueMessageView,
-    StorageQueueConsumer,
     poison_envelope,
     read_envelope,
+)
+from shared.queues import (
+    AsyncStorageQueueConsumer,
+    MessageRetryError,
+    StorageQueueConsumer,
 )
 from shared.settlement import Action
 from tests.support.doubles import CountingMemoryStore

@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from shared.queues import read_envelope
+from shared.queue_messages import read_envelope
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -171,7 +171,8 @@ def test_the_async_consumer_on_the_async_table_store_and_an_async_poison_client(
     from azure.storage.queue.aio import QueueClient as AsyncQueueClient
 
     from shared import aio
-    from shared.queues import AsyncStorageQueueConsumer, QueueMessageView
+    from shared.queue_messages import QueueMessageView
+    from shared.queues import AsyncStorageQueueConsumer
     from shared.stores.table_aio import AsyncTableIdempotencyStore
 
     table = f"t{uuid.uuid4().hex[:16]}"
