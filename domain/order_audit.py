@@ -27,7 +27,7 @@ from shared.keys import store_safe_id  # the customer's partition: its id, escap
 
 # The library's bounded decoder and its refusal: bad input gets a reason on its first delivery.
 from shared.payload import InvalidPayloadError, exact_integer, parse_json_object
-from shared.queue_messages import QueueMessageView
+from shared.queue_messages import QueueMessageView  # what the queue consumer hands a parse (a type)
 from shared.settlement import Decision  # what handle returns: the settlement applied
 
 CONSUMER = "order_audit"

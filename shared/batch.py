@@ -48,11 +48,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from shared.drivers import (
-    Async,
-    Sync,
-    flowmethod,
-)
+from shared.drivers import Async, Sync, flowmethod
 from shared.exceptions import (
     ConcurrencyRetriesExhaustedError,
     ConfigurationError,

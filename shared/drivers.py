@@ -21,10 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Concatenate, Protocol, Self, overload
 
-from shared.exceptions import (
-    RecordChangedError,
-    StoreUnavailableError,
-)
+from shared.exceptions import RecordChangedError, StoreUnavailableError
 from shared.flow import (
     Build,
     Built,

@@ -20,9 +20,7 @@ from shared.batch import (
     PartitionBatchProcessor,
 )
 from shared.cloudevents import as_text
-from shared.exceptions import (
-    ConfigurationError,
-)
+from shared.exceptions import ConfigurationError
 from shared.observability import batch_span
 
 logger = logging.getLogger(__name__)

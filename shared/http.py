@@ -22,11 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.drivers import (
-    Async,
-    Sync,
-    flowmethod,
-)
+from shared.drivers import Async, Sync, flowmethod
 from shared.exceptions import (
     ConcurrencyRetriesExhaustedError,
     ConfigurationError,

@@ -26,11 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.drivers import (
-    Async,
-    Sync,
-    flowmethod,
-)
+from shared.drivers import Async, Sync, flowmethod
 from shared.exceptions import IdempotencyError
 from shared.flow import (
     Flow,

@@ -19,9 +19,7 @@ from typing import Any, Protocol, cast
 from shared.exceptions import PoisonMessageError
 from shared.keys import DedupKey
 from shared.payload import parse_json_object
-from shared.settlement import (
-    MAX_DESCRIPTION_CHARS,
-)
+from shared.settlement import MAX_DESCRIPTION_CHARS
 
 #: A queue message holds at most 64 KiB; with the trigger's base64 encoding that is 48 KiB of
 #: text. The envelope stays within it whichever encoding the poison client uses.

@@ -52,11 +52,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, cast
 
-from shared.drivers import (
-    Async,
-    Sync,
-    flowmethod,
-)
+from shared.drivers import Async, Sync, flowmethod
 from shared.exceptions import ConfigurationError, IdempotencyError, InvalidKeyError, PoisonMessageError
 from shared.flow import Flow
 from shared.idempotency import AsyncIdempotency, Idempotency

@@ -36,16 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.cloudevents import as_text
-from shared.drivers import (
-    Async,
-    Sync,
-    flowmethod,
-)
-from shared.exceptions import (
-    ConfigurationError,
-    InvalidKeyError,
-    PoisonMessageError,
-)
+from shared.drivers import Async, Sync, flowmethod
+from shared.exceptions import ConfigurationError, InvalidKeyError, PoisonMessageError
 from shared.flow import Flow
 from shared.idempotency import AsyncIdempotency, BaseIdempotency, Idempotency
 from shared.keys import DedupKey, request_hash, store_safe_id

@@ -30,11 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from shared.drivers import (
-    Async,
-    Sync,
-    flowmethod,
-)
+from shared.drivers import Async, Sync, flowmethod
 from shared.flow import (
     UNREAD,
     Flow,

@@ -20,17 +20,8 @@ from shared import DedupKey, Idempotency, InMemoryIdempotencyStore, aio
 from shared.aio import InMemoryIdempotencyStore as AsyncInMemoryIdempotencyStore
 from shared.exceptions import StoreUnavailableError
 from shared.payload import InvalidPayloadError
-from shared.queue_messages import (
-    MAX_POISON_TEXT_BYTES,
-    QueueMessageView,
-    poison_envelope,
-    read_envelope,
-)
-from shared.queues import (
-    AsyncStorageQueueConsumer,
-    MessageRetryError,
-    StorageQueueConsumer,
-)
+from shared.queue_messages import MAX_POISON_TEXT_BYTES, QueueMessageView, poison_envelope, read_envelope
+from shared.queues import AsyncStorageQueueConsumer, MessageRetryError, StorageQueueConsumer
 from shared.settlement import Action
 from tests.support.doubles import CountingMemoryStore
 

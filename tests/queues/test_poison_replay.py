@@ -22,11 +22,7 @@ from replay.poison import QueueRef, StoragePoisonQueues
 from replay.stores import document_lister
 from replay.tool import Filters, Options, ReplayError, ReplayTool
 from shared.parking import ParkingLot
-from shared.queue_messages import (
-    QueueMessageView,
-    poison_envelope,
-    read_envelope,
-)
+from shared.queue_messages import QueueMessageView, poison_envelope, read_envelope
 
 pytestmark = pytest.mark.timeout(300)
 
