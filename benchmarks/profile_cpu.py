@@ -171,10 +171,8 @@ def check_same_requests(environment: dict[str, str], backend: str, *,
     the baseline, on the same id and clock; RequestsDiffer unless every data request, the
     message sent and the settlement are the same. Returns the requests compared."""
     from benchmarks import hops
-    from benchmarks.raw_orders import RawOrders
     from simulator.host_inputs import RecordingActions
 
-    make = raw_orders or RawOrders
     _app_settings_in_environment()
     probe_time = math.floor(time.time()) + 0.125  # one clock for both (a fraction: ms told apart)
     order_id = f"ORD-probe-{hops.unique()}"
@@ -194,8 +192,8 @@ def check_same_requests(environment: dict[str, str], backend: str, *,
             for message in deliveries:
                 runner.run(function(message=message, message_actions=app_actions))
         runner.run(_delete_order(store, backend, order_id, lines=2))
-        raw = make(topic=topic, sender=raw_sent.get_topic_sender(topic), clock=lambda: probe_time,
-                   **({"container": store.container} if backend == "cosmos" else {"table": store.client}))
+        raw = raw_orders_on(store, backend, topic, make=raw_orders,
+                            sender=raw_sent.get_topic_sender(topic), clock=lambda: probe_time)
         with wire_requests() as baseline:
             for message in deliveries:
                 runner.run(raw.handle(message, raw_actions))
@@ -210,6 +208,18 @@ def check_same_requests(environment: dict[str, str], backend: str, *,
         raise RequestsDiffer(f"{backend}: the same-requests baseline differs from the app:\n"
                              + "\n".join(found))
     return len(app)
+
+
+def raw_orders_on(store: Any, backend: str, topic: str, *, make: Callable[..., Any] | None = None,
+                  sender: Any = None, **options: Any) -> Any:
+    """The same-requests baseline on the SDK client of the app's async `store`, sending to
+    `topic` with `sender` (default: a recording stand-in's)."""
+    from benchmarks import hops
+    from benchmarks.raw_orders import RawOrders
+
+    client = {"container": store.container} if backend == "cosmos" else {"table": store.client}
+    sender = sender or hops.AsyncRecordingServiceBusClient().get_topic_sender(topic)
+    return (make or RawOrders)(topic=topic, sender=sender, **client, **options)
 
 
 def _app_settings_in_environment() -> None:
@@ -234,7 +244,6 @@ def profile_orders(environment: dict[str, str], backend: str, count: int,
                    ) -> tuple[int, float]:
     """Deliveries made and their CPU seconds: `count` new orders, then each redelivered."""
     from benchmarks import hops
-    from benchmarks.raw_orders import RawOrders
     from domain.orders import OrderService
     from shared import Idempotency, ServiceBusConsumer
     from simulator.host_inputs import RecordingActions
@@ -252,9 +261,7 @@ def profile_orders(environment: dict[str, str], backend: str, count: int,
             runner.run(function(message=message, message_actions=actions))
     elif path == "same-requests":
         store, topic = services.async_stores["orders"], services.settings.notifications_topic
-        raw = RawOrders(topic=topic, sender=hops.AsyncRecordingServiceBusClient().get_topic_sender(
-            topic), **({"container": store.container} if backend == "cosmos"
-                       else {"table": store.client}))
+        raw = raw_orders_on(store, backend, topic)
 
         def deliver(message: Any) -> None:
             runner.run(raw.handle(message, actions))
@@ -297,7 +304,6 @@ def compare_orders(environment: dict[str, str], backend: str, count: int, *, rou
     redelivered, the two paths interleaved delivery by delivery (which goes first alternating),
     so drift on the machine falls on both alike."""
     from benchmarks import hops
-    from benchmarks.raw_orders import RawOrders
     from simulator.host_inputs import RecordingActions
 
     check_same_requests(environment, backend)
@@ -305,8 +311,7 @@ def compare_orders(environment: dict[str, str], backend: str, count: int, *, rou
     services = hops.build(hops.settings_env(environment, backend))
     function = hops.user_function("orders")
     store, topic = services.async_stores["orders"], services.settings.notifications_topic
-    raw = RawOrders(topic=topic, sender=hops.AsyncRecordingServiceBusClient().get_topic_sender(
-        topic), **({"container": store.container} if backend == "cosmos" else {"table": store.client}))
+    raw = raw_orders_on(store, backend, topic)
     actions = RecordingActions()
     paths: dict[str, Callable[[Any], Any]] = {
         "function": lambda message: function(message=message, message_actions=actions),

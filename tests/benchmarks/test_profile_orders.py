@@ -5,13 +5,9 @@ sends the app's requests byte for byte with no library code, and a seeded differ
 
 from __future__ import annotations
 
-import ast
 import cProfile
 import functools
 import pstats
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -24,9 +20,7 @@ from benchmarks.profile_cpu import (
     report,
 )
 from benchmarks.raw_orders import RawOrders
-
-ROOT = Path(__file__).resolve().parents[2]
-LIBRARY = ("shared", "domain", "functions")
+from tests.benchmarks.test_same_transactions import library_imports
 
 
 def test_orders_are_profiled_through_the_registered_function(stack):
@@ -54,16 +48,7 @@ def test_the_sync_path_runs_the_same_consumer_on_the_sync_sdk(stack):
 
 # -- the same-requests baseline: the app's requests, message and settlement, no library --------
 def test_the_baseline_imports_no_library_code():
-    tree = ast.parse((ROOT / "benchmarks" / "raw_orders.py").read_text())
-    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
-                for alias in node.names}
-    imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert not {name for name in imported if name.split(".")[0] in LIBRARY}, imported
-    loaded = subprocess.run(
-        [sys.executable, "-c", "import sys, benchmarks.raw_orders; "
-         f"print(sorted({{n.split('.')[0] for n in sys.modules}} & {set(LIBRARY)!r}))"],
-        cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-    assert loaded == "[]"
+    assert library_imports("raw_orders") == (set(), "[]")
 
 
 @pytest.mark.parametrize("backend", ["table", "cosmos"])

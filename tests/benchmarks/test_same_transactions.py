@@ -24,17 +24,21 @@ LIBRARY = ("shared", "domain", "functions")
 FROZEN = 1_767_300_000.5  # the app's and the variant's clock: their markers' times agree
 
 
-def test_its_hot_path_imports_no_library_code():
-    tree = ast.parse((ROOT / "benchmarks" / "raw_payments.py").read_text())
+def library_imports(module: str) -> tuple[set[str], str]:
+    """What `benchmarks/<module>.py` imports of the library, by its source and once loaded."""
+    tree = ast.parse((ROOT / "benchmarks" / f"{module}.py").read_text())
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}
     imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert not {name for name in imported if name.split(".")[0] in LIBRARY}, imported
     loaded = subprocess.run(
-        [sys.executable, "-c", "import sys, benchmarks.raw_payments; "
+        [sys.executable, "-c", f"import sys, benchmarks.{module}; "
          f"print(sorted({{n.split('.')[0] for n in sys.modules}} & {set(LIBRARY)!r}))"],
         cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-    assert loaded == "[]"
+    return {name for name in imported if name.split(".")[0] in LIBRARY}, loaded
+
+
+def test_its_hot_path_imports_no_library_code():
+    assert library_imports("raw_payments") == (set(), "[]")
 
 
 # -- learning: a slot when a value fits every document, a constant when all agree, else refused --
