@@ -273,14 +273,15 @@ class OutageController:
     wrapped stores for `duration` wall seconds (the chaos runs' short outages);
     `pause` insists on pausing the process; `fail-fast` fails every call to the
     server's stores at once with 503 for `duration` seconds of `clock` (the
-    simulation's virtual clock). `meets`: an outage asked for starts at the next
-    store call of that function instead of at once, so it is sure to meet that
-    consumer (a paused store otherwise holds every thread in other calls).
+    simulation's virtual clock). `meets`: the n-th outage asked for starts at the
+    next store call of `meets[n % len(meets)]` instead of at once, so each is sure
+    to meet its consumer (a paused store otherwise holds every thread in other calls,
+    and the simulated producer waits while events pile up behind a held batch).
     """
 
     def __init__(self, log: FaultLog, *, processes: dict[str, int] | None = None,
                  duration: float = 2.5, mode: str = "auto",
-                 clock: Callable[[], float] | None = None, meets: str | None = None) -> None:
+                 clock: Callable[[], float] | None = None, meets: tuple[str, ...] = ()) -> None:
         if mode not in OUTAGE_MODES:
             raise ValueError(f"unknown outage mode {mode!r}; one of {OUTAGE_MODES}")
         self.log = log
@@ -289,7 +290,8 @@ class OutageController:
         self.mode = mode
         self.clock = clock
         self.meets = meets
-        self._armed: set[str] = set()  # servers whose outage waits for a call of `meets`
+        self._asked = 0  # outages asked for so far
+        self._armed: list[tuple[str, str]] = []  # (server, function): outages waiting for a call
         self._until: dict[str, tuple[Callable[[], float], float]] = {}  # fail fast until
         self._paused_until: dict[str, float] = {}  # monotonic
         self._threads: list[threading.Thread] = []
@@ -329,20 +331,22 @@ class OutageController:
         return True
 
     def start(self, server: str) -> None:
-        if self.meets is not None:
+        if self.meets:
             with self._lock:
-                self._armed.add(server)
+                self._armed.append((server, self.meets[self._asked % len(self.meets)]))
+                self._asked += 1
             return
         self._begin(server)
 
     def on_call(self, server: str, function: str) -> None:
-        """A store call of `function` on `server` is about to be made: an armed outage begins."""
-        if function != self.meets or server not in self._armed:
+        """A store call of `function` on `server` is about to be made: an outage armed for it
+        begins, unless one of `server` still lasts (outages of a server do not overlap)."""
+        if (server, function) not in self._armed:
             return
         with self._lock:
-            if server not in self._armed:
+            if (server, function) not in self._armed or self.active(server):
                 return
-            self._armed.discard(server)
+            self._armed.remove((server, function))
         self._begin(server)
 
     def _begin(self, server: str) -> None:

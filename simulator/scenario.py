@@ -65,7 +65,7 @@ class ScenarioConfig:
     # answers 503 for outage_seconds of virtual time (see simulator.faults.OutageController).
     outage_mode: str = "auto"
     outage_servers: tuple[str, ...] | None = None  # default: the backend's store, then Azurite
-    outage_meets: str | None = None  # start each outage at this function's next store call
+    outage_meets: tuple[str, ...] = ()  # outage n starts at the next store call of [n % len]
     hub_failovers: int = 0  # the event hub recreated / failed over (sequence numbers restart)
     hostile: bool = True  # the hostile-input cases in the workload (see simulator.workload)
     oversize_bytes: int = 10 * 1024 * 1024  # one order and one payment event this large (0: none)

@@ -147,7 +147,7 @@ def test_fail_fast_outage_lasts_its_stretch_of_the_simulations_clock(store):
 
 def test_an_outage_that_meets_a_function_begins_at_its_next_store_call(store):
     log = FaultLog()
-    outages = OutageController(log, duration=60, meets="payments")
+    outages = OutageController(log, duration=60, meets=("payments",))
     wrapped = FaultyStore(store, label="t", server="azurite", outages=outages)
     outages.start("azurite")
     with invocation(Invocation("orders", None, log)):
@@ -158,6 +158,25 @@ def test_an_outage_that_meets_a_function_begins_at_its_next_store_call(store):
     assert outages.history == [("azurite", "proxy", 60)]
     assert outages.failed_calls == {"azurite: payments": 1}
 
+
+def test_outages_meet_their_functions_in_turn_and_never_overlap(store):
+    log = FaultLog()
+    clock = SimClock()
+    outages = OutageController(log, duration=20, mode="fail-fast", clock=clock,
+                               meets=("payments", "orders"))
+    wrapped = FaultyStore(store, label="t", server="azurite", outages=outages)
+    outages.start("azurite")
+    outages.start("azurite")  # both armed before either began
+    with invocation(Invocation("orders", None, log)), pytest.raises(StoreUnavailableError):
+        wrapped.read_document("p9", "d")  # the second outage meets orders: it begins
+    with invocation(Invocation("payments", None, log)), pytest.raises(StoreUnavailableError):
+        wrapped.read_document("p9", "d")  # failed by the first; the payments one waits
+    assert outages.history == [("azurite", "fail-fast", 20)]
+    clock.advance(20.1)
+    with invocation(Invocation("payments", None, log)), pytest.raises(StoreUnavailableError):
+        wrapped.read_document("p9", "d")  # over: now the payments outage begins
+    assert outages.history == [("azurite", "fail-fast", 20)] * 2
+    assert outages.failed_calls == {"azurite: orders": 1, "azurite: payments": 2}
 
 def test_pause_mode_refuses_a_server_the_harness_did_not_start():
     outages = OutageController(FaultLog(), mode="pause")
