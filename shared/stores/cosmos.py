@@ -15,8 +15,8 @@ client in its constructor, the async one in `__aenter__`): no request of its own
 
 from __future__ import annotations
 
-import contextlib
 import email.utils
+import functools
 import logging
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -294,12 +294,21 @@ def server_time(answer: Any) -> float | None:
     get_headers = getattr(answer, "get_response_headers", None)  # CosmosDict, CosmosList
     headers: Any = get_headers() if callable(get_headers) else {}
     date = headers.get("date") or headers.get("Date")
-    if date:
-        with contextlib.suppress(TypeError, ValueError, IndexError):
-            return email.utils.parsedate_to_datetime(str(date)).timestamp() + 0.5
+    if date and (seconds := _http_date(str(date))) is not None:
+        return seconds
     item: dict[str, Any] = answer if isinstance(answer, dict) else {}  # pyright: ignore[reportUnknownVariableType] - an SDK answer: any dict
     ts = item.get("_ts")
     return ts + 0.5 if isinstance(ts, int | float) and not isinstance(ts, bool) else None
+
+
+@functools.lru_cache(maxsize=16)
+def _http_date(value: str) -> float | None:
+    """The middle of the second an HTTP `Date` names, or None. Cached: every write in the same
+    second answers the same text, and parsing it is most of `server_time`'s cost."""
+    try:
+        return email.utils.parsedate_to_datetime(value).timestamp() + 0.5
+    except (TypeError, ValueError, IndexError):
+        return None
 
 
 def _etag_in(result: dict[str, Any]) -> str | None:

@@ -216,3 +216,26 @@ def test_the_async_store_asks_for_minimal_answers_and_still_reads_the_etags(stac
         asyncio.run(scenario())
     finally:
         cosmos_database.delete_container(name)
+
+
+class _Answer(dict[str, Any]):
+    """An SDK answer: an item (maybe empty) with its response headers."""
+
+    def __init__(self, item: dict[str, Any], headers: dict[str, str]) -> None:
+        super().__init__(item)
+        self.headers = headers
+
+    def get_response_headers(self) -> dict[str, str]:
+        return self.headers
+
+
+def test_server_time_reads_the_date_header_and_falls_back_to_the_items_ts():
+    from shared.stores.cosmos import server_time
+
+    date = "Sun, 06 Nov 1994 08:49:37 GMT"  # RFC 9110's example: 784111777
+    assert server_time(_Answer({}, {"date": date})) == 784111777.5
+    assert server_time(_Answer({}, {"Date": date})) == 784111777.5
+    assert server_time(_Answer({}, {"date": date})) == 784111777.5  # the cached answer, the same
+    assert server_time(_Answer({"_ts": 1000}, {"date": "not a date"})) == 1000.5
+    assert server_time(_Answer({"_ts": True}, {})) is None
+    assert server_time({"_ts": 7}) == 7.5
