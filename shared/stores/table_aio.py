@@ -26,8 +26,8 @@ from shared.stores.base import (
     async_store_call,
     send_request_async,
 )
-from shared.stores.table import BACKEND, TableMapping
 from shared.stores.table_batch import Codec, submit_transaction_async
+from shared.stores.table_mapping import BACKEND, TableMapping
 
 
 class AsyncTableIdempotencyStore(TableMapping, AsyncDocumentStore):
