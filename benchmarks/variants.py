@@ -74,15 +74,7 @@ from benchmarks.counting import AsyncCostedDispatcher, CostedDispatcher, Request
 from benchmarks.workload import SIGNS, Message
 from functions.services import Services, build_services
 from functions.settings import Settings
-from shared import (
-    DedupKey,
-    Idempotency,
-    IdempotencyError,
-    InMemoryIdempotencyStore,
-    OutcomeStatus,
-    request_hash,
-)
-from shared.aio import InMemoryIdempotencyStore as AsyncInMemoryIdempotencyStore
+from shared import DedupKey, Idempotency, IdempotencyError, OutcomeStatus, request_hash
 from shared.batch import BatchReport
 from shared.cache import CompletedKeyCache
 from shared.cloudevents import parse_cloudevent
@@ -93,6 +85,7 @@ from shared.keys import store_safe_id
 from shared.outbox import _ID_NAMESPACE  # the namespace of the app's message ids (set-up)
 from shared.stores.base import IdempotencyStore
 from shared.telemetry import Telemetry
+from shared.testing import AsyncInMemoryIdempotencyStore, InMemoryIdempotencyStore
 from shared.watermark import PartitionWatermark
 
 CONSUMER = "bench"

@@ -1,6 +1,7 @@
 """Idempotent message consumers for Azure Functions: each side effect once, whatever the broker
 redelivers. The names here are what a function app writes with; everything else stays
-importable from its module. `shared.aio` has the async faces under the same names.
+importable from its module. `shared.aio` has the async faces under the same names, and
+`shared.testing` the stand-ins a test of your consumer runs on (the in-memory store).
 
     orders = ServiceBusConsumer("orders", Idempotency(CosmosIdempotencyStore(
         endpoint, credential, database="app", container="orders")))
@@ -20,13 +21,13 @@ from shared.dispatch import ServiceBusDispatcher
 from shared.drivers import Transaction
 from shared.eventhubs import EventHubConsumer, EventView
 from shared.exceptions import IdempotencyError, PoisonMessageError
-from shared.http import HttpResult, IdempotencyKeyEndpoint
+from shared.http import HttpResult, IdempotencyKeyEndpoint, IdempotentRequest
 from shared.idempotency import Idempotency
 from shared.keys import DedupKey, request_hash
 from shared.parking import ParkingLot
 from shared.queues import StorageQueueConsumer
 from shared.records import KeyInProgressError, KeyReusedError, OutcomeStatus
-from shared.stores import CosmosIdempotencyStore, InMemoryIdempotencyStore, TableIdempotencyStore
+from shared.stores import CosmosIdempotencyStore, TableIdempotencyStore
 from shared.triggers import MessageView, ServiceBusConsumer
 from shared.watermark import PartitionWatermark
 
@@ -40,7 +41,7 @@ __all__ = [
     "IdempotencyConfig",
     "IdempotencyError",
     "IdempotencyKeyEndpoint",
-    "InMemoryIdempotencyStore",
+    "IdempotentRequest",
     "KeyInProgressError",
     "KeyReusedError",
     "MessageView",

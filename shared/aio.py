@@ -2,7 +2,8 @@
 runs the same flows as its sync namesake, awaited, so an `async def` function keeps its event
 loop free while Cosmos DB, Table Storage or Service Bus answer. Stores here are the async SDKs'
 (`azure.cosmos.aio`, `azure.data.tables.aio`); `ThreadedStore` (from `shared.testing`) puts a
-sync store behind the async interface (a test double, a backend with no async SDK).
+sync store behind the async interface (a test double, a backend with no async SDK); the
+in-memory store for tests is `shared.testing.AsyncInMemoryIdempotencyStore`.
 """
 
 from __future__ import annotations
@@ -18,13 +19,12 @@ from shared.parking import AsyncParkingLot as ParkingLot
 from shared.queues import AsyncStorageQueueConsumer as StorageQueueConsumer
 from shared.stores.cosmos_aio import AsyncCosmosIdempotencyStore as CosmosIdempotencyStore
 from shared.stores.table_aio import AsyncTableIdempotencyStore as TableIdempotencyStore
-from shared.testing import AsyncInMemoryIdempotencyStore as InMemoryIdempotencyStore
 from shared.testing import ThreadedStore
 from shared.triggers import AsyncServiceBusConsumer as ServiceBusConsumer
 from shared.watermark import AsyncPartitionWatermark as PartitionWatermark
 
 __all__ = ["AsyncStore", "CosmosIdempotencyStore", "EventHubConsumer", "EventHubDispatcher",
-           "Idempotency", "IdempotencyKeyEndpoint", "InMemoryIdempotencyStore", "ParkingLot",
+           "Idempotency", "IdempotencyKeyEndpoint", "ParkingLot",
            "PartitionBatchProcessor", "PartitionWatermark", "ServiceBusConsumer",
            "ServiceBusDispatcher", "StorageQueueConsumer", "TableIdempotencyStore",
            "ThreadedStore", "Transaction"]

@@ -19,7 +19,7 @@ from shared.batch import (
     BatchReport,
     PartitionBatchProcessor,
 )
-from shared.cloudevents import as_text
+from shared.cloudevents import MAX_EVENT_BYTES, CloudEvent, as_text, parse_cloudevent
 from shared.exceptions import ConfigurationError
 from shared.observability import batch_span
 
@@ -37,6 +37,12 @@ class EventView:
     offset: str | None = None
     enqueued_time: str | None = None
     partition_key: str | None = None
+
+    def cloud_event(self, *, max_bytes: int = MAX_EVENT_BYTES) -> CloudEvent:
+        """The event as a CloudEvent, structured or binary mode (`shared.cloudevents`).
+        Raises InvalidEventError saying what is wrong: raised in a batch's `parse`, the
+        processor parks the event with that reason on its first delivery."""
+        return parse_cloudevent(self.body, self.properties, self.content_type, max_bytes=max_bytes)
 
 
 def event_views(events: Sequence[Any]) -> list[EventView]:

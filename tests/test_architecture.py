@@ -172,3 +172,33 @@ def test_the_docs_picture_names_the_layers():
     picture = text[: text.index("## The front door")]
     positions = [picture.find(layer) for layer in LAYERS]
     assert -1 not in positions and positions == sorted(positions), positions
+
+
+# -- what an app imports --------------------------------------------------------------------
+FRONT_DOOR = LAYERS["front door"]
+
+
+def beyond_the_front_door(source: str) -> list[str]:
+    """The modules of `shared` a source file imports other than the front door's."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        names = ([node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                 else [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
+        found += [name for name in names
+                  if name.split(".")[0] == "shared" and name not in FRONT_DOOR]
+    return found
+
+
+def test_the_examples_import_only_the_front_door():
+    """What a user copies imports `shared`, `shared.aio` and `shared.testing`, nothing deeper."""
+    imports = {str(path.relative_to(ROOT)): beyond_the_front_door(path.read_text())
+               for path in sorted((ROOT / "examples").rglob("*.py"))}
+    assert len(imports) >= 4
+    assert {path: found for path, found in imports.items() if found} == {}
+
+
+def test_counter_proof_an_import_past_the_front_door_is_named():
+    source = ("from shared import Idempotency\nfrom shared.testing import InMemoryDispatcher\n"
+              "from shared.cloudevents import parse_cloudevent\nimport shared.keys\n"
+              "from sharedthings import x\n")
+    assert beyond_the_front_door(source) == ["shared.cloudevents", "shared.keys"]

@@ -258,7 +258,7 @@ def test_the_async_parking_lot_parks_and_resolves_through_the_awaited_store() ->
     """The async face runs every method of the flow awaited; none falls through to a sync call
     of the async store (which would hand back an unawaited coroutine)."""
     from shared import aio
-    from shared.aio import InMemoryIdempotencyStore as AsyncInMemoryIdempotencyStore
+    from shared.testing import AsyncInMemoryIdempotencyStore
 
     async def scenario() -> tuple[bool, str | None]:
         lot = aio.ParkingLot(AsyncInMemoryIdempotencyStore(), clock=lambda: NOW)

@@ -9,8 +9,9 @@ from datetime import timedelta
 import pytest
 
 from functions.settings import Settings, SettingsError
-from shared import DedupKey, Idempotency, IdempotencyConfig, InMemoryIdempotencyStore, request_hash
+from shared import DedupKey, Idempotency, IdempotencyConfig, request_hash
 from shared.records import OutcomeStatus, RecordState
+from shared.testing import InMemoryIdempotencyStore
 from tests.support.doubles import applied_now
 
 KEY, DIGEST = DedupKey("notify", "m-1"), request_hash({"text": "hi"})

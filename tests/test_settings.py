@@ -91,8 +91,8 @@ def test_sample_settings_define_every_setting_and_parse():
 
 def test_telemetry_settings_reach_the_telemetry_and_the_sampler():
     from functions.services import build_services
-    from shared import InMemoryIdempotencyStore
     from shared.observability import DEFAULT_SAMPLING_RATIO
+    from shared.testing import InMemoryIdempotencyStore
 
     defaults = Settings.from_env(BASE)
     assert (defaults.log_duplicates, defaults.trace_sampling_ratio) == (False, DEFAULT_SAMPLING_RATIO)

@@ -21,7 +21,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 
-from shared import Idempotency, IdempotencyConfig, InMemoryIdempotencyStore, OutcomeStatus
+from shared import Idempotency, IdempotencyConfig, OutcomeStatus
 from shared import telemetry as telemetry_module
 from shared.cache import CompletedKeyCache
 from shared.keys import DedupKey, request_hash
@@ -40,6 +40,7 @@ from shared.telemetry import (
     METRIC_STORE_LATENCY,
     Telemetry,
 )
+from shared.testing import InMemoryIdempotencyStore
 from shared.watermark import PartitionWatermark
 from tests.support.parking import parked_body
 

@@ -19,7 +19,6 @@ from shared import (
     HttpResult,
     Idempotency,
     IdempotencyKeyEndpoint,
-    InMemoryIdempotencyStore,
     KeyInProgressError,
     KeyReusedError,
     PoisonMessageError,
@@ -37,7 +36,7 @@ from shared.exceptions import (
 from shared.keys import DedupKey
 from shared.parking import ParkedEntryError
 from shared.payload import InvalidPayloadError
-from shared.testing import InMemoryDispatcher
+from shared.testing import AsyncInMemoryIdempotencyStore, InMemoryDispatcher, InMemoryIdempotencyStore
 from shared.triggers import MessageView
 
 
@@ -170,7 +169,7 @@ def test_a_view_is_settled_by_nothing_when_no_actions_are_given(store):
 
 
 def test_the_async_face_settles_the_same_way():
-    store = aio.InMemoryIdempotencyStore()
+    store = AsyncInMemoryIdempotencyStore()
     orders, actions = aio.ServiceBusConsumer("orders", aio.Idempotency(store)), Actions()
 
     async def save_async(tx: Any, order: dict[str, Any]) -> dict[str, Any]:
@@ -214,7 +213,7 @@ def test_a_sync_store_given_to_the_async_face_fails_at_construction(store):
     with pytest.raises(ConfigurationError, match="async store"):
         aio.Idempotency(store)  # the misuse under test (a sync store passes as a protocol)
     with pytest.raises(ConfigurationError, match="sync store"):
-        Idempotency(aio.InMemoryIdempotencyStore())  # type: ignore[arg-type] - the misuse under test
+        Idempotency(AsyncInMemoryIdempotencyStore())  # type: ignore[arg-type] - the misuse under test
     with pytest.raises(ConfigurationError, match=r"shared\.aio\.Idempotency"):
         aio.ServiceBusConsumer("orders", Idempotency(store))  # type: ignore[arg-type] - the misuse under test
 
@@ -382,3 +381,22 @@ def test_http_an_unexpected_error_is_a_500_problem_not_an_exception(store, caplo
 def test_http_a_caller_header_that_is_not_a_header_name_fails_at_construction(store):
     with pytest.raises(ConfigurationError):
         IdempotencyKeyEndpoint(Idempotency(store), caller_header="X Caller")
+
+
+def test_an_event_view_reads_its_cloud_event_in_either_mode():
+    from shared import EventView
+    from shared.cloudevents import InvalidEventError
+
+    structured = EventView(1, json.dumps({"specversion": "1.0", "id": "e1", "source": "/s",
+                                          "type": "t", "data": {"cents": 5}}).encode(),
+                           content_type="application/cloudevents+json")
+    binary = EventView(2, b'{"cents": 5}', properties={"ce_specversion": "1.0", "ce_id": "e1",
+                                                       "ce_source": "/s", "ce_type": "t"},
+                       content_type="application/json")
+    for view in (structured, binary):
+        event = view.cloud_event()
+        assert (event.id, event.source, event.data) == ("e1", "/s", {"cents": 5})
+    with pytest.raises(InvalidEventError):
+        EventView(3, b'{"id": "e1"', content_type="application/cloudevents+json").cloud_event()
+    with pytest.raises(InvalidEventError):
+        structured.cloud_event(max_bytes=10)

@@ -10,7 +10,6 @@ import azure.functions as func
 from azure.identity.aio import DefaultAzureCredential
 
 from shared import DedupKey, EventView, aio, request_hash
-from shared.cloudevents import parse_cloudevent
 
 
 def table(name: str) -> aio.TableIdempotencyStore:
@@ -21,7 +20,7 @@ def table(name: str) -> aio.TableIdempotencyStore:
 
 
 def parse(event: EventView, partition_id: str) -> dict[str, Any]:
-    cloud_event = parse_cloudevent(event.body, event.properties, event.content_type)
+    cloud_event = event.cloud_event()
     return {"id": cloud_event.id, "source": cloud_event.source, **cloud_event.data}
 
 

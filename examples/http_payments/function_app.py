@@ -15,10 +15,10 @@ from shared import (
     HttpResult,
     Idempotency,
     IdempotencyKeyEndpoint,
+    IdempotentRequest,
     PoisonMessageError,
     TableIdempotencyStore,
 )
-from shared.http import IdempotentRequest
 
 storage = os.environ.get("STORAGE_CONNECTION")
 credential = DefaultAzureCredential()

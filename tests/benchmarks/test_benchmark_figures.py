@@ -16,8 +16,8 @@ from benchmarks.stats import Sample, figures
 from benchmarks.workload import LatencySizes
 from functions.services import build_services
 from functions.settings import Settings
-from shared import InMemoryIdempotencyStore
 from shared.outbox import OutgoingMessage
+from shared.testing import InMemoryIdempotencyStore
 from shared.triggers import MessageView
 
 

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from shared.aio import InMemoryIdempotencyStore as AsyncInMemoryIdempotencyStore
 from shared.drivers import Transaction
 from shared.exceptions import (
     ConfigurationError,
@@ -39,7 +38,7 @@ from shared.keys import DedupKey
 from shared.outbox import MAX_BODY_BYTES, outgoing_message_id
 from shared.records import IdempotencyRecord, OutcomeStatus
 from shared.stores.memory import InMemoryIdempotencyStore
-from shared.testing import InMemoryDispatcher
+from shared.testing import AsyncInMemoryIdempotencyStore, InMemoryDispatcher
 from tests.support.doubles import CountingMemoryStore, FailingDispatcher
 
 KEY = DedupKey("orders", "ORD-1")

@@ -16,13 +16,13 @@ import azure.functions as func
 import pytest
 from azure.functions.meta import Datum
 
-from shared import DedupKey, Idempotency, InMemoryIdempotencyStore, aio
-from shared.aio import InMemoryIdempotencyStore as AsyncInMemoryIdempotencyStore
+from shared import DedupKey, Idempotency, aio
 from shared.exceptions import StoreUnavailableError
 from shared.payload import InvalidPayloadError
 from shared.queue_messages import MAX_POISON_TEXT_BYTES, QueueMessageView, poison_envelope, read_envelope
 from shared.queues import AsyncStorageQueueConsumer, MessageRetryError, StorageQueueConsumer
 from shared.settlement import Action
+from shared.testing import AsyncInMemoryIdempotencyStore, InMemoryIdempotencyStore
 from tests.support.doubles import CountingMemoryStore
 
 

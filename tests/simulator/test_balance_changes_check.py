@@ -25,7 +25,7 @@ from shared.outbox import OutgoingMessage
 from shared.parking import ParkingLot
 from shared.stores.base import WriteOp
 from shared.stores.memory import InMemoryIdempotencyStore
-from shared.testing import InMemoryDispatcher
+from shared.testing import AsyncInMemoryIdempotencyStore, InMemoryDispatcher
 from shared.triggers import MessageView
 from shared.watermark import PartitionWatermark
 from simulator.check import CheckResult, DeadLetter, Evidence, Invariant, balance_changes, shared_invariants
@@ -72,7 +72,7 @@ class Hop:
         processor.process_batch([event(n) for n in range(6)], "0")
         processor.process_batch([event(n) for n in range(6, 10)], "0")
         self.projection = BalanceProjection(aio.ServiceBusConsumer(
-            "balance_projection", aio.Idempotency(aio.InMemoryIdempotencyStore(self.dedup))))
+            "balance_projection", aio.Idempotency(AsyncInMemoryIdempotencyStore(self.dedup))))
 
     @property
     def sent(self) -> list[OutgoingMessage]:

@@ -229,7 +229,7 @@ def test_every_store_the_app_uses_comes_from_the_factory_seam():
     services use is asked for there, so no store escapes the fault wrappers."""
     from functions.services import build_services
     from functions.settings import STORE_ROLES, Settings
-    from shared import InMemoryIdempotencyStore
+    from shared.testing import InMemoryIdempotencyStore
 
     asked: list[str] = []
 

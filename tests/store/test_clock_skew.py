@@ -191,7 +191,7 @@ def test_the_warning_is_rate_limited_and_the_sample_costs_a_clock_read(store, me
 
 
 def test_a_store_without_server_time_is_never_sampled(metrics):
-    from shared import InMemoryIdempotencyStore
+    from shared.testing import InMemoryIdempotencyStore
 
     reader, provider = metrics
     idempotency = Idempotency(InMemoryIdempotencyStore(),

@@ -12,12 +12,12 @@ import pytest
 
 from shared import DedupKey, Idempotency
 from shared import request_hash as digest_of
-from shared.aio import InMemoryIdempotencyStore as AsyncInMemoryIdempotencyStore
 from shared.cache import DocumentCache
 from shared.exceptions import ConcurrencyRetriesExhaustedError, OperationFailedError
 from shared.idempotency import AsyncIdempotency, GroupMessage
 from shared.records import OutcomeStatus
 from shared.stores.base import Document, WriteOp
+from shared.testing import AsyncInMemoryIdempotencyStore
 from tests.support.doubles import CountingMemoryStore
 
 PARTITION = "acct-1"

@@ -15,13 +15,14 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from shared import DedupKey, Idempotency, InMemoryIdempotencyStore
+from shared import DedupKey, Idempotency
 from shared import request_hash as digest_of
 from shared.cache import DocumentCache
 from shared.exceptions import StoreUnavailableError
 from shared.idempotency import GroupMessage
 from shared.records import IdempotencyRecord, OutcomeStatus
 from shared.stores.base import Document, WriteOp
+from shared.testing import InMemoryIdempotencyStore
 from tests.store.test_document_cache import add
 
 ACCOUNTS = ("a", "b")

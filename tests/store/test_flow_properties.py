@@ -61,20 +61,14 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from shared import (
-    DedupKey,
-    Idempotency,
-    IdempotencyConfig,
-    InMemoryIdempotencyStore,
-    OutcomeStatus,
-    request_hash,
-)
+from shared import DedupKey, Idempotency, IdempotencyConfig, OutcomeStatus, request_hash
 from shared.cache import CompletedKeyCache
 from shared.config import RedeliveryWindow
 from shared.exceptions import EffectUncertainError, LeaseLostError, RecordExistsError
 from shared.records import IdempotencyRecord, RecordState
 from shared.stores.base import Document, IdempotencyStore, WriteOp
 from shared.stores.codec import record_fields
+from shared.testing import InMemoryIdempotencyStore
 
 LEASE = timedelta(seconds=54)
 TTL = timedelta(days=2)

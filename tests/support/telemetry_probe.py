@@ -69,7 +69,7 @@ def report() -> dict[str, Any]:
 
     from functions.services import build_services, use_services
     from functions.settings import Settings
-    from shared import InMemoryIdempotencyStore
+    from shared.testing import InMemoryIdempotencyStore
 
     stores: dict[str, InMemoryIdempotencyStore] = {}
     services = build_services(Settings.from_env(),
