@@ -28,7 +28,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from shared import DedupKey, Idempotency, IdempotencyConfig, request_hash
 from shared.aio import Idempotency as AsyncIdempotency
-from shared.idempotency import CLOCK_SKEW_WARNING_FRACTION, LEASE_RENEWALS
+from shared.dedup_steps import CLOCK_SKEW_WARNING_FRACTION
+from shared.idempotency import LEASE_RENEWALS
 from shared.records import IdempotencyRecord, OutcomeStatus
 from shared.stores.base import IdempotencyStore
 from shared.stores.cosmos_aio import AsyncCosmosIdempotencyStore
