@@ -202,3 +202,26 @@ def test_counter_proof_an_import_past_the_front_door_is_named():
               "from shared.cloudevents import parse_cloudevent\nimport shared.keys\n"
               "from sharedthings import x\n")
     assert beyond_the_front_door(source) == ["shared.cloudevents", "shared.keys"]
+
+
+# -- module size ------------------------------------------------------------------------------
+MAX_MODULE_LINES = 500
+
+
+def oversized(package: Path, limit: int = MAX_MODULE_LINES) -> dict[str, int]:
+    """The modules of `package` longer than `limit` lines, with their length."""
+    lengths = {str(path.relative_to(package.parent)): len(path.read_text().splitlines())
+               for path in sorted(package.rglob("*.py"))}
+    return {path: n for path, n in lengths.items() if n > limit}
+
+
+def test_no_module_of_shared_is_over_500_lines():
+    assert oversized(ROOT / "shared") == {}
+
+
+def test_counter_proof_a_long_module_is_named(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "short.py").write_text("x = 1\n" * MAX_MODULE_LINES)
+    (package / "long.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    assert oversized(package) == {"pkg/long.py": MAX_MODULE_LINES + 1}
