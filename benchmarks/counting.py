@@ -340,7 +340,7 @@ class SendTally:
 
 class CostedDispatcher:
     """Sends nothing, costs what a real send costs at `rtt_ms`: one round trip per send,
-    the calling thread blocked meanwhile (the sync face)."""
+    the calling thread blocked meanwhile (the sync variant)."""
 
     def __init__(self, tally: SendTally, rtt_ms: float) -> None:
         self.tally = tally
@@ -356,7 +356,7 @@ class CostedDispatcher:
 
 
 class AsyncCostedDispatcher:
-    """`CostedDispatcher` for the async face: the round trips are awaited (the loop stays free)."""
+    """`CostedDispatcher` for the async variant: the round trips are awaited (the loop stays free)."""
 
     def __init__(self, tally: SendTally, rtt_ms: float) -> None:
         self.tally = tally

@@ -12,7 +12,7 @@ cProfile's (it inflates call-heavy code); the grouping is what to compare.
 
 `--orders N` profiles the Service Bus path instead, two ways in one run: the registered `orders`
 function as deployed (`async def`, awaited on one event loop as the worker awaits it, on the
-async stores) and the same consumer on the sync face (sync stores and SDKs); each called with
+async stores) and the same consumer on the sync variant (sync stores and SDKs); each called with
 what the worker hands it (a `ServiceBusReceivedMessage` built by the worker's own converter,
 before the profile starts) on services built as the host builds them (the hops benchmark's:
 real stores on the local servers, the outbox's Service Bus client a recording stand-in), N
@@ -98,7 +98,7 @@ def report(stats: pstats.Stats, events: int, top: int, unit: str = "event") -> s
 
 
 #: The Service Bus paths `--orders` compares in one run: the registered `orders` function as
-#: deployed (`async def` on the async stores and SDKs), the same consumer on the sync face
+#: deployed (`async def` on the async stores and SDKs), the same consumer on the sync variant
 #: (the sync stores and SDKs, as the function ran before it was made async), and the
 #: `same-requests` baseline (`benchmarks.raw_orders`: the same store requests, message and
 #: settlement on the raw async SDKs, no library).
@@ -266,9 +266,9 @@ def profile_orders(environment: dict[str, str], backend: str, count: int,
         def deliver(message: Any) -> None:
             runner.run(raw.handle(message, actions))
     else:
-        face = services.orders.consumer.idempotency
+        deployed = services.orders.consumer.idempotency
         sync = OrderService(ServiceBusConsumer("orders", Idempotency(
-            services.stores["orders"], config=face.config, telemetry=face.telemetry,
+            services.stores["orders"], config=deployed.config, telemetry=deployed.telemetry,
             dispatcher=services.dispatcher), sends_to=(services.settings.notifications_topic,)),
             notifications_topic=services.settings.notifications_topic)
 

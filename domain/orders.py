@@ -107,7 +107,7 @@ class OrderService[C: (ServiceBusConsumer, aio.ServiceBusConsumer)]:
     commit with it (the outbox). A copy finds the document: the same content is a duplicate,
     other content under the same id is dead-lettered (and alerted).
 
-    On either face: `handle` returns the consumer's Decision, awaitable on the async one
+    On either variant: `handle` returns the consumer's Decision, awaitable on the async one
     (the function's); the sync one serves tools and the profiler's comparison.
     """
 
@@ -115,7 +115,7 @@ class OrderService[C: (ServiceBusConsumer, aio.ServiceBusConsumer)]:
         self.consumer = consumer
         self.notifications_topic = notifications_topic
 
-    def handle(self, message: Any, actions: Any = None):  # noqa: ANN201 - Decision, or awaitable on the async face
+    def handle(self, message: Any, actions: Any = None):  # noqa: ANN201 - Decision, or awaitable on the async variant
         return self.consumer.run_atomic(
             message, actions, self.accept, parse=parse_order, content=Order.immutable_fields,
             partition=lambda order: order.order_id, document=Order.document)

@@ -62,7 +62,7 @@ from shared import (
     TableIdempotencyStore,
     aio,
 )
-from shared.aio import ThreadedStore  # a sync store behind the async face (tests, simulator)
+from shared.aio import ThreadedStore  # a sync store behind the async variant (tests, simulator)
 from shared.cache import DocumentCache  # the payments ledger's remembered balances
 from shared.exceptions import DispatchRejectedError  # what an unconfigured dispatcher raises
 from shared.maintenance import Maintenance  # the timer's purge, sweep and outbox sweeper
@@ -289,7 +289,7 @@ def real_stores(settings: Settings, *, budget: RetryBudget = RETRY_BUDGET,
 
 @dataclass
 class Services:
-    """The app's consumers, built once per process. The functions run on the async face
+    """The app's consumers, built once per process. The functions run on the async variant
     (`async_stores`); the HTTP endpoint, the timer and the tools on the sync one (`stores`)."""
 
     settings: Settings
@@ -411,7 +411,7 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
         maintenance=Maintenance({role: by_role[role] for role in record_roles}, parking,
                                 grace_seconds=settings.window.length.total_seconds(), clock=clock,
                                 # the consumers that send and record dispatches (payments: its
-                                # single events; a batch's mark records its own): the sync face
+                                # single events; a batch's mark records its own): the sync variant
                                 # of the same stores the functions commit to
                                 outbox={"orders": idem("orders"), "payments": payments.ledger},
                                 outbox_age_seconds=settings.outbox_sweep_age.total_seconds(),

@@ -1,6 +1,6 @@
 """Idempotent message consumers for Azure Functions: each side effect once, whatever the broker
 redelivers. The names here are what a function app writes with; everything else stays
-importable from its module. `shared.aio` has the async faces under the same names, and
+importable from its module. `shared.aio` has the async variants under the same names, and
 `shared.testing` the stand-ins a test of your consumer runs on (the in-memory store).
 
     orders = ServiceBusConsumer("orders", Idempotency(CosmosIdempotencyStore(

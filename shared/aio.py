@@ -1,4 +1,4 @@
-"""The library's async faces, under the names of the sync ones (as the Azure SDK does): each
+"""The library's async variants, under the names of the sync ones (as the Azure SDK does): each
 runs the same flows as its sync namesake, awaited, so an `async def` function keeps its event
 loop free while Cosmos DB, Table Storage or Service Bus answer. Stores here are the async SDKs'
 (`azure.cosmos.aio`, `azure.data.tables.aio`); `ThreadedStore` (from `shared.testing`) puts a

@@ -150,10 +150,10 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency[Any, Any]
             raise ConfigurationError("max_attempts must be at least 1")
         for part in (ledger, watermark, parking):
             if isinstance(part, Async) != isinstance(self, Async):
-                face = "shared.aio" if isinstance(self, Async) else "shared"
+                variant = "shared.aio" if isinstance(self, Async) else "shared"
                 raise ConfigurationError(
-                    f"{type(self).__name__} runs on the {face} face; give it {face}'s Idempotency, "
-                    f"PartitionWatermark and ParkingLot ({type(part).__name__} is the other face)")
+                    f"{type(self).__name__} runs on the {variant} variant; give it {variant}'s Idempotency, "
+                    f"PartitionWatermark and ParkingLot ({type(part).__name__} is the other variant)")
         self.store = None  # every step names its store (OnStore)
         self.ledger = ledger
         self.watermark = watermark

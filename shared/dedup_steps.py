@@ -37,9 +37,9 @@ class DedupSteps[S: (SyncStore, AsyncStore), D]:
     def __init__(self, store: S, *, config: IdempotencyConfig | None = None,
                  telemetry: Telemetry | None = None, cache: CompletedKeyCache | None = None,
                  documents: DocumentCache | None = None, dispatcher: D | None = None) -> None:
-        check_face(self, store, dispatcher)
+        check_sync_or_async(self, store, dispatcher)
         self.store = store  # the atomic paths also need it to hold documents
-        # Sends what builds record with `tx.send` (shared.dispatch; on the async face, a
+        # Sends what builds record with `tx.send` (shared.dispatch; on the async variant, a
         # shared.dispatch_aio one, or a sync one that never blocks). None: a build that
         # sends fails before committing (a consumer that names its destinations fails at
         # construction instead).
@@ -73,7 +73,7 @@ class DedupSteps[S: (SyncStore, AsyncStore), D]:
             partition=partition, record_id=record_id, result=result,
         )
 
-    def _judge(self, existing: IdempotencyRecord, request_hash: str, key: DedupKey) -> Outcome:
+    def _outcome_of_found(self, existing: IdempotencyRecord, request_hash: str, key: DedupKey) -> Outcome:
         """Outcome for a live record someone else wrote first."""
         if existing.request_hash != request_hash:
             return Outcome(OutcomeStatus.CONFLICT, key, request_hash, existing.result, existing)
@@ -101,12 +101,12 @@ class DedupSteps[S: (SyncStore, AsyncStore), D]:
             raise RecordChangedError(marker.id)  # deleted meanwhile: commit again
         if existing.is_expired(self._now()):
             return existing
-        return self._judge(existing, request_hash, marker.key)
+        return self._outcome_of_found(existing, request_hash, marker.key)
 
     def _cached(self, key: DedupKey, request_hash: str) -> Outcome | None:
         """A duplicate (or conflict) answered by the local cache, without a store request."""
         record = self.cache.get(key, now=self._now()) if self.cache is not None else None
-        return None if record is None else self._judge(record, request_hash, key)
+        return None if record is None else self._outcome_of_found(record, request_hash, key)
 
     def _finish(self, outcome: Outcome, started: float, context: Context | None, *,
                 handler_seconds: float = 0.0, source: str = "store") -> Outcome:
@@ -162,7 +162,7 @@ class DedupSteps[S: (SyncStore, AsyncStore), D]:
                 current = found
         raise ConcurrencyRetriesExhaustedError(f"recording the dispatch of {marker.key.encoded}")
 
-    def _settled(self, outcome: Outcome) -> Flow[Outcome]:
+    def _with_outbox_sent(self, outcome: Outcome) -> Flow[Outcome]:
         """The outcome once the marker's pending messages (if any) are dispatched and recorded."""
         record = outcome.record
         if (record is None or not record.outbox
@@ -172,9 +172,9 @@ class DedupSteps[S: (SyncStore, AsyncStore), D]:
         return Outcome(outcome.status, outcome.key, outcome.request_hash, outcome.result, cleared)
 
 
-def check_face(owner: object, store: object, dispatcher: object = None) -> None:
-    """Refuse, at construction, a store or dispatcher of the other face: a sync face would
-    hand an async store's coroutines to its steps unawaited; an async face would block its
+def check_sync_or_async(owner: object, store: object, dispatcher: object = None) -> None:
+    """Refuse, at construction, a store or dispatcher of the other variant: a sync variant would
+    hand an async store's coroutines to its steps unawaited; an async variant would block its
     event loop on every request of a sync store."""
     kind = type(owner).__name__
     store_is_async = inspect.iscoroutinefunction(getattr(store, "get_record", None)) or \

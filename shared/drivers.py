@@ -1,9 +1,9 @@
-"""The two drivers of the step protocol (`shared.flow`), and the faces they give a class.
+"""The two drivers of the step protocol (`shared.flow`), and the variants they give a class.
 
 `run_sync` performs each step a flow yields on a sync store; `await run_async` on an async
-one. A class written as flows gets its sync and async faces from one definition: its
-methods are `@flowmethod`s (each returns a flow), and the face it is mixed with (`Sync` or
-`Async`) decides how calling one runs it. `shared.aio` holds the async faces under the same
+one. A class written as flows gets its sync and async variants from one definition: its
+methods are `@flowmethod`s (each returns a flow), and the variant it is mixed with (`Sync` or
+`Async`) decides how calling one runs it. `shared.aio` holds the async variants under the same
 names as the sync ones (as the Azure SDK does).
 """
 
@@ -23,8 +23,7 @@ from typing import Any, Concatenate, Protocol, Self, overload
 
 from shared.exceptions import RecordChangedError, StoreUnavailableError
 from shared.flow import (
-    Build,
-    Built,
+    BuildResult,
     Commit,
     CommitGroup,
     Committed,
@@ -33,13 +32,14 @@ from shared.flow import (
     Flow,
     Gather,
     GetRecord,
-    HandlerRun,
+    HandlerResult,
     OnStore,
     PutRecordIfAbsent,
     ReadDocument,
     Reads,
     RecordDispatched,
     ReplaceRecordIfUnchanged,
+    RunBuild,
     RunHandler,
     Sleep,
     Step,
@@ -136,14 +136,14 @@ def _perform_sync(step: Step, store: SyncStore, sleep: Callable[[float], object]
             written = []
             return Committed(tuple(store.commit_group(markers, writes.operations, written=written)),
                              tuple(written))
-        case Build(build, partition, args, reads, key, correlation_id):
+        case RunBuild(build, partition, args, reads, key, correlation_id):
             _commits(store)
             tx = Transaction(store, partition, reads, key=key, correlation_id=correlation_id)
             value = build(tx, *args)
             if inspect.isawaitable(value):
                 _close(value)
-                raise TypeError("an async build needs the async face (shared.aio)")
-            return Built(value, tx)
+                raise TypeError("an async build needs the async variant (shared.aio)")
+            return BuildResult(value, tx)
         case RunHandler():
             return _LeaseRenewal(step, store).run()
         case Sleep(seconds):
@@ -165,7 +165,7 @@ def _perform_sync(step: Step, store: SyncStore, sleep: Callable[[float], object]
             sent = dispatcher.dispatch(messages)
             if inspect.isawaitable(sent):
                 _close(sent)
-                raise TypeError("an async dispatcher needs the async face (shared.aio)")
+                raise TypeError("an async dispatcher needs the async variant (shared.aio)")
             return None
         case RecordDispatched(marker):
             return store.record_dispatched(marker)
@@ -211,11 +211,11 @@ async def _perform_async(step: Step, store: AsyncStore, sleep: Callable[[float],
             written = []
             markers = await store.commit_group(markers, writes.operations, written=written)
             return Committed(tuple(markers), tuple(written))
-        case Build(build, partition, args, reads, key, correlation_id):
+        case RunBuild(build, partition, args, reads, key, correlation_id):
             _commits(store)
             tx = AsyncTransaction(store, partition, reads, key=key, correlation_id=correlation_id)
             value = build(tx, *args)
-            return Built(await value if inspect.isawaitable(value) else value, tx)
+            return BuildResult(await value if inspect.isawaitable(value) else value, tx)
         case RunHandler():
             return await _AsyncLeaseRenewal(step, store).run()
         case Sleep(seconds):
@@ -292,14 +292,14 @@ class _LeaseRenewal:
         self._held = step.held
         self._done = threading.Event()
 
-    def run(self) -> HandlerRun:
+    def run(self) -> HandlerResult:
         thread = threading.Thread(target=self._renew, name="lease-renewal", daemon=True)
         thread.start()
         try:
             result = self._step.handler()
         except BaseException as error:  # the flow decides: release or keep
-            return HandlerRun(self._stop(thread), error=error)
-        return HandlerRun(self._stop(thread), result)
+            return HandlerResult(self._stop(thread), error=error)
+        return HandlerResult(self._stop(thread), result)
 
     def _stop(self, thread: threading.Thread) -> IdempotencyRecord:
         self._done.set()
@@ -331,15 +331,15 @@ class _AsyncLeaseRenewal:
         self._held = step.held
         self._done = asyncio.Event()
 
-    async def run(self) -> HandlerRun:
+    async def run(self) -> HandlerResult:
         task = asyncio.get_running_loop().create_task(self._renew())
         try:
             result = self._step.handler()
             if inspect.isawaitable(result):
                 result = await result
         except BaseException as error:  # the flow decides: release or keep
-            return HandlerRun(await self._stop(task), error=error)
-        return HandlerRun(await self._stop(task), result)
+            return HandlerResult(await self._stop(task), error=error)
+        return HandlerResult(await self._stop(task), result)
 
     async def _stop(self, task: asyncio.Task[None]) -> IdempotencyRecord:
         self._done.set()
@@ -367,7 +367,7 @@ def _lease_lost(held: IdempotencyRecord) -> None:
                    extra={"dedup_key": held.key.key, "consumer": held.key.consumer})
 
 
-# -- faces: one flow definition, a sync and an async way to call it ---------------------------
+# -- variants: one flow definition, a sync and an async way to call it ---------------------------
 class Sync:
     """Mixed into a class of `@flowmethod`s: calling one runs its flow with `run_sync` on
     `self.store` (sleeping with `self.sleep`, when the class sets one)."""
@@ -421,7 +421,7 @@ class AsyncMethod[**P, T](BoundFlow[P, T]):
 
 class flowmethod[**P, T]:
     """Marks a method that returns a flow: on a `Sync` object calling it runs the flow, on an
-    `Async` one it returns a coroutine that does. One definition, two faces."""
+    `Async` one it returns a coroutine that does. One definition, two variants."""
 
     def __init__(self, fn: Callable[Concatenate[Any, P], Flow[T]]) -> None:
         self._fn = fn

@@ -2,7 +2,7 @@
 (`event_views`, `partition_of`: what the host sends with every event) and hands it to a
 `PartitionBatchProcessor`; `EventHubConsumer.checked` refuses, at import, a trigger whose retry
 policy does not re-run a failed batch before the host checkpoints it. `shared.aio` has the async
-face under the same name.
+variant under the same name.
 """
 
 from __future__ import annotations

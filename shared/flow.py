@@ -223,17 +223,17 @@ class CommitGroup:
 
 
 @dataclass(frozen=True, slots=True)
-class Built:
-    """The answer to `Build`: what the user's build returned, and the writes it added."""
+class BuildResult:
+    """The answer to `RunBuild`: what the user's build returned, and the writes it added."""
 
     value: Any
     writes: Writes
 
 
 @dataclass(frozen=True, slots=True)
-class Build:
+class RunBuild:
     """Run the user's `build(tx, *args)` on a fresh transaction of `partition` (its reads
-    answered from `reads` first). The driver awaits an async build. Answer: `Built`.
+    answered from `reads` first). The driver awaits an async build. Answer: `BuildResult`.
     `key` and `correlation_id` are what the messages `tx.send` records derive their ids
     from and propagate (no key: the transaction cannot send)."""
 
@@ -246,7 +246,7 @@ class Build:
 
 
 @dataclass(frozen=True, slots=True)
-class HandlerRun:
+class HandlerResult:
     """The answer to `RunHandler`: the handler's result or error, and the last held record
     (renewals replace it). Never raised: the flow decides what the error means."""
 
@@ -258,7 +258,7 @@ class HandlerRun:
 @dataclass(frozen=True, slots=True)
 class RunHandler:
     """Run the user's handler while its lease is renewed every `every` seconds until
-    `until` (on `clock`), each renewal the flow `renew(held)`. Answer: `HandlerRun`."""
+    `until` (on `clock`), each renewal the flow `renew(held)`. Answer: `HandlerResult`."""
 
     handler: Callable[[], Any]
     held: IdempotencyRecord
@@ -314,7 +314,7 @@ class OnStore:
 
 
 Step = (GetRecord | PutRecordIfAbsent | ReplaceRecordIfUnchanged | DeleteRecordIfUnchanged
-        | ReadDocument | WriteDocuments | Commit | CommitGroup | Build | RunHandler | Sleep | Gather
+        | ReadDocument | WriteDocuments | Commit | CommitGroup | RunBuild | RunHandler | Sleep | Gather
         | OnStore | Dispatch | RecordDispatched)
 type Flow[T] = Generator[Step, Any, T]
 
@@ -373,8 +373,9 @@ def update_document(partition: str, document_id: str,
 
 
 __all__ = [
-    "UNREAD", "Build", "Built", "Commit", "CommitGroup", "Committed", "DeleteRecordIfUnchanged",
-    "Dispatch", "Flow", "Gather", "GetRecord", "HandlerRun", "OnStore", "PutRecordIfAbsent",
-    "ReadDocument", "Reads", "RecordDispatched", "ReplaceRecordIfUnchanged", "RunHandler", "Sleep",
+    "UNREAD", "BuildResult", "Commit", "CommitGroup", "Committed", "DeleteRecordIfUnchanged",
+    "Dispatch", "Flow", "Gather", "GetRecord", "HandlerResult", "OnStore", "PutRecordIfAbsent",
+    "ReadDocument", "Reads", "RecordDispatched", "ReplaceRecordIfUnchanged", "RunBuild",
+    "RunHandler", "Sleep",
     "Step", "Unread", "WriteDocuments", "Writes", "retry_on_race", "update_document",
 ]

@@ -5,7 +5,7 @@ problem (`PROBLEMS`), each with its section in the docs' HTTP page.
 
 The key is scoped by the caller: App Service authentication's principal headers, or a header
 the app names (`caller_header`), so two callers' keys never meet. `shared.aio` has the async
-face under the same name.
+variant under the same name.
 """
 
 from __future__ import annotations

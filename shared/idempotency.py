@@ -45,18 +45,18 @@ from shared.exceptions import (
     StoreUnavailableError,
 )
 from shared.flow import (
-    Build,
-    Built,
+    BuildResult,
     Commit,
     CommitGroup,
     Committed,
     DeleteRecordIfUnchanged,
     Flow,
     GetRecord,
-    HandlerRun,
+    HandlerResult,
     PutRecordIfAbsent,
     Reads,
     ReplaceRecordIfUnchanged,
+    RunBuild,
     RunHandler,
     Writes,
     retry_on_race,
@@ -107,8 +107,8 @@ def identify(key: Callable[..., DedupKey], payload: Callable[..., Any] | None,
 
 
 class BaseIdempotency[S: (SyncStore, AsyncStore), D](DedupSteps[S, D]):
-    """The dedup flow over one store; `Idempotency` and `shared.aio.Idempotency` are its faces,
-    on a store `S` and with a dispatcher `D` of their own face (the state and the shared
+    """The dedup flow over one store; `Idempotency` and `shared.aio.Idempotency` are its variants,
+    on a store `S` and with a dispatcher `D` of their own variant (the state and the shared
     steps are `DedupSteps`')."""
 
     # -- two-phase -------------------------------------------------------------------
@@ -140,7 +140,7 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D](DedupSteps[S, D]):
                                existing), None
             stale = not expired and existing.is_lease_expired(now)
             if not (expired or stale):
-                return self._judge(existing, request_hash, key), None
+                return self._outcome_of_found(existing, request_hash, key), None
             if stale and not takeover_stale:
                 return Outcome(OutcomeStatus.STALE, key, request_hash, None, existing), None
             taken = fresh.evolve(
@@ -208,7 +208,7 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D](DedupSteps[S, D]):
         """Claim, run `handler` once, record its result; duplicates get the first result.
 
         `context` (message id, correlation id, delivery count...) goes to logs and metrics.
-        The handler may be async on the async face.
+        The handler may be async on the async variant.
         """
         started = time.perf_counter()
         cached = self._cached(key, request_hash)
@@ -221,7 +221,7 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D](DedupSteps[S, D]):
             return self._finish(outcome, started, context)
         handler_started = time.perf_counter()
         config = self.config
-        ran: HandlerRun = yield RunHandler(
+        ran: HandlerResult = yield RunHandler(
             handler, held, lambda record: self.renew.flow(record),
             every=config.lease.total_seconds() / LEASE_RENEWALS,
             until=config.clock() + config.max_lease_renewal.total_seconds(), clock=config.clock)
@@ -253,7 +253,7 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D](DedupSteps[S, D]):
         `build` may read current state through the transaction; it is called again when a
         concurrent writer changed what it read (etag mismatch). With `marker_id` /
         `marker_body` the marker is the business document itself (an order whose id is the
-        order id); `expires=False` keeps it. On the async face `build` may be async.
+        order id); `expires=False` keeps it. On the async variant `build` may be async.
 
         Messages `build` sends with `tx.send` are committed on the marker, then dispatched
         and recorded before this returns; a duplicate dispatches what its marker still
@@ -272,13 +272,14 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D](DedupSteps[S, D]):
             if existing is not None and existing.is_expired(self._now()):
                 expired.append(existing)
             elif existing is not None:
-                outcome = yield from self._settled(self._judge(existing, request_hash, key))
+                found = self._outcome_of_found(existing, request_hash, key)
+                outcome = yield from self._with_outbox_sent(found)
                 return self._finish(outcome, started, context)
 
         def attempt() -> Flow[Outcome]:
             marker = self._marker(key, request_hash, partition=partition, record_id=marker_id,
                                   expires=expires, over=expired.pop() if expired else None)
-            built: Built = yield Build(build, marker.partition_key, key=key,
+            built: BuildResult = yield RunBuild(build, marker.partition_key, key=key,
                                        correlation_id=correlation_id)
             encode_result(built.value, self.config.max_result_bytes)
             self._can_send(built.writes)
@@ -299,7 +300,7 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D](DedupSteps[S, D]):
 
         outcome = yield from retry_on_race(attempt, attempts=self.config.max_commit_attempts,
                                            what=f"commit of {key.encoded}")
-        outcome = yield from self._settled(outcome)
+        outcome = yield from self._with_outbox_sent(outcome)
         return self._finish(outcome, started, context)
 
     @flowmethod
@@ -367,7 +368,7 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D](DedupSteps[S, D]):
                 if isinstance(found, Outcome):
                     deferred = (messages[index].position is not None and found.record is not None
                                 and found.record.outbox_position is not None)
-                    decided[index] = (found if deferred else (yield from self._settled(found)),
+                    decided[index] = (found if deferred else (yield from self._with_outbox_sent(found)),
                                       "store")
                     todo.remove(index)
                 else:
@@ -394,7 +395,7 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D](DedupSteps[S, D]):
         for index, message in enumerate(messages):
             if index not in decided:  # a second copy within the group
                 first = decided[first_copy[message.key.encoded]][0]
-                judged = (self._judge(first.record, message.request_hash, message.key)
+                judged = (self._outcome_of_found(first.record, message.request_hash, message.key)
                           if first.record is not None else first)
                 decided[index] = (judged, "group")
             outcome, source = decided[index]
@@ -408,7 +409,7 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D](DedupSteps[S, D]):
         chunk = list(todo[:MAX_TRANSACTION_OPERATIONS - 1])
         while True:
             first = messages[chunk[0]]
-            built: Built = yield Build(build, partition, (chunk,), reads, key=first.key,
+            built: BuildResult = yield RunBuild(build, partition, (chunk,), reads, key=first.key,
                                        correlation_id=(first.context or {}).get("correlation_id"))
             results = list(built.value)
             operations = built.writes.operations

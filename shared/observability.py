@@ -14,8 +14,8 @@ The trace sampler is always set explicitly: `sampling_ratio` (else the
 the distro's fixed-percentage sampler (`ApplicationInsightsSampler`: the
 decision follows the trace id, so every span of a sampled trace is kept, and
 each exported item carries its sample rate, so Application Insights scales
-counts back up). Without it the distro (1.8.x) would rate-limit to 5 traces
-per second, which keeps a share of messages that depends on the load. Logs
+counts back up). Without it the distro would apply its own default (a rate
+limit), which keeps a share of messages that depends on the load. Logs
 are not sampled, and metrics never are: per-message counts and latencies live
 in the metrics (`shared.telemetry`). The standard `OTEL_TRACES_SAMPLER` /
 `OTEL_TRACES_SAMPLER_ARG` variables, when set, still take precedence (the
@@ -24,11 +24,10 @@ distro reads them first).
 Why 1 in 1,000: traces are examples of where one message's time went (its
 handler, its store calls); the counts, rates and latency distributions are
 exact on the metrics, and every record a person acts on is logged unsampled.
-A sampled message exports about 4 KB of spans, so each 0.1 % of sampling
-costs about 4 bytes per message; at 1,000 messages/s, 0.1 % is one trace a
-second (86,400 a day), still more examples than anyone reads, where 1 % would
-add about 40 bytes to every message. A low-rate app, or an investigation,
-raises `TRACE_SAMPLING_RATIO` (an app setting: no redeploy).
+The exported bytes grow with the ratio (what a sampled message exports is measured in
+`benchmarks/RESULTS.md`, "Telemetry bytes per message"); at 1,000 messages/s, 1 in 1,000 is
+one trace a second, still more examples than anyone reads. A low-rate app, or an
+investigation, raises `TRACE_SAMPLING_RATIO` (an app setting: no redeploy).
 
 `sdk_request()` wraps an Azure SDK request the library sends outside the
 SDK's own methods (the Table `$batch` codec's `send_request`): azure-core's
@@ -70,8 +69,8 @@ from shared.keys import DedupKey, store_safe_id
 
 CONNECTION_STRING_SETTING = "APPLICATIONINSIGHTS_CONNECTION_STRING"
 SAMPLING_RATIO_SETTING = "TRACE_SAMPLING_RATIO"
-# Share of traces (message spans and their store dependencies) exported: 1 in 1,000 (one trace/s
-# at 1,000 messages/s; a sampled message costs ~4 KB of spans, so 0.1 % adds ~4 bytes per message).
+# Share of traces (message spans and their store dependencies) exported: 1 in 1,000 (one trace a
+# second at 1,000 messages/s; see the module docstring for why).
 DEFAULT_SAMPLING_RATIO = 0.001
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 CORRELATION_ID_HEADER = "X-Correlation-Id"

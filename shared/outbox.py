@@ -114,7 +114,7 @@ class OutgoingMessage:
 
 
 class Dispatcher(Protocol):
-    """Sends outgoing messages (the sync face); raises `DispatchUnavailableError` or
+    """Sends outgoing messages (the sync variant); raises `DispatchUnavailableError` or
     `DispatchRejectedError`. `shared.dispatch` holds the Service Bus and Event Hubs ones;
     here, beside the message, so that the flows depend on the contract, not on an SDK."""
 
@@ -124,7 +124,7 @@ class Dispatcher(Protocol):
 
 
 class AsyncDispatcher(Protocol):
-    """`Dispatcher` on the async face (`shared.dispatch_aio` holds the SDK ones)."""
+    """`Dispatcher` on the async variant (`shared.dispatch_aio` holds the SDK ones)."""
 
     async def dispatch(self, messages: Sequence[OutgoingMessage]) -> None: ...
 

@@ -141,7 +141,7 @@ class EntryClaimedError(ParkedEntryError):
 
 class BaseParkingLot:
     """Parked entries in a document store, partitioned by consumer; `ParkingLot` and
-    `shared.aio.ParkingLot` are its faces."""
+    `shared.aio.ParkingLot` are its variants."""
 
     def __init__(self, store: Any, *, telemetry: Telemetry | None = None,
                  clock: Callable[[], float] = time.time, lister: EntryLister | None = None) -> None:

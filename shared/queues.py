@@ -120,7 +120,7 @@ class MessageRetryError(IdempotencyError):
 
 
 
-Handle = Callable[[QueueMessageView], Any]  # -> Outcome | Decision (awaitable on the async face)
+Handle = Callable[[QueueMessageView], Any]  # -> Outcome | Decision (awaitable on the async variant)
 Parse = Callable[[QueueMessageView], Any]
 KeyOf = Callable[[Any], str | DedupKey | None]  # None: the item has no key (refused)
 
@@ -142,7 +142,7 @@ def _business_key(name: str, key: KeyOf, item: Any) -> DedupKey:
 
 
 class BaseStorageQueueConsumer[L: (Idempotency, AsyncIdempotency)]:
-    """What both faces share: identifying a message, the settlement rule, the envelope."""
+    """What both variants share: identifying a message, the settlement rule, the envelope."""
 
     def __init__(self, name: str, idempotency: L, *,
                  poison: PoisonQueue | Callable[[], PoisonQueue],
@@ -206,7 +206,7 @@ class BaseStorageQueueConsumer[L: (Idempotency, AsyncIdempotency)]:
                 parse: Parse | None, key: KeyOf | None, content: Callable[[Any], Any] | None,
                 partition: str | Callable[[Any], str] | None,
                 marker: Callable[[Any], tuple[str, dict[str, Any]]] | None) -> Flow[Outcome]:
-        """The atomic path as a flow: both faces run it (sync, or awaited)."""
+        """The atomic path as a flow: both variants run it (sync, or awaited)."""
         found = self.identify(view, parse=parse, key=key, content=content)
         marker_id, marker_body = (derived("marker", lambda: marker(found.item))
                                   if marker is not None else (None, None))
@@ -225,14 +225,14 @@ class BaseStorageQueueConsumer[L: (Idempotency, AsyncIdempotency)]:
     def _two_phase(self, view: QueueMessageView, handler: Callable[[Any], Any],
                    parse: Parse | None, key: KeyOf | None, content: Callable[[Any], Any] | None,
                    takeover_stale: bool) -> Flow[Outcome]:
-        """The two-phase path as a flow: both faces run it (sync, or awaited)."""
+        """The two-phase path as a flow: both variants run it (sync, or awaited)."""
         found = self.identify(view, parse=parse, key=key, content=content)
         outcome: Outcome = yield from self.idempotency.run.flow(
             found.key, found.request_hash, lambda: handler(found.item),
             takeover_stale=takeover_stale, context=view.context(found.key))
         return outcome
 
-    def _settled(self, view: QueueMessageView, result: Any) -> tuple[Decision, DedupKey | None,
+    def _settlement_of(self, view: QueueMessageView, result: Any) -> tuple[Decision, DedupKey | None,
                                                                      Exception | None]:
         """The decision for what `handle` answered (after the last delivery's rule)."""
         return self._final(decision_for_result(result), view), _key_of(result), None
@@ -333,7 +333,7 @@ class StorageQueueConsumer(BaseStorageQueueConsumer[Idempotency], Sync):
         view = QueueMessageView.of(message)
         with self._span(view):
             try:
-                decision, key, cause = self._settled(view, handle(view))
+                decision, key, cause = self._settlement_of(view, handle(view))
             except Exception as error:
                 decision, key, cause = self._failed(view, error)
             if decision.action in (Action.ABANDON, Action.WAIT):
@@ -386,7 +386,7 @@ class AsyncStorageQueueConsumer(BaseStorageQueueConsumer[AsyncIdempotency], Asyn
                 result = handle(view)
                 if inspect.isawaitable(result):
                     result = await cast(Any, result)
-                decision, key, cause = self._settled(view, result)
+                decision, key, cause = self._settlement_of(view, result)
             except Exception as error:
                 decision, key, cause = self._failed(view, error)
             if decision.action in (Action.ABANDON, Action.WAIT):

@@ -12,7 +12,7 @@ gives a function, so a consumer's test runs in process, fast, with no server (do
     orders.run_atomic(message, actions, save)  # the broker's redelivery: absorbed
     assert actions.actions() == ["complete", "complete"] and len(outbox.sent) == 1
 
-The async faces' doubles (`AsyncInMemoryIdempotencyStore`, `AsyncInMemoryDispatcher`) are the
+The async variants' doubles (`AsyncInMemoryIdempotencyStore`, `AsyncInMemoryDispatcher`) are the
 same records, awaited; `ThreadedStore` puts any sync store (a fault-injecting wrapper of your
 own) behind the async interface. `shared.aio` names the async store and `ThreadedStore` too.
 """

@@ -22,7 +22,7 @@ back as the trigger expects it. A function body is a call or two:
 Every message is settled by the one rule of `shared.settlement` (the table in the docs'
 concepts page); nothing raises into the trigger.
 
-`shared.aio` has the async faces under the same names.
+`shared.aio` has the async variants under the same names.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ class BaseServiceBusConsumer[L: BaseIdempotency[Any, Any]]:
         """Where the consumer's flows run: its Idempotency's store."""
         return None if self.idempotency is None else self.idempotency.store
 
-    def _ledger(self) -> L:
+    def _required_idempotency(self) -> L:
         if self.idempotency is None:
             raise ConfigurationError(f"{self.name} was built without an Idempotency; "
                                      "run and run_atomic need one")
@@ -184,7 +184,7 @@ class BaseServiceBusConsumer[L: BaseIdempotency[Any, Any]]:
             derived("document", lambda: document(value))
         if marker_id is not None:
             marker_id = store_safe_id(marker_id)
-        outcome: Outcome = yield from self._ledger().run_atomic.flow(
+        outcome: Outcome = yield from self._required_idempotency().run_atomic.flow(
             item.key, item.request_hash, functools.partial(_build, build, value), partition=where,
             marker_id=marker_id, marker_body=marker_body, expires=document is None,
             context=view.context, read_first=view.delivery_count > 1)
@@ -196,7 +196,7 @@ class BaseServiceBusConsumer[L: BaseIdempotency[Any, Any]]:
                       content: Callable[[T], Any] | None, takeover_stale: bool) -> Flow[Decision]:
         item = self._identify(view, parse, key, content)
         value = item.value
-        outcome: Outcome = yield from self._ledger().run.flow(
+        outcome: Outcome = yield from self._required_idempotency().run.flow(
             item.key, item.request_hash, lambda: handler(value), takeover_stale=takeover_stale,
             context=view.context)
         return decision_for(outcome)

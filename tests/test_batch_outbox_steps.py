@@ -275,7 +275,7 @@ def test_the_single_event_entry_point_dispatches_and_records_on_its_own():
 
 # -- the group commit itself, step by step ----------------------------------------------------------
 def test_a_group_commit_of_batch_events_commits_the_position_and_leaves_the_dispatch_to_the_caller():
-    from shared.flow import Build, Built, CommitGroup, Committed, RecordDispatched, Writes
+    from shared.flow import BuildResult, CommitGroup, Committed, RecordDispatched, RunBuild, Writes
     from shared.idempotency import GroupMessage
     from tests.test_flow_steps import Stepper
 
@@ -284,15 +284,15 @@ def test_a_group_commit_of_batch_events_commits_the_position_and_leaves_the_disp
     keys = [first_key(f"s{n}") for n in range(2)]
     position = EventPosition(HUB, "0", 5, None)
 
-    def built(key: DedupKey) -> Built:
+    def built(key: DedupKey) -> BuildResult:
         writes = Writes("A", key=key)
         writes.send(QUEUE, {"cents": 1})
-        return Built([None, None], writes)
+        return BuildResult([None, None], writes)
 
     flow = Stepper(ledger.run_atomic_group.flow(
         [GroupMessage(keys[0], "h", position=position), GroupMessage(keys[1], "h")],
         lambda tx, indexes: [None] * len(indexes), partition="A"))
-    assert isinstance(flow.start(), Build)
+    assert isinstance(flow.start(), RunBuild)
     step = flow.send(built(keys[0]))
     assert isinstance(step, CommitGroup)
     assert step.markers[0].outbox_position == position and len(step.markers[0].outbox) == 1

@@ -23,8 +23,7 @@ from shared.exceptions import (
     RecordExistsError,
 )
 from shared.flow import (
-    Build,
-    Built,
+    BuildResult,
     CommitGroup,
     Committed,
     Flow,
@@ -33,6 +32,7 @@ from shared.flow import (
     PutRecordIfAbsent,
     ReadDocument,
     ReplaceRecordIfUnchanged,
+    RunBuild,
     Sleep,
     Step,
     WriteDocuments,
@@ -138,10 +138,10 @@ def group_of(count: int) -> list[GroupMessage]:
     return [GroupMessage(DedupKey("ledger", f"e{i}"), f"sha256:{i}") for i in range(count)]
 
 
-def built(indexes: Sequence[int]) -> Built:
+def built(indexes: Sequence[int]) -> BuildResult:
     writes = Writes("acct")
     writes.replace("balance", {"n": len(indexes)}, etag='W/"1"')
-    return Built([{"after": i} for i in indexes], writes)
+    return BuildResult([{"after": i} for i in indexes], writes)
 
 
 def test_a_group_commit_whose_fourth_marker_exists_judges_it_and_commits_the_others() -> None:
@@ -149,7 +149,7 @@ def test_a_group_commit_whose_fourth_marker_exists_judges_it_and_commits_the_oth
     flow = Stepper(ledger().run_atomic_group.flow(messages, lambda tx, indexes: [],
                                                   partition="acct"))
     step = flow.start()
-    assert isinstance(step, Build) and step.args == ([0, 1, 2, 3, 4],)
+    assert isinstance(step, RunBuild) and step.args == ([0, 1, 2, 3, 4],)
     step = flow.send(built([0, 1, 2, 3, 4]))
     assert isinstance(step, CommitGroup)
     assert [m.key for m in step.markers] == [m.key for m in messages]
@@ -158,7 +158,7 @@ def test_a_group_commit_whose_fourth_marker_exists_judges_it_and_commits_the_oth
     step = flow.throw(RecordExistsError(existing.id, index=3))
     assert step == GetRecord("acct", existing.id)  # the failed marker is read, nothing else
     step = flow.send(existing)
-    assert isinstance(step, Build) and step.args == ([0, 1, 2, 4],)  # built again without it
+    assert isinstance(step, RunBuild) and step.args == ([0, 1, 2, 4],)  # built again without it
     step = flow.send(built([0, 1, 2, 4]))
     assert isinstance(step, CommitGroup) and len(step.markers) == 4
     assert flow.send(Committed(step.markers)) is None
@@ -176,7 +176,7 @@ def test_a_group_commit_whose_business_write_lost_a_race_builds_on_a_fresh_read(
     flow.start()
     assert isinstance(flow.send(built([0, 1])), CommitGroup)
     step = flow.throw(OperationFailedError(0, 412))  # the balance changed since it was read
-    assert isinstance(step, Build) and step.args == ([0, 1],)
+    assert isinstance(step, RunBuild) and step.args == ([0, 1],)
     assert step.reads is not None and step.reads.documents == {}  # nothing remembered
     assert isinstance(flow.send(built([0, 1])), CommitGroup)
 
@@ -249,13 +249,13 @@ def test_the_sync_driver_refuses_an_async_build() -> None:
     async def build(tx: Any) -> int:
         return 1
 
-    with pytest.raises(TypeError, match="async face"):
+    with pytest.raises(TypeError, match="async variant"):
         run_sync(ledger().run_atomic.flow(KEY, HASH, build), InMemoryIdempotencyStore())
 
 
-# -- one flow, two faces ------------------------------------------------------------------------
+# -- one flow, two variants ------------------------------------------------------------------------
 def test_the_async_parking_lot_parks_and_resolves_through_the_awaited_store() -> None:
-    """The async face runs every method of the flow awaited; none falls through to a sync call
+    """The async variant runs every method of the flow awaited; none falls through to a sync call
     of the async store (which would hand back an unawaited coroutine)."""
     from shared import aio
     from shared.testing import AsyncInMemoryIdempotencyStore

@@ -1,4 +1,4 @@
-"""Cosmos DB backend on `azure.cosmos.aio`: the async face of `CosmosIdempotencyStore`.
+"""Cosmos DB backend on `azure.cosmos.aio`: the async variant of `CosmosIdempotencyStore`.
 
 Every request is built once, by the mapping it shares with the sync store
 (`CosmosMapping`: items, batches, the store-contract errors); only sending it

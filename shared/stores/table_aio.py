@@ -1,4 +1,4 @@
-"""Table Storage backend on `azure.data.tables.aio`: the async face of `TableIdempotencyStore`.
+"""Table Storage backend on `azure.data.tables.aio`: the async variant of `TableIdempotencyStore`.
 
 Every request is built once, by the mapping it shares with the sync store
 (`TableMapping`: entities, transactions, the store-contract errors); only

@@ -48,8 +48,8 @@ _ETAG_TIME = "W/\"datetime'"
 
 def etag_time(etag: str | None) -> float | None:
     """When the service wrote an entity, from its etag (`W/"datetime'2026-01-02T03%3A04%3A05.
-    1234567Z'"`: the entity's Timestamp, to 100 ns), or None for another form. Under a
-    microsecond: every write answers its etag, so this costs no request."""
+    1234567Z'"`: the entity's Timestamp, to 100 ns), or None for another form. Every write
+    answers its etag, so this costs no request."""
     if etag is None or not etag.startswith(_ETAG_TIME):
         return None
     try:
@@ -180,7 +180,7 @@ class TableMapping:
         return Document(document_id, partition, body, etag_of(entity.metadata))
 
     # -- the requests, built once for the sync and the async store (`Request`) -------------
-    _submit: Callable[..., Any]  # the face's $batch sender: (client, batch, *, codec)
+    _submit: Callable[..., Any]  # the variant's $batch sender: (client, batch, *, codec)
     _batch_codec: Codec
 
     def _transaction_request[T](self, batch: list[tuple[Any, ...]], marker_id: str | None,

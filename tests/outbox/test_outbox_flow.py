@@ -22,8 +22,7 @@ from shared.exceptions import (
     RecordExistsError,
 )
 from shared.flow import (
-    Build,
-    Built,
+    BuildResult,
     Commit,
     CommitGroup,
     Committed,
@@ -31,6 +30,7 @@ from shared.flow import (
     Flow,
     GetRecord,
     RecordDispatched,
+    RunBuild,
     Writes,
 )
 from shared.idempotency import AsyncIdempotency, GroupMessage, Idempotency
@@ -53,12 +53,12 @@ def build(tx: Any) -> dict[str, Any]:
     return {"orderId": "ORD-1"}
 
 
-def built_by(step: object) -> Built:
-    """What the driver answers a Build step with: the user's build on a transaction."""
-    assert isinstance(step, Build)
+def built_by(step: object) -> BuildResult:
+    """What the driver answers a RunBuild step with: the user's build on a transaction."""
+    assert isinstance(step, RunBuild)
     tx = Transaction(None, step.partition, step.reads, key=step.key,
                      correlation_id=step.correlation_id)
-    return Built(step.build(tx, *step.args), tx)
+    return BuildResult(step.build(tx, *step.args), tx)
 
 
 def flow_of(idempotency: Idempotency, **options: Any) -> Flow[Any]:
@@ -76,7 +76,7 @@ def test_a_new_message_commits_its_message_on_the_marker_then_dispatches_then_re
     dispatcher = InMemoryDispatcher()
     flow = flow_of(Idempotency(UNUSED, dispatcher=dispatcher))
     step = next(flow)
-    assert isinstance(step, Build) and step.key == KEY and step.correlation_id == "corr-1"
+    assert isinstance(step, RunBuild) and step.key == KEY and step.correlation_id == "corr-1"
     step = flow.send(built_by(step))
     assert isinstance(step, Commit)
     (message,) = step.marker.outbox  # on the marker, in the same transaction: zero extra writes
@@ -165,7 +165,7 @@ def test_a_group_commit_puts_the_groups_messages_on_its_first_marker_and_dispatc
     flow = Idempotency(UNUSED, dispatcher=dispatcher).run_atomic_group.flow(
         messages, group_build, partition="A")
     step = next(flow)
-    assert isinstance(step, Build) and step.key == keys[0] and step.correlation_id == "c0"
+    assert isinstance(step, RunBuild) and step.key == keys[0] and step.correlation_id == "c0"
     step = flow.send(built_by(step))
     assert isinstance(step, CommitGroup)
     first, *others = step.markers

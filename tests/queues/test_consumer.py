@@ -408,7 +408,7 @@ def test_a_sync_consumer_refuses_an_async_poison_client(store):
         run(consumer, message(b"{"))
 
 
-# -- the async face ----------------------------------------------------------------------------
+# -- the async variant ----------------------------------------------------------------------------
 def test_async_face_follows_the_same_rules():
     async def scenario() -> None:
         inner = FlakyStore()

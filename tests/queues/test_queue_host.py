@@ -162,7 +162,7 @@ def test_an_app_that_allows_more_deliveries_than_the_host_leaves_a_reasonless_ho
 
 def test_the_async_consumer_on_the_async_table_store_and_an_async_poison_client(stack,
                                                                                  queue_service):
-    """The async face on real parts: the async Table store on Azurite, and the aio queue client
+    """The async variant on real parts: the async Table store on Azurite, and the aio queue client
     writing the envelope to Azurite's queue service."""
     import asyncio
 

@@ -38,6 +38,6 @@ def records(services: Services, role: str = "notifications") -> Any:
     to set up or read the records the (async) functions keep, from a sync test."""
     from shared import Idempotency
 
-    face = services.notify.idempotency
-    return Idempotency(services.stores[role], config=face.config, telemetry=face.telemetry,
+    deployed = services.notify.idempotency
+    return Idempotency(services.stores[role], config=deployed.config, telemetry=deployed.telemetry,
                        dispatcher=services.dispatcher)
