@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from shared.drivers import Async, Sync, flowmethod
+from shared.drivers import Async, AsyncTransaction, BaseTransaction, Sync, Transaction, flowmethod
 from shared.exceptions import (
     ConcurrencyRetriesExhaustedError,
     ConfigurationError,
@@ -126,8 +126,8 @@ class _Parsed[E, I]:
     position: EventPosition
 
 
-class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency[Any, Any],
-                                  W: BasePartitionWatermark, P: BaseParkingLot]:
+class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency[Any, Any, Any],
+                                  W: BasePartitionWatermark, P: BaseParkingLot, X: BaseTransaction]:
     """Parametrised by the user's rule:
 
     * `parse(event, partition_id)`: the event's item; InvalidPayloadError for bad input;
@@ -140,7 +140,7 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency[Any, Any]
 
     def __init__(self, ledger: L, watermark: W, parking: P, *, consumer: str, event_hub: str,
                  parse: Callable[[E, str], I], identify: Callable[[I], tuple[DedupKey, str]],
-                 group: Callable[[I], str], build: Callable[..., Any], max_attempts: int = 3,
+                 group: Callable[[I], str], build: Callable[[X, list[I]], Any], max_attempts: int = 3,
                  backoff: float = 0.2, max_concurrency: int = 16,
                  max_retry_after: float = MAX_RETRY_AFTER_SECONDS,
                  sleep: Callable[[float], object] | None = None) -> None:
@@ -439,13 +439,14 @@ def _held(outcome: Outcome) -> _Held | None:
 
 
 class PartitionBatchProcessor[E: BatchEvent, I](
-        BasePartitionBatchProcessor[E, I, Idempotency, PartitionWatermark, ParkingLot], Sync):
+        BasePartitionBatchProcessor[E, I, Idempotency, PartitionWatermark, ParkingLot, Transaction],
+        Sync):
     """Runs a partition's batches on sync stores; groups commit on a bounded thread pool, each
     thread in a copy of the caller's context (trace, the worker's invocation id)."""
 
 
 class AsyncPartitionBatchProcessor[E: BatchEvent, I](
-        BasePartitionBatchProcessor[E, I, AsyncIdempotency, AsyncPartitionWatermark, AsyncParkingLot],
-        Async):
+        BasePartitionBatchProcessor[E, I, AsyncIdempotency, AsyncPartitionWatermark, AsyncParkingLot,
+                                    AsyncTransaction], Async):
     """`PartitionBatchProcessor` on async stores (`shared.aio.PartitionBatchProcessor`): groups
     are tasks on one event loop, at most `max_concurrency` in flight; builds may be async."""

@@ -103,7 +103,7 @@ class _FunctionBuilder(Protocol):
     def build(self) -> Any: ...
 
 
-class BaseEventHubConsumer[P: BasePartitionBatchProcessor[Any, Any, Any, Any, Any]]:
+class BaseEventHubConsumer[P: BasePartitionBatchProcessor[Any, Any, Any, Any, Any, Any]]:
     """One Event Hubs consumer: a cardinality-many batch of one partition to its processor.
 
     The batch's correctness rests on the host running a failed batch again before it

@@ -187,7 +187,7 @@ def scoped_key(caller: Caller | None, key: str) -> str:
     return key if caller is None else f"{caller.scope}{_SCOPE_SEPARATOR}{key}"
 
 
-class BaseIdempotencyKeyEndpoint[L: BaseIdempotency[Any, Any]]:
+class BaseIdempotencyKeyEndpoint[L: BaseIdempotency[Any, Any, Any]]:
     """An HTTP endpoint whose requests carry an `Idempotency-Key` header (IETF httpapi draft).
 
     First request: `handler` runs and its response is stored. A retry with the same key

@@ -33,7 +33,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.dedup_steps import Context, DedupSteps
-from shared.drivers import Async, AsyncStore, Sync, SyncStore, flowmethod
+from shared.drivers import (
+    Async,
+    AsyncStore,
+    AsyncTransaction,
+    BaseTransaction,
+    Sync,
+    SyncStore,
+    Transaction,
+    flowmethod,
+)
 from shared.exceptions import (
     ConcurrencyRetriesExhaustedError,
     EffectUncertainError,
@@ -106,10 +115,10 @@ def identify(key: Callable[..., DedupKey], payload: Callable[..., Any] | None,
     return key(*args, **kwargs), hash_request(data, fields=fields)
 
 
-class BaseIdempotency[S: (SyncStore, AsyncStore), D](DedupSteps[S, D]):
+class BaseIdempotency[S: (SyncStore, AsyncStore), D, X: BaseTransaction](DedupSteps[S, D]):
     """The dedup flow over one store; `Idempotency` and `shared.aio.Idempotency` are its variants,
-    on a store `S` and with a dispatcher `D` of their own variant (the state and the shared
-    steps are `DedupSteps`')."""
+    each on a store `S`, with a dispatcher `D` and handing builds a transaction `X` of its own
+    variant (the state and the shared steps are `DedupSteps`')."""
 
     # -- two-phase -------------------------------------------------------------------
     @flowmethod
@@ -244,7 +253,7 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D](DedupSteps[S, D]):
 
     # -- atomic ------------------------------------------------------------------------
     @flowmethod
-    def run_atomic(self, key: DedupKey, request_hash: str, build: Callable[..., Any], *,
+    def run_atomic(self, key: DedupKey, request_hash: str, build: Callable[[X], Any], *,
                    partition: str | None = None, marker_id: str | None = None,
                    marker_body: dict[str, Any] | None = None, expires: bool = True,
                    context: Context | None = None, read_first: bool = False) -> Flow[Outcome]:
@@ -304,7 +313,7 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D](DedupSteps[S, D]):
         return self._finish(outcome, started, context)
 
     @flowmethod
-    def run_atomic_group(self, messages: Sequence[GroupMessage], build: Callable[..., Any], *,
+    def run_atomic_group(self, messages: Sequence[GroupMessage], build: Callable[[X, list[int]], Any], *,
                          partition: str) -> Flow[list[Outcome]]:
         """Commit many messages of one partition: their markers and the writes `build` adds.
 
@@ -402,7 +411,7 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D](DedupSteps[S, D]):
             outcomes.append(self._finish(outcome, started, message.context, source=source))
         return outcomes
 
-    def _build_chunk(self, partition: str, todo: Sequence[int], build: Callable[..., Any],
+    def _build_chunk(self, partition: str, todo: Sequence[int], build: Callable[[X, list[int]], Any],
                      reads: Reads, messages: Sequence[GroupMessage]
                      ) -> Flow[tuple[list[int], list[Any], Writes]]:
         """The next messages that fit in one transaction with their writes, built."""
@@ -444,7 +453,7 @@ def _result(outcome: Outcome) -> Any:
 
 
 
-class Idempotency(BaseIdempotency[SyncStore, SyncDispatcher], Sync):
+class Idempotency(BaseIdempotency[SyncStore, SyncDispatcher, Transaction], Sync):
     """Runs messages through the dedup flow against one (sync) store."""
 
     def idempotent[**A, R](self, *, key: Callable[..., DedupKey],
@@ -469,7 +478,8 @@ class Idempotency(BaseIdempotency[SyncStore, SyncDispatcher], Sync):
         return decorate
 
 
-class AsyncIdempotency(BaseIdempotency[AsyncStore, AsyncDispatcher | SyncDispatcher], Async):
+class AsyncIdempotency(BaseIdempotency[AsyncStore, AsyncDispatcher | SyncDispatcher, AsyncTransaction],
+                       Async):
     """The dedup flow on an async store (`shared.aio.Idempotency`): the same methods, awaited;
     builds and handlers may be sync or async. Its dispatcher is a `shared.dispatch_aio` one,
     or a sync one that never blocks (the in-memory dispatcher of tests)."""

@@ -52,7 +52,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, cast
 
-from shared.drivers import Async, Sync, flowmethod
+from shared.drivers import Async, AsyncTransaction, Sync, Transaction, flowmethod
 from shared.exceptions import ConfigurationError, IdempotencyError, InvalidKeyError, PoisonMessageError
 from shared.flow import Flow
 from shared.idempotency import AsyncIdempotency, Idempotency
@@ -303,7 +303,7 @@ class StorageQueueConsumer(BaseStorageQueueConsumer[Idempotency], Sync):
     (called on first use); `max_dequeue_count` must be the host's `maxDequeueCount`.
     """
 
-    def run_atomic(self, message: Any, build: Callable[[Any, Any], Any], *,
+    def run_atomic(self, message: Any, build: Callable[[Transaction, Any], Any], *,
                    parse: Parse | None = None, key: KeyOf | None = None,
                    content: Callable[[Any], Any] | None = None,
                    partition: str | Callable[[Any], str] | None = None,
@@ -360,7 +360,7 @@ class AsyncStorageQueueConsumer(BaseStorageQueueConsumer[AsyncIdempotency], Asyn
     the same methods, awaited, on `shared.aio.Idempotency`; builds and handlers may be async,
     the poison client sync or async (`azure.storage.queue.aio.QueueClient`)."""
 
-    async def run_atomic(self, message: Any, build: Callable[[Any, Any], Any], *,
+    async def run_atomic(self, message: Any, build: Callable[[AsyncTransaction, Any], Any], *,
                          parse: Parse | None = None, key: KeyOf | None = None,
                          content: Callable[[Any], Any] | None = None,
                          partition: str | Callable[[Any], str] | None = None,

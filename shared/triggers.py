@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.cloudevents import as_text
-from shared.drivers import Async, Sync, flowmethod
+from shared.drivers import Async, AsyncTransaction, Sync, Transaction, flowmethod
 from shared.exceptions import ConfigurationError, InvalidKeyError, PoisonMessageError
 from shared.flow import Flow
 from shared.idempotency import AsyncIdempotency, BaseIdempotency, Idempotency
@@ -126,7 +126,7 @@ class _Item[T]:
     request_hash: str
 
 
-class BaseServiceBusConsumer[L: BaseIdempotency[Any, Any]]:
+class BaseServiceBusConsumer[L: BaseIdempotency[Any, Any, Any]]:
     """One Service Bus consumer: each message's effect once, settled explicitly.
 
     `name` scopes its keys (two subscriptions of one topic each apply a message once);
@@ -239,7 +239,7 @@ class ServiceBusConsumer(BaseServiceBusConsumer[Idempotency], Sync):
             return self._settle(decision, message, actions, view)
 
     def run_atomic[T](self, message: Any, actions: MessageActions | None,
-                      build: Callable[[Any, T], Any], *,
+                      build: Callable[[Transaction, T], Any], *,
                       parse: Callable[[MessageView], T] = json_object,
                       key: Callable[[T], str] | None = None,
                       content: Callable[[T], Any] | None = None,
@@ -300,7 +300,7 @@ class AsyncServiceBusConsumer(BaseServiceBusConsumer[AsyncIdempotency], Async):
             return await self._settle(decision, message, actions, view)
 
     async def run_atomic[T](self, message: Any, actions: MessageActions | None,
-                            build: Callable[[Any, T], Any], *,
+                            build: Callable[[AsyncTransaction, T], Any], *,
                             parse: Callable[[MessageView], T] = json_object,
                             key: Callable[[T], str] | None = None,
                             content: Callable[[T], Any] | None = None,
