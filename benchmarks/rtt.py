@@ -37,7 +37,9 @@ class RttNotVerifiedError(RuntimeError):
 
 @dataclass
 class Probe:
-    """Median point-read latency without and with the relay."""
+    """Median point-read latency without and with the relay (what the reports show), and the
+    fastest read of each (what the check compares: a loaded machine slows both medians, but
+    no read through the relay is faster than the relay's own delay)."""
 
     backend: str
     nominal_ms: float
@@ -45,10 +47,19 @@ class Probe:
     relayed_ms: float
     reads: int
     when: str = "before"  # the scenarios of this RTT: checked before and after them
+    direct_min_ms: float | None = None
+    relayed_min_ms: float | None = None
 
     @property
     def added_ms(self) -> float:
         return self.relayed_ms - self.direct_ms
+
+    @property
+    def floor_added_ms(self) -> float:
+        """The fastest relayed read less the fastest direct one (the medians' when not known)."""
+        if self.direct_min_ms is None or self.relayed_min_ms is None:
+            return self.added_ms
+        return self.relayed_min_ms - self.direct_min_ms
 
 
 def _loopback(host: str) -> bool:
@@ -88,8 +99,8 @@ def cosmos_client(endpoints: Endpoints, **options: Any) -> CosmosClient:
                         **options)
 
 
-def _median_reads(readers: list[Callable[[], Any]], reads: int) -> list[float]:
-    """Alternates the readers (so drift hits all alike); median milliseconds of each."""
+def _timed_reads(readers: list[Callable[[], Any]], reads: int) -> list[tuple[float, float]]:
+    """Alternates the readers (so drift hits all alike); (median, fastest) milliseconds of each."""
     for read in readers:  # connections, caches
         for _ in range(3):
             read()
@@ -99,7 +110,7 @@ def _median_reads(readers: list[Callable[[], Any]], reads: int) -> list[float]:
             started = time.perf_counter()
             read()
             samples[index].append((time.perf_counter() - started) * 1000)
-    return [statistics.median(s) for s in samples]
+    return [(statistics.median(s), min(s)) for s in samples]
 
 
 def probe_rtt(direct: Endpoints, relayed: Endpoints, nominal_ms: float, *, reads: int,
@@ -115,8 +126,8 @@ def probe_rtt(direct: Endpoints, relayed: Endpoints, nominal_ms: float, *, reads
                    for e in (direct, relayed)]
         try:
             clients[0].create_entity({"PartitionKey": "p", "RowKey": "r", "v": 1})
-            fast, slow = _median_reads([lambda c=c: c.get_entity("p", "r") for c in clients], reads)
-            probes.append(Probe("table", nominal_ms, fast, slow, reads, when))
+            fast, slow = _timed_reads([lambda c=c: c.get_entity("p", "r") for c in clients], reads)
+            probes.append(Probe("table", nominal_ms, fast[0], slow[0], reads, when, fast[1], slow[1]))
         finally:
             for client in clients:
                 client.close()
@@ -130,8 +141,8 @@ def probe_rtt(direct: Endpoints, relayed: Endpoints, nominal_ms: float, *, reads
             created = cosmos[0].create_database_if_not_exists(database)
             created.create_container("c", PartitionKey("/pk")).create_item({"id": "r", "pk": "p"})
             containers = [c.get_database_client(database).get_container_client("c") for c in cosmos]
-            fast, slow = _median_reads([lambda c=c: c.read_item("r", "p") for c in containers], reads)
-            probes.append(Probe("cosmos", nominal_ms, fast, slow, reads, when))
+            fast, slow = _timed_reads([lambda c=c: c.read_item("r", "p") for c in containers], reads)
+            probes.append(Probe("cosmos", nominal_ms, fast[0], slow[0], reads, when, fast[1], slow[1]))
         finally:
             with contextlib.suppress(Exception):
                 cosmos[0].delete_database(database)
@@ -141,10 +152,11 @@ def probe_rtt(direct: Endpoints, relayed: Endpoints, nominal_ms: float, *, reads
 
 
 def check_probes(probes: list[Probe]) -> None:
-    """Raises `RttNotVerifiedError` when a relayed read was not slower by half the nominal RTT."""
+    """Raises `RttNotVerifiedError` when the fastest relayed read was not slower than the
+    fastest direct one by half the nominal RTT."""
     for probe in probes:
-        if probe.nominal_ms > 0 and probe.added_ms < 0.5 * probe.nominal_ms:
+        if probe.nominal_ms > 0 and probe.floor_added_ms < 0.5 * probe.nominal_ms:
             raise RttNotVerifiedError(
-                f"{probe.backend}: point reads through the relay were only {probe.added_ms:.2f} ms "
+                f"{probe.backend}: point reads through the relay were only {probe.floor_added_ms:.2f} ms "
                 f"slower than direct ones (expected about {probe.nominal_ms:g} ms): the client is "
                 "not going through the relay (Cosmos: endpoint discovery must be off)")

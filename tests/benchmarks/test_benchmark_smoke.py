@@ -314,6 +314,12 @@ def test_an_rtt_that_did_not_show_up_in_point_reads_stops_the_run():
     check_probes([Probe("cosmos", 5.0, direct_ms=1.2, relayed_ms=4.0, reads=5)])  # 2.8 ms: fine
     with pytest.raises(RttNotVerifiedError, match="endpoint discovery"):
         check_probes([Probe("cosmos", 5.0, direct_ms=1.2, relayed_ms=1.3, reads=5)])
+    # A loaded machine: the medians close up, the fastest reads still show the relay's delay.
+    check_probes([Probe("table", 2.0, direct_ms=6.4, relayed_ms=6.8, reads=15,
+                        direct_min_ms=0.9, relayed_min_ms=3.1)])
+    with pytest.raises(RttNotVerifiedError):  # and a relay that adds nothing is still caught
+        check_probes([Probe("table", 2.0, direct_ms=6.4, relayed_ms=6.8, reads=15,
+                            direct_min_ms=0.9, relayed_min_ms=1.0)])
 
 
 def test_hash_cost_times_both_forms_over_the_workloads_payment_contents():
