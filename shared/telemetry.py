@@ -84,7 +84,6 @@ EVENT_STALE_VERSION = "StaleStatusRejected"
 
 CAUSE_REDELIVERY = "redelivery"
 CAUSE_PRODUCER_RETRY = "producer_retry"
-CAUSE_REPLAY = "replay"
 
 METRIC_MESSAGES = "dedup.messages"
 METRIC_STORE_LATENCY = "dedup.store.latency"
