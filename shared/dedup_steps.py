@@ -176,14 +176,14 @@ def check_sync_or_async(owner: object, store: object, dispatcher: object = None)
     """Refuse, at construction, a store or dispatcher of the other variant: a sync variant would
     hand an async store's coroutines to its steps unawaited; an async variant would block its
     event loop on every request of a sync store."""
-    kind = type(owner).__name__
+    kind = type(owner).__name__.removeprefix("Async")  # the name an app imports it by
     store_is_async = inspect.iscoroutinefunction(getattr(store, "get_record", None)) or \
         inspect.iscoroutinefunction(getattr(store, "read_document", None))
     if isinstance(owner, Async) and not store_is_async:
         raise ConfigurationError(
-            f"shared.aio.{kind} needs an async store ({type(store).__name__} is sync): use the "
-            "async Cosmos or Table store (shared.stores.cosmos_aio, shared.stores.table_aio), or "
-            "wrap a sync one in shared.aio.ThreadedStore")
+            f"shared.aio.{kind} needs an async store ({type(store).__name__} is sync): use "
+            "shared.aio.CosmosIdempotencyStore or shared.aio.TableIdempotencyStore, or wrap a "
+            "sync one in shared.aio.ThreadedStore")
     if isinstance(owner, Sync) and store_is_async:
         raise ConfigurationError(f"{kind} needs a sync store ({type(store).__name__} is async): "
                                  f"use shared.aio.{kind} with it")

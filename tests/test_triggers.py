@@ -209,9 +209,12 @@ def test_a_consumer_that_sends_without_a_dispatcher_fails_at_construction(store)
                        sends_to=["order-events"])
 
 
-def test_a_sync_store_given_to_the_async_face_fails_at_construction(store):
-    with pytest.raises(ConfigurationError, match="async store"):
+def test_a_sync_store_given_to_the_async_variant_fails_at_construction(store):
+    with pytest.raises(ConfigurationError, match="async store") as refused:
         aio.Idempotency(store)  # the misuse under test (a sync store passes as a protocol)
+    # The error names the fix by the names an app imports.
+    assert str(refused.value).startswith("shared.aio.Idempotency needs an async store")
+    assert "shared.aio.TableIdempotencyStore" in str(refused.value)
     with pytest.raises(ConfigurationError, match="sync store"):
         Idempotency(AsyncInMemoryIdempotencyStore())  # type: ignore[arg-type] - the misuse under test
     with pytest.raises(ConfigurationError, match=r"shared\.aio\.Idempotency"):
