@@ -180,13 +180,13 @@ FRONT_DOOR = LAYERS["front door"]
 
 def beyond_the_front_door(source: str) -> list[str]:
     """The modules of `shared` a source file imports other than the front door's."""
-    found: list[str] = []
+    imported: list[str] = []
     for node in ast.walk(ast.parse(source)):
-        names = ([node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
-                 else [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
-        found += [name for name in names
-                  if name.split(".")[0] == "shared" and name not in FRONT_DOOR]
-    return found
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            imported.append(node.module)
+        elif isinstance(node, ast.Import):
+            imported += [alias.name for alias in node.names]
+    return [name for name in imported if name.split(".")[0] == "shared" and name not in FRONT_DOOR]
 
 
 def test_the_examples_import_only_the_front_door():

@@ -5,7 +5,8 @@ etag-conditional. Table Storage has no TTL: every read checks the expiry (`codec
 and `sweep` / `purge_expired` delete expired rows in entity-group transactions,
 one page at a time within a time budget, resuming next run where they stopped.
 Atomic path = one entity-group transaction (same PartitionKey, <= 100 entities), sent
-through `table_batch` (the SDK's requests and pipeline, a lean multipart codec).
+through `table_batch` (the SDK's requests and pipeline, a lean multipart codec). The mapping
+of records and writes to entities, which the async store shares, is `table_mapping`.
 """
 
 from __future__ import annotations
