@@ -26,7 +26,7 @@ from shared.exceptions import InvalidKeyError
 from shared.parking import EntryLister
 from shared.records import IdempotencyRecord
 from shared.stores import CosmosIdempotencyStore, Document, IdempotencyStore, TableIdempotencyStore, codec
-from shared.stores.base import store_call
+from shared.stores.sdk_requests import store_call
 
 _TABLE_SYSTEM = ("PartitionKey", "RowKey", "Timestamp", "etag")
 _COSMOS_SYSTEM = ("_rid", "_self", "_etag", "_attachments", "_ts", "ttl", "id")

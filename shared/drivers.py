@@ -16,7 +16,7 @@ import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Concatenate, Protocol, Self, overload
@@ -24,77 +24,45 @@ from typing import Any, Concatenate, Protocol, Self, overload
 from shared.exceptions import RecordChangedError, StoreUnavailableError
 from shared.flow import (
     BuildResult,
-    Commit,
-    CommitGroup,
-    Committed,
-    DeleteRecordIfUnchanged,
     Dispatch,
     Flow,
     Gather,
-    GetRecord,
     HandlerResult,
     OnStore,
-    PutRecordIfAbsent,
     ReadDocument,
     Reads,
-    RecordDispatched,
-    ReplaceRecordIfUnchanged,
     RunBuild,
     RunHandler,
     Sleep,
     Step,
-    WriteDocuments,
     Writes,
 )
 from shared.keys import DedupKey
 from shared.records import IdempotencyRecord
-from shared.stores.base import Document, WriteOp
+from shared.stores.base import Document, StoreStep
 
 logger = logging.getLogger(__name__)
 
 
 # -- the stores the drivers talk to --------------------------------------------------------
 class SyncStore(Protocol):
-    """The requests `run_sync` makes (`shared.stores.base.IdempotencyStore` has them)."""
+    """A store `run_sync` performs steps on (`shared.stores.base.IdempotencyStore`)."""
 
     @property
     def name(self) -> str: ...
 
+    def perform(self, step: StoreStep) -> Any: ...
     def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None: ...
-    def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord: ...
-    def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord: ...
-    def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None: ...
-    def read_document(self, partition: str, document_id: str) -> Document | None: ...
-    def write_documents(self, partition: str, operations: Sequence[WriteOp]) -> list[Document]: ...
-    def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
-               marker_body: dict[str, Any] | None = None,
-               written: list[Document] | None = None) -> IdempotencyRecord: ...
-    def commit_group(self, markers: Sequence[IdempotencyRecord], operations: Sequence[WriteOp], *,
-                     written: list[Document] | None = None) -> list[IdempotencyRecord]: ...
-    def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord: ...
 
 
 class AsyncStore(Protocol):
-    """The requests `run_async` awaits (the async Cosmos and Table stores have them)."""
+    """A store `run_async` awaits steps on (`shared.stores.base.AsyncIdempotencyStore`)."""
 
     @property
     def name(self) -> str: ...
 
+    async def perform(self, step: StoreStep) -> Any: ...
     async def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None: ...
-    async def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord: ...
-    async def replace_record_if_unchanged(self, record: IdempotencyRecord
-                                          ) -> IdempotencyRecord: ...
-    async def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None: ...
-    async def read_document(self, partition: str, document_id: str) -> Document | None: ...
-    async def write_documents(self, partition: str, operations: Sequence[WriteOp]
-                              ) -> list[Document]: ...
-    async def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
-                     marker_body: dict[str, Any] | None = None,
-                     written: list[Document] | None = None) -> IdempotencyRecord: ...
-    async def commit_group(self, markers: Sequence[IdempotencyRecord],
-                           operations: Sequence[WriteOp], *,
-                           written: list[Document] | None = None) -> list[IdempotencyRecord]: ...
-    async def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord: ...
 
 
 # -- the drivers -----------------------------------------------------------------------------
@@ -114,28 +82,9 @@ def run_sync[T](flow: Flow[T], store: Any, *, sleep: Callable[[float], object] =
 
 
 def _perform_sync(step: Step, store: SyncStore, sleep: Callable[[float], object]) -> Any:
+    if isinstance(step, StoreStep):
+        return store.perform(step)
     match step:
-        case GetRecord(partition, record_id):
-            return store.get_record(partition, record_id)
-        case PutRecordIfAbsent(record):
-            return store.put_record_if_absent(record)
-        case ReplaceRecordIfUnchanged(record):
-            return store.replace_record_if_unchanged(record)
-        case DeleteRecordIfUnchanged(record):
-            return store.delete_record_if_unchanged(record)
-        case ReadDocument(partition, document_id):
-            return store.read_document(partition, document_id)
-        case WriteDocuments(partition, operations):
-            return store.write_documents(partition, operations)
-        case Commit(marker, writes, marker_body):
-            written: list[Document] = []
-            committed = store.commit(marker, writes.operations, marker_body=marker_body,
-                                     written=written)
-            return Committed((committed,), tuple(written))
-        case CommitGroup(markers, writes):
-            written = []
-            return Committed(tuple(store.commit_group(markers, writes.operations, written=written)),
-                             tuple(written))
         case RunBuild(build, partition, args, reads, key, correlation_id):
             _commits(store)
             tx = Transaction(store, partition, reads, key=key, correlation_id=correlation_id)
@@ -167,8 +116,8 @@ def _perform_sync(step: Step, store: SyncStore, sleep: Callable[[float], object]
                 _close(sent)
                 raise TypeError("an async dispatcher needs the async variant (shared.aio)")
             return None
-        case RecordDispatched(marker):
-            return store.record_dispatched(marker)
+        case _:
+            raise TypeError(f"not a step: {step!r}")
 
 
 async def run_async[T](flow: Flow[T], store: Any, *,
@@ -189,28 +138,9 @@ async def run_async[T](flow: Flow[T], store: Any, *,
 
 
 async def _perform_async(step: Step, store: AsyncStore, sleep: Callable[[float], object]) -> Any:
+    if isinstance(step, StoreStep):
+        return await store.perform(step)
     match step:
-        case GetRecord(partition, record_id):
-            return await store.get_record(partition, record_id)
-        case PutRecordIfAbsent(record):
-            return await store.put_record_if_absent(record)
-        case ReplaceRecordIfUnchanged(record):
-            return await store.replace_record_if_unchanged(record)
-        case DeleteRecordIfUnchanged(record):
-            return await store.delete_record_if_unchanged(record)
-        case ReadDocument(partition, document_id):
-            return await store.read_document(partition, document_id)
-        case WriteDocuments(partition, operations):
-            return await store.write_documents(partition, operations)
-        case Commit(marker, writes, marker_body):
-            written: list[Document] = []
-            committed = await store.commit(marker, writes.operations, marker_body=marker_body,
-                                           written=written)
-            return Committed((committed,), tuple(written))
-        case CommitGroup(markers, writes):
-            written = []
-            markers = await store.commit_group(markers, writes.operations, written=written)
-            return Committed(tuple(markers), tuple(written))
         case RunBuild(build, partition, args, reads, key, correlation_id):
             _commits(store)
             tx = AsyncTransaction(store, partition, reads, key=key, correlation_id=correlation_id)
@@ -241,8 +171,8 @@ async def _perform_async(step: Step, store: AsyncStore, sleep: Callable[[float],
             if inspect.isawaitable(sent):
                 await sent
             return None
-        case RecordDispatched(marker):
-            return await store.record_dispatched(marker)
+        case _:
+            raise TypeError(f"not a step: {step!r}")
 
 
 def _outcome(run: Callable[[Flow[Any]], Any], flow: Flow[Any]) -> Any:

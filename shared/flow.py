@@ -26,7 +26,22 @@ from shared.exceptions import (
 from shared.keys import DedupKey
 from shared.outbox import OutgoingMessage, PropertyValue, check_pending_size, outgoing
 from shared.records import IdempotencyRecord
-from shared.stores.base import RACE_STATUSES, Document, WriteOp
+from shared.stores.base import (
+    RACE_STATUSES,
+    Commit,
+    CommitGroup,
+    Committed,
+    DeleteRecordIfUnchanged,
+    Document,
+    GetRecord,
+    PutRecordIfAbsent,
+    ReadDocument,
+    RecordDispatched,
+    ReplaceRecordIfUnchanged,
+    StoreStep,
+    WriteDocuments,
+    WriteOp,
+)
 
 
 # -- what the steps carry --------------------------------------------------------------------
@@ -150,79 +165,6 @@ class Reads:
 
 # -- the steps ------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
-class GetRecord:
-    """Read a dedup record by location. Answer: the record, or None."""
-
-    partition: str
-    record_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class PutRecordIfAbsent:
-    """Create a record. Answer: it with its etag; RecordExistsError when one is there."""
-
-    record: IdempotencyRecord
-
-
-@dataclass(frozen=True, slots=True)
-class ReplaceRecordIfUnchanged:
-    """Replace a record under its etag. Answer: it with its new etag; RecordChangedError."""
-
-    record: IdempotencyRecord
-
-
-@dataclass(frozen=True, slots=True)
-class DeleteRecordIfUnchanged:
-    """Delete a record under its etag. Answer: None; RecordChangedError."""
-
-    record: IdempotencyRecord
-
-
-@dataclass(frozen=True, slots=True)
-class ReadDocument:
-    """Point read of a business document. Answer: the document, or None."""
-
-    partition: str
-    document_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class WriteDocuments:
-    """Apply writes atomically in one partition, no marker. Answer: the written documents."""
-
-    partition: str
-    operations: tuple[WriteOp, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Committed:
-    """The answer to `Commit` and `CommitGroup`: the markers as stored and the business
-    documents the transaction created or replaced, with their new etags."""
-
-    markers: tuple[IdempotencyRecord, ...]
-    written: tuple[Document, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Commit:
-    """Commit a marker and business writes in one transaction. Answer: `Committed`;
-    RecordExistsError / RecordChangedError for the marker, OperationFailedError for a write."""
-
-    marker: IdempotencyRecord
-    writes: Writes
-    marker_body: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CommitGroup:
-    """Commit several markers of one partition, in order, and business writes in one
-    transaction. Answer: `Committed`; a marker's error names it by `index`."""
-
-    markers: tuple[IdempotencyRecord, ...]
-    writes: Writes
-
-
-@dataclass(frozen=True, slots=True)
 class BuildResult:
     """The answer to `RunBuild`: what the user's build returned, and the writes it added."""
 
@@ -279,15 +221,6 @@ class Dispatch:
 
 
 @dataclass(frozen=True, slots=True)
-class RecordDispatched:
-    """Clear a marker's pending messages under its etag, leaving every other field (a marker
-    that is a business document keeps its body). Answer: the marker with its new etag and
-    no outbox; RecordChangedError when it changed or vanished since it was read."""
-
-    marker: IdempotencyRecord
-
-
-@dataclass(frozen=True, slots=True)
 class Sleep:
     """Wait (a backoff, a Retry-After) on the driver's clock. Answer: None."""
 
@@ -313,9 +246,7 @@ class OnStore:
     flow: Flow[Any]
 
 
-Step = (GetRecord | PutRecordIfAbsent | ReplaceRecordIfUnchanged | DeleteRecordIfUnchanged
-        | ReadDocument | WriteDocuments | Commit | CommitGroup | RunBuild | RunHandler | Sleep | Gather
-        | OnStore | Dispatch | RecordDispatched)
+Step = StoreStep | RunBuild | RunHandler | Sleep | Gather | OnStore | Dispatch
 type Flow[T] = Generator[Step, Any, T]
 
 
@@ -377,5 +308,5 @@ __all__ = [
     "Dispatch", "Flow", "Gather", "GetRecord", "HandlerResult", "OnStore", "PutRecordIfAbsent",
     "ReadDocument", "Reads", "RecordDispatched", "ReplaceRecordIfUnchanged", "RunBuild",
     "RunHandler", "Sleep",
-    "Step", "Unread", "WriteDocuments", "Writes", "retry_on_race", "update_document",
+    "Step", "StoreStep", "Unread", "WriteDocuments", "Writes", "retry_on_race", "update_document",
 ]

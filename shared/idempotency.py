@@ -295,7 +295,7 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D, X: BaseTransaction](DedupSt
             try:
                 committed: Committed = yield Commit(
                     marker.evolve(result=built.value, outbox=tuple(built.writes.outgoing)),
-                    built.writes, marker_body)
+                    built.writes.operations, marker_body)
                 self._clock_seen(committed.markers[0])
                 return Outcome(OutcomeStatus.PROCESSED, key, request_hash, built.value,
                                committed.markers[0])
@@ -364,7 +364,7 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D, X: BaseTransaction](DedupSt
                                          outbox_position=position if writes.outgoing else None),
                        *markers[1:])
             try:
-                committed: Committed = yield CommitGroup(markers, writes)
+                committed: Committed = yield CommitGroup(markers, writes.operations)
             except (RecordExistsError, RecordChangedError) as error:
                 index = chunk[error.index]
                 expired.pop(index, None)

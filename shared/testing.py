@@ -29,8 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.outbox import OutgoingMessage
-from shared.records import IdempotencyRecord
-from shared.stores.base import AsyncDocumentStore, Document, WriteOp
+from shared.stores.base import AsyncIdempotencyStore, StoreStep
 from shared.stores.memory import InMemoryIdempotencyStore
 
 __all__ = ["AsyncInMemoryDispatcher", "AsyncInMemoryIdempotencyStore", "InMemoryDispatcher",
@@ -136,7 +135,7 @@ def _threads() -> ThreadPoolExecutor:
         return _pool
 
 
-class ThreadedStore(AsyncDocumentStore):
+class ThreadedStore(AsyncIdempotencyStore):
     """A sync store behind the async interface, each request on a worker thread.
 
     For an async app whose stores are given as sync ones (a test double, a
@@ -146,43 +145,15 @@ class ThreadedStore(AsyncDocumentStore):
 
     def __init__(self, store: Any) -> None:
         self.sync = store
-
-    @property
-    def name(self) -> str:
-        return str(self.sync.name)
+        self.name = str(store.name)
 
     async def _call[T](self, request: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         context = contextvars.copy_context()  # as asyncio.to_thread: the caller's context goes along
         return await asyncio.get_running_loop().run_in_executor(
             _threads(), functools.partial(context.run, request, *args, **kwargs))
 
-    async def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
-        return await self._call(self.sync.get_record, partition, record_id)
-
-    async def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        return await self._call(self.sync.put_record_if_absent, record)
-
-    async def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        return await self._call(self.sync.replace_record_if_unchanged, record)
-
-    async def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
-        await self._call(self.sync.delete_record_if_unchanged, record)
-
-    async def read_document(self, partition: str, document_id: str) -> Document | None:
-        return await self._call(self.sync.read_document, partition, document_id)
-
-    async def write_documents(self, partition: str, operations: Sequence[WriteOp]
-                              ) -> list[Document]:
-        return await self._call(self.sync.write_documents, partition, operations)
-
-    async def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
-                     marker_body: dict[str, Any] | None = None,
-                     written: list[Document] | None = None) -> IdempotencyRecord:
-        return await self._call(self.sync.commit, marker, operations, marker_body=marker_body,
-                                written=written)
-
-    async def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
-        return await self._call(self.sync.record_dispatched, marker)
+    async def perform(self, step: StoreStep) -> Any:
+        return await self._call(self.sync.perform, step)
 
     async def close(self) -> None:
         await self._call(self.sync.close)

@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, overload
-
-from azure.core.exceptions import AzureError, HttpResponseError
+from typing import Any, Literal
 
 from shared.exceptions import (
     RETRIABLE_STATUS,
@@ -28,7 +26,6 @@ from shared.exceptions import (
     OperationFailedError,
     RecordChangedError,
     RecordExistsError,
-    StoreRequestError,
     StoreUnavailableError,
 )
 from shared.records import IdempotencyRecord
@@ -74,11 +71,113 @@ class WriteOp:
                    record=record)
 
 
+# -- the store steps: what a flow asks of a store (`shared.flow`), each one request ------------
+@dataclass(frozen=True, slots=True)
+class GetRecord:
+    """Read a dedup record by location. Answer: the record, or None."""
+
+    partition: str
+    record_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class PutRecordIfAbsent:
+    """Create a record. Answer: it with its etag; RecordExistsError when one is there."""
+
+    record: IdempotencyRecord
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaceRecordIfUnchanged:
+    """Replace a record under its etag. Answer: it with its new etag; RecordChangedError."""
+
+    record: IdempotencyRecord
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRecordIfUnchanged:
+    """Delete a record under its etag. Answer: None; RecordChangedError."""
+
+    record: IdempotencyRecord
+
+
+@dataclass(frozen=True, slots=True)
+class ReadDocument:
+    """Point read of a business document. Answer: the document, or None."""
+
+    partition: str
+    document_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class WriteDocuments:
+    """Apply writes atomically in one partition, no marker. Answer: the written documents."""
+
+    partition: str
+    operations: Sequence[WriteOp]
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """The answer to `Commit` and `CommitGroup`: the markers as stored and the business
+    documents the transaction created or replaced, with their new etags."""
+
+    markers: tuple[IdempotencyRecord, ...]
+    written: tuple[Document, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """Commit a marker and business writes in one transaction. Answer: `Committed`;
+    RecordExistsError / RecordChangedError for the marker, OperationFailedError for a write."""
+
+    marker: IdempotencyRecord
+    operations: Sequence[WriteOp]
+    marker_body: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CommitGroup:
+    """Commit several markers of one partition, in order, and business writes in one
+    transaction. Answer: `Committed`; a marker's error names it by `index`."""
+
+    markers: tuple[IdempotencyRecord, ...]
+    operations: Sequence[WriteOp]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordDispatched:
+    """Clear a marker's pending messages under its etag, leaving every other field (a marker
+    that is a business document keeps its body). Answer: the marker with its new etag and
+    no outbox; RecordChangedError when it changed or vanished since it was read."""
+
+    marker: IdempotencyRecord
+
+
+StoreStep = (GetRecord | PutRecordIfAbsent | ReplaceRecordIfUnchanged | DeleteRecordIfUnchanged
+             | ReadDocument | WriteDocuments | Commit | CommitGroup | RecordDispatched)
+
 class RecordStore(abc.ABC):
     """Dedup records by location (partition, id): the four operations the flow needs."""
 
     #: Backend name for logs and metrics.
     name: str = "store"
+
+    def perform(self, step: StoreStep) -> Any:
+        """Answer one store step by the method that makes its request (the drivers' one call
+        into a store; a backend that builds its requests from the steps overrides it)."""
+        match step:
+            case GetRecord(partition, record_id):
+                return self.get_record(partition, record_id)
+            case PutRecordIfAbsent(record):
+                return self.put_record_if_absent(record)
+            case ReplaceRecordIfUnchanged(record):
+                return self.replace_record_if_unchanged(record)
+            case DeleteRecordIfUnchanged(record):
+                return self.delete_record_if_unchanged(record)
+            case _:
+                raise TypeError(f"{type(self).__name__} holds records only: the atomic path "
+                                "needs a DocumentStore")
 
     @abc.abstractmethod
     def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
@@ -204,7 +303,7 @@ class DocumentStore(abc.ABC):
             if failure is None:
                 raise
             raise failure from error
-        return [committed, *_without_etags(markers[1:])]
+        return [committed, *without_etags(markers[1:])]
 
 
 def written_documents(partition: str, operations: Sequence[WriteOp],
@@ -225,7 +324,7 @@ def group_commit(markers: Sequence[IdempotencyRecord], operations: Sequence[Writ
     return first, [*(WriteOp.marker(m) for m in rest), *operations]
 
 
-def _without_etags(markers: Sequence[IdempotencyRecord]) -> list[IdempotencyRecord]:
+def without_etags(markers: Sequence[IdempotencyRecord]) -> list[IdempotencyRecord]:
     """A group's further markers as committed: their new etags are unknown (a new marker has
     none to drop, so it is kept as it is)."""
     return [marker if marker.etag is None else marker.evolve(etag=None) for marker in markers]
@@ -246,35 +345,80 @@ def group_commit_error(error: OperationFailedError, markers: Sequence[Idempotenc
     return None
 
 
-class AsyncDocumentStore:
-    """`DocumentStore.commit_group` for the async stores: built on their awaited `commit`."""
+class AsyncIdempotencyStore(abc.ABC):
+    """The async stores' interface: `perform` awaits one store step; the record and document
+    operations are that step, by name (`IdempotencyStore`'s, awaited)."""
+
+    name: str = "store"
+
+    @abc.abstractmethod
+    async def perform(self, step: StoreStep) -> Any:
+        """Answer one store step (see the step's docstring)."""
+
+    async def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
+        return await self.perform(GetRecord(partition, record_id))
+
+    async def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        return await self.perform(PutRecordIfAbsent(record))
+
+    async def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        return await self.perform(ReplaceRecordIfUnchanged(record))
+
+    async def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
+        await self.perform(DeleteRecordIfUnchanged(record))
+
+    async def read_document(self, partition: str, document_id: str) -> Document | None:
+        return await self.perform(ReadDocument(partition, document_id))
+
+    async def write_documents(self, partition: str, operations: Sequence[WriteOp]
+                              ) -> list[Document]:
+        return await self.perform(WriteDocuments(partition, operations))
 
     async def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
                      marker_body: dict[str, Any] | None = None,
                      written: list[Document] | None = None) -> IdempotencyRecord:
-        raise NotImplementedError
-
-    async def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
-        """See `DocumentStore.record_dispatched`."""
-        raise NotImplementedError(f"{type(self).__name__} keeps no outgoing messages")
+        committed: Committed = await self.perform(Commit(marker, operations, marker_body))
+        if written is not None:
+            written.extend(committed.written)
+        return committed.markers[0]
 
     async def commit_group(self, markers: Sequence[IdempotencyRecord],
                            operations: Sequence[WriteOp], *,
                            written: list[Document] | None = None) -> list[IdempotencyRecord]:
-        """See `DocumentStore.commit_group`."""
-        first, rest = group_commit(markers, operations)
-        try:
-            committed = await self.commit(first, rest, written=written)
-        except OperationFailedError as error:
-            failure = group_commit_error(error, markers)
-            if failure is None:
-                raise
-            raise failure from error
-        return [committed, *_without_etags(markers[1:])]
+        committed: Committed = await self.perform(CommitGroup(tuple(markers), operations))
+        if written is not None:
+            written.extend(committed.written)
+        return list(committed.markers)
+
+    async def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
+        return await self.perform(RecordDispatched(marker))
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release network resources."""
 
 
 class IdempotencyStore(RecordStore, DocumentStore, abc.ABC):
     """A backend that keeps records and business documents together (Cosmos, Table, memory)."""
+
+    def perform(self, step: StoreStep) -> Any:
+        match step:
+            case ReadDocument(partition, document_id):
+                return self.read_document(partition, document_id)
+            case WriteDocuments(partition, operations):
+                return self.write_documents(partition, operations)
+            case Commit(marker, operations, marker_body):
+                written: list[Document] = []
+                committed = self.commit(marker, operations, marker_body=marker_body,
+                                        written=written)
+                return Committed((committed,), tuple(written))
+            case CommitGroup(markers, operations):
+                written = []
+                return Committed(tuple(self.commit_group(markers, operations, written=written)),
+                                 tuple(written))
+            case RecordDispatched(marker):
+                return self.record_dispatched(marker)
+            case _:
+                return super().perform(step)
 
 
 # -- shared by the backends ---------------------------------------------------------------
@@ -299,121 +443,3 @@ def transaction_failure(index: int, status: int | None, *, marker_id: str | None
     if status in RETRIABLE_STATUS:
         return StoreUnavailableError(f"transaction failed with {status}", status_code=status)
     return OperationFailedError(index - (marker_id is not None), status, detail)
-
-
-def changed_statuses(record_id: str) -> dict[int, Callable[[], Exception]]:
-    """An etag-conditional write's contract: 412 (changed) or 404 (gone) = RecordChangedError."""
-    return {412: lambda: RecordChangedError(record_id), 404: lambda: RecordChangedError(record_id)}
-
-
-def translate_error(backend: str, error: AzureError, *,
-                    on_status: dict[int, Callable[[], Exception]] | None = None,
-                    none_if_missing: bool = False) -> None:
-    """Raise the library's exception for an SDK failure; return (answer None) on a missing read.
-
-    `on_status` maps the statuses that are part of the store contract for this
-    request (409 on a create, 412/404 on a conditional write) to the error to
-    raise; throttling, timeouts, 5xx and transport failures become
-    StoreUnavailableError; anything else StoreRequestError. The SDK error is
-    always chained as the cause. `none_if_missing` answers a 404 (point read) with None.
-    One translation for the sync and the async stores.
-    """
-    if not isinstance(error, HttpResponseError):  # connection refused, timeouts, broken responses
-        raise StoreUnavailableError(f"{backend} unreachable: {error}", error=error) from error
-    status = error.status_code
-    if none_if_missing and status == 404:
-        return
-    if on_status and status in on_status:
-        raise on_status[status]() from error
-    if status is None or status in RETRIABLE_STATUS:
-        raise StoreUnavailableError(f"{backend} answered {status}", status_code=status,
-                                    error=error) from error
-    raise StoreRequestError(f"{backend} rejected the request ({status}): {error.message}",
-                            status_code=status) from error
-
-
-StatusErrors = dict[int, Callable[[], Exception]]
-
-
-@overload
-def store_call[T](backend: str, action: Callable[[], T], *, on_status: StatusErrors | None = None,
-                  none_if_missing: Literal[False] = False) -> T: ...
-@overload
-def store_call[T](backend: str, action: Callable[[], T], *, on_status: StatusErrors | None = None,
-                  none_if_missing: bool) -> T | None: ...
-def store_call[T](backend: str, action: Callable[[], T], *,
-                  on_status: StatusErrors | None = None,
-                  none_if_missing: bool = False) -> T | None:
-    """Run one store request; its failure translated by `translate_error`."""
-    try:
-        return action()
-    except AzureError as error:
-        translate_error(backend, error, on_status=on_status, none_if_missing=none_if_missing)
-        return None
-
-
-@overload
-async def async_store_call[T](backend: str, action: Callable[[], Awaitable[T]], *,
-                              on_status: StatusErrors | None = None,
-                              none_if_missing: Literal[False] = False) -> T: ...
-@overload
-async def async_store_call[T](backend: str, action: Callable[[], Awaitable[T]], *,
-                              on_status: StatusErrors | None = None,
-                              none_if_missing: bool) -> T | None: ...
-async def async_store_call[T](backend: str, action: Callable[[], Awaitable[T]], *,
-                              on_status: StatusErrors | None = None,
-                              none_if_missing: bool = False) -> T | None:
-    """`store_call` for an async SDK request (the same translation)."""
-    try:
-        return await action()
-    except AzureError as error:
-        translate_error(backend, error, on_status=on_status, none_if_missing=none_if_missing)
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class Request[T]:
-    """One store request, built once for a backend's sync and async store (the mapping
-    builds it; only sending it differs): `send(client)` makes the SDK call (the sync SDK
-    answers, the async one returns an awaitable), `answer` turns the SDK's answer into the
-    store's; `on_status` and `none_if_missing` as for `translate_error`; `refine` may name a
-    more precise error for one the SDK raised (a failed transaction's operation)."""
-
-    send: Callable[[Any], Any]
-    answer: Callable[[Any], T]
-    on_status: StatusErrors | None = None
-    none_if_missing: bool = False
-    refine: Callable[[Exception], Exception | None] | None = None
-
-
-def _raise_refined(request: Request[Any], error: Exception) -> None:
-    """Raise the request's more precise error for `error`, if it names one."""
-    refined = request.refine(error) if request.refine is not None else None
-    if refined is not None:
-        raise refined from error
-
-
-def send_request[T](backend: str, client: Any, request: Request[T]) -> T:
-    """Send a request with a sync SDK client; its failure translated by `translate_error`."""
-    def call() -> Any:
-        try:
-            return request.send(client)
-        except Exception as error:
-            _raise_refined(request, error)
-            raise
-
-    return request.answer(store_call(backend, call, on_status=request.on_status,
-                                     none_if_missing=request.none_if_missing))
-
-
-async def send_request_async[T](backend: str, client: Any, request: Request[T]) -> T:
-    """`send_request` with an async SDK client (the same translation)."""
-    async def call() -> Any:
-        try:
-            return await request.send(client)
-        except Exception as error:
-            _raise_refined(request, error)
-            raise
-
-    return request.answer(await async_store_call(backend, call, on_status=request.on_status,
-                                                 none_if_missing=request.none_if_missing))

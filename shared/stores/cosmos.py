@@ -32,13 +32,9 @@ from shared.outbox import PENDING_SINCE
 from shared.records import IdempotencyRecord, RecordState
 from shared.stores.base import (
     Document,
-    IdempotencyStore,
-    Request,
+    StoreStep,
     WriteOp,
-    changed_statuses,
     check_transaction_size,
-    send_request,
-    store_call,
     transaction_failure,
     written_documents,
 )
@@ -56,6 +52,14 @@ from shared.stores.codec import (
     record_fields,
     record_from_fields,
 )
+from shared.stores.sdk_requests import (
+    Request,
+    RequestMapping,
+    RequestStore,
+    changed_statuses,
+    send_request,
+    store_call,
+)
 
 BACKEND = "Cosmos DB"
 #: The WARNING record of a store that runs, by the caller's choice, on an account with several
@@ -70,7 +74,7 @@ _MINIMAL: Mapping[str, Any] = MappingProxyType({"no_response": True})  # Prefer:
 _ECHOED: Mapping[str, Any] = MappingProxyType({})
 
 
-class CosmosMapping:
+class CosmosMapping(RequestMapping):
     """Record <-> item and WriteOp -> batch operation mapping, shared by the sync and async stores."""
 
     _pk_field: str
@@ -337,7 +341,7 @@ def batch_failure(error: CosmosBatchOperationError, marker_id: str | None) -> Ex
     return transaction_failure(index, status, marker_id=marker_id)
 
 
-class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
+class CosmosIdempotencyStore(CosmosMapping, RequestStore):
     """Dedup records and business documents in one Cosmos DB container.
 
     Build it from the account endpoint and a credential (identity in Azure),
@@ -409,24 +413,8 @@ class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
         store._cosmos = client  # closed with the store
         return store
 
-    def _send[T](self, request: Request[T]) -> T:
-        return send_request(BACKEND, self._container, request)
-
-    # -- records ----------------------------------------------------------------
-    def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
-        return self._send(self._get_record(partition, record_id))
-
-    def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        return self._send(self._put_record_if_absent(record))
-
-    def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        return self._send(self._replace_record_if_unchanged(record))
-
-    def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
-        self._send(self._delete_record_if_unchanged(record))
-
-    def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
-        return self._send(self._record_dispatched(marker))
+    def perform(self, step: StoreStep) -> Any:
+        return send_request(BACKEND, self._container, self.request_for(step))
 
     def iter_pending(self, *, since_before: float) -> Iterator[IdempotencyRecord]:
         """A range query on `PENDING_SINCE`: the field exists only while messages are
@@ -476,18 +464,6 @@ class CosmosIdempotencyStore(CosmosMapping, IdempotencyStore):
             properties: dict[str, Any] = store_call(BACKEND, self._container.read) or {}
             self._native_ttl = properties.get("defaultTtl") is not None
         return 0 if self._native_ttl else super().purge_expired(now)
-
-    # -- documents --------------------------------------------------------------
-    def read_document(self, partition: str, document_id: str) -> Document | None:
-        return self._send(self._read_document(partition, document_id))
-
-    def write_documents(self, partition: str, operations: Sequence[WriteOp]) -> list[Document]:
-        return self._send(self._write_documents(partition, operations))
-
-    def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
-               marker_body: dict[str, Any] | None = None,
-               written: list[Document] | None = None) -> IdempotencyRecord:
-        return self._send(self._commit(marker, operations, marker_body, written))
 
     def close(self) -> None:
         if self._cosmos is not None:

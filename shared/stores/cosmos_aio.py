@@ -8,25 +8,17 @@ differs (`send_request_async`, awaited on a ready client).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
 from azure.cosmos.aio import ContainerProxy, CosmosClient
 
-from shared.records import IdempotencyRecord
-from shared.stores.base import (
-    AsyncDocumentStore,
-    Document,
-    Request,
-    WriteOp,
-    async_store_call,
-    send_request_async,
-)
+from shared.stores.base import AsyncIdempotencyStore, StoreStep
 from shared.stores.cosmos import BACKEND, CosmosMapping, cached_account, check_write_regions
+from shared.stores.sdk_requests import async_store_call, send_request_async
 
 
-class AsyncCosmosIdempotencyStore(CosmosMapping, AsyncDocumentStore):
+class AsyncCosmosIdempotencyStore(CosmosMapping, AsyncIdempotencyStore):
     """Dedup records and business documents in one Cosmos container, through the async SDK.
 
     Build it like the sync store: from the account endpoint and a credential
@@ -102,37 +94,10 @@ class AsyncCosmosIdempotencyStore(CosmosMapping, AsyncDocumentStore):
                                         accept=self._accept_multi_region)
                 self._initialized = True
 
-    async def _send[T](self, request: Request[T]) -> T:
-        """One request on a ready client; its failure translated by `translate_error`."""
+    async def perform(self, step: StoreStep) -> Any:
+        """One step's request on a ready client; its failure translated by `translate_error`."""
         await self._ready()
-        return await send_request_async(BACKEND, self._container, request)
-
-    async def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
-        return await self._send(self._get_record(partition, record_id))
-
-    async def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        return await self._send(self._put_record_if_absent(record))
-
-    async def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        return await self._send(self._replace_record_if_unchanged(record))
-
-    async def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
-        await self._send(self._delete_record_if_unchanged(record))
-
-    async def read_document(self, partition: str, document_id: str) -> Document | None:
-        return await self._send(self._read_document(partition, document_id))
-
-    async def write_documents(self, partition: str, operations: Sequence[WriteOp]
-                              ) -> list[Document]:
-        return await self._send(self._write_documents(partition, operations))
-
-    async def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
-                     marker_body: dict[str, Any] | None = None,
-                     written: list[Document] | None = None) -> IdempotencyRecord:
-        return await self._send(self._commit(marker, operations, marker_body, written))
-
-    async def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
-        return await self._send(self._record_dispatched(marker))
+        return await send_request_async(BACKEND, self._container, self.request_for(step))
 
     async def close(self) -> None:
         """Close the client this store created; a caller's client stays open."""

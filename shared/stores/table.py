@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential, TokenCredential
@@ -27,15 +27,7 @@ from azure.data.tables import (
 
 from shared.exceptions import OperationFailedError, RecordExistsError, StoreRequestError
 from shared.records import IdempotencyRecord, RecordState
-from shared.stores.base import (
-    MAX_TRANSACTION_OPERATIONS,
-    Document,
-    IdempotencyStore,
-    Request,
-    WriteOp,
-    send_request,
-    store_call,
-)
+from shared.stores.base import MAX_TRANSACTION_OPERATIONS, StoreStep
 from shared.stores.codec import (
     EXPIRES,
     LEASE,
@@ -44,6 +36,7 @@ from shared.stores.codec import (
     bound_millis,
     is_record,
 )
+from shared.stores.sdk_requests import RequestStore, send_request, store_call
 from shared.stores.sweep import (
     DEFAULT_BUDGET_SECONDS,
     DEFAULT_PAGE_SIZE,
@@ -66,7 +59,7 @@ _IS_RECORD = f"{VERSION} gt 0"
 logger = logging.getLogger(__name__)
 
 
-class TableIdempotencyStore(TableMapping, IdempotencyStore):
+class TableIdempotencyStore(TableMapping, RequestStore):
     """Dedup records and business entities in one Azure Table.
 
     Build it from the table endpoint and a credential (identity in Azure), from
@@ -113,28 +106,13 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
     def _submit(client: TableClient, batch: list[tuple[Any, ...]], *, codec: Codec) -> list[Any]:
         return submit_transaction(client, batch, codec=codec)  # looked up when sent
 
-    def _send[T](self, request: Request[T]) -> T:
-        return send_request(BACKEND, self._client, request)
+    def perform(self, step: StoreStep) -> Any:
+        return send_request(BACKEND, self._client, self.request_for(step))
 
     def _transaction(self, batch: list[tuple[Any, ...]], *, marker_id: str | None) -> list[Any]:
         """One entity-group transaction (the purge's)."""
-        return self._send(self._transaction_request(batch, marker_id, lambda results: results))
-
-    # -- records ----------------------------------------------------------------
-    def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
-        return self._send(self._get_record(partition, record_id))
-
-    def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        return self._send(self._put_record_if_absent(record))
-
-    def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        return self._send(self._replace_record_if_unchanged(record))
-
-    def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
-        self._send(self._delete_record_if_unchanged(record))
-
-    def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
-        return self._send(self._record_dispatched(marker))
+        return send_request(BACKEND, self._client,
+                            self._transaction_request(batch, marker_id, lambda results: results))
 
     def iter_pending(self, *, since_before: float) -> Iterator[IdempotencyRecord]:
         """A filter on `PENDING_SINCE` returning only the keys of pending markers, each
@@ -311,18 +289,6 @@ class TableIdempotencyStore(TableMapping, IdempotencyStore):
 
     def _clear_sweep_cursor(self) -> None:
         store_call(BACKEND, lambda: self._client.delete_entity(*SWEEP_CURSOR), none_if_missing=True)
-
-    # -- documents --------------------------------------------------------------
-    def read_document(self, partition: str, document_id: str) -> Document | None:
-        return self._send(self._read_document(partition, document_id))
-
-    def write_documents(self, partition: str, operations: Sequence[WriteOp]) -> list[Document]:
-        return self._send(self._write_documents(partition, operations))
-
-    def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
-               marker_body: dict[str, Any] | None = None,
-               written: list[Document] | None = None) -> IdempotencyRecord:
-        return self._send(self._commit(marker, operations, marker_body, written))
 
     def close(self) -> None:
         """Close the client this store created; a caller's client stays open."""

@@ -8,7 +8,6 @@ sending it differs (`send_request_async`, and the async `$batch` sender).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
@@ -17,20 +16,13 @@ from azure.core.credentials_async import AsyncTokenCredential
 from azure.data.tables.aio import TableClient
 
 from shared.exceptions import RecordExistsError
-from shared.records import IdempotencyRecord
-from shared.stores.base import (
-    AsyncDocumentStore,
-    Document,
-    Request,
-    WriteOp,
-    async_store_call,
-    send_request_async,
-)
+from shared.stores.base import AsyncIdempotencyStore, StoreStep
+from shared.stores.sdk_requests import async_store_call, send_request_async
 from shared.stores.table_batch import Codec, submit_transaction_async
 from shared.stores.table_mapping import BACKEND, TableMapping
 
 
-class AsyncTableIdempotencyStore(TableMapping, AsyncDocumentStore):
+class AsyncTableIdempotencyStore(TableMapping, AsyncIdempotencyStore):
     """Dedup records and business entities in one Azure Table, through the async SDK.
 
     Build it like the sync store: from the table endpoint and a credential (an
@@ -73,35 +65,8 @@ class AsyncTableIdempotencyStore(TableMapping, AsyncDocumentStore):
                       codec: Codec) -> list[Any]:
         return await submit_transaction_async(client, batch, codec=codec)  # looked up when sent
 
-    async def _send[T](self, request: Request[T]) -> T:
-        return await send_request_async(BACKEND, self._client, request)
-
-    async def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
-        return await self._send(self._get_record(partition, record_id))
-
-    async def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        return await self._send(self._put_record_if_absent(record))
-
-    async def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        return await self._send(self._replace_record_if_unchanged(record))
-
-    async def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
-        await self._send(self._delete_record_if_unchanged(record))
-
-    async def read_document(self, partition: str, document_id: str) -> Document | None:
-        return await self._send(self._read_document(partition, document_id))
-
-    async def write_documents(self, partition: str, operations: Sequence[WriteOp]
-                              ) -> list[Document]:
-        return await self._send(self._write_documents(partition, operations))
-
-    async def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
-                     marker_body: dict[str, Any] | None = None,
-                     written: list[Document] | None = None) -> IdempotencyRecord:
-        return await self._send(self._commit(marker, operations, marker_body, written))
-
-    async def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
-        return await self._send(self._record_dispatched(marker))
+    async def perform(self, step: StoreStep) -> Any:
+        return await send_request_async(BACKEND, self._client, self.request_for(step))
 
     async def close(self) -> None:
         """Close the client this store created; a caller's client stays open."""

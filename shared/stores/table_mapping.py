@@ -16,9 +16,7 @@ from shared.outbox import PENDING_SINCE
 from shared.records import IdempotencyRecord
 from shared.stores.base import (
     Document,
-    Request,
     WriteOp,
-    changed_statuses,
     check_transaction_size,
     transaction_failure,
     written_documents,
@@ -31,6 +29,7 @@ from shared.stores.codec import (
     record_fields,
     record_from_fields,
 )
+from shared.stores.sdk_requests import Request, RequestMapping, changed_statuses
 from shared.stores.table_batch import Codec
 
 BACKEND = "Table Storage"
@@ -78,7 +77,7 @@ def _plain(entity: Any) -> dict[str, Any]:
             for name, value in entity.items()}
 
 
-class TableMapping:
+class TableMapping(RequestMapping):
     """Record <-> entity and WriteOp -> transaction operation mapping, shared by the sync
     and async stores."""
 

@@ -83,7 +83,7 @@ def test_a_new_message_commits_its_message_on_the_marker_then_dispatches_then_re
     assert message.message_id == outgoing_message_id(KEY, "notifications", 0)
     assert message.properties["X-Correlation-Id"] == "corr-1"
     assert str(message.properties["Idempotency-Key"]).startswith(KEY.encoded)
-    assert [op.id for op in step.writes.operations] == ["ORD-1:line:001"]
+    assert [op.id for op in step.operations] == ["ORD-1:line:001"]
     step = flow.send(Committed((with_etag(step.marker, "e1"),)))
     assert isinstance(step, Dispatch) and step.dispatcher is dispatcher
     assert step.messages == (message,)
