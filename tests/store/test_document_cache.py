@@ -16,7 +16,7 @@ from shared.cache import DocumentCache
 from shared.exceptions import ConcurrencyRetriesExhaustedError, OperationFailedError
 from shared.idempotency import AsyncIdempotency, GroupMessage
 from shared.records import OutcomeStatus
-from shared.stores.base import Document, WriteOp
+from shared.stores.base import Document, ReadDocument, WriteOp
 from shared.testing import AsyncInMemoryIdempotencyStore
 from tests.support.doubles import CountingMemoryStore
 
@@ -46,13 +46,14 @@ def count_up(tx: Any, found: Any, indexes: Any) -> list[int]:
 class ReadCounter:
     def __init__(self, store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         self.reads: list[str] = []
-        real = store.read_document
+        real = store.perform
 
-        def read(partition: str, document_id: str) -> Document | None:
-            self.reads.append(document_id)
-            return real(partition, document_id)
+        def perform(step: Any) -> Any:  # every request of a flow is one step the store performs
+            if isinstance(step, ReadDocument):
+                self.reads.append(step.document_id)
+            return real(step)
 
-        monkeypatch.setattr(store, "read_document", read)
+        monkeypatch.setattr(store, "perform", perform)
 
 
 def counter_of(store: Any) -> int:
