@@ -97,9 +97,9 @@ class QueueScenarioConfig:
 def outage_store(inner: Any, *, after_calls: int, seconds: float) -> Any:
     """`inner` (a real store), answering 503 to every request for `seconds` of wall time from
     its `after_calls`-th request on: a fail-fast outage (throttling storm, failover)."""
-    from shared.stores.base import IdempotencyStore
+    class OutageStore:
+        """Forwards everything to `inner`; the steps the drivers hand it (`perform`) gated."""
 
-    class OutageStore(IdempotencyStore):
         def __init__(self) -> None:
             self.inner = inner
             self.name = inner.name
@@ -112,7 +112,7 @@ def outage_store(inner: Any, *, after_calls: int, seconds: float) -> Any:
         def __getattr__(self, name: str) -> Any:
             return getattr(self.inner, name)
 
-        def _gate(self) -> None:
+        def perform(self, step: Any) -> Any:
             from shared.exceptions import StoreUnavailableError
 
             with self._lock:
@@ -125,37 +125,7 @@ def outage_store(inner: Any, *, after_calls: int, seconds: float) -> Any:
                     self.failed += 1
             if down:
                 raise StoreUnavailableError("simulated store outage: 503", status_code=503)
-
-        def get_record(self, partition: str, record_id: str) -> Any:
-            self._gate()
-            return inner.get_record(partition, record_id)
-
-        def put_record_if_absent(self, record: Any) -> Any:
-            self._gate()
-            return inner.put_record_if_absent(record)
-
-        def replace_record_if_unchanged(self, record: Any) -> Any:
-            self._gate()
-            return inner.replace_record_if_unchanged(record)
-
-        def delete_record_if_unchanged(self, record: Any) -> None:
-            self._gate()
-            inner.delete_record_if_unchanged(record)
-
-        def iter_records(self, **kwargs: Any) -> Iterator[Any]:
-            return inner.iter_records(**kwargs)
-
-        def read_document(self, partition: str, document_id: str) -> Any:
-            self._gate()
-            return inner.read_document(partition, document_id)
-
-        def write_documents(self, partition: str, operations: Sequence[Any]) -> Any:
-            self._gate()
-            return inner.write_documents(partition, operations)
-
-        def commit(self, marker: Any, operations: Sequence[Any], **kwargs: Any) -> Any:
-            self._gate()
-            return inner.commit(marker, operations, **kwargs)
+            return inner.perform(step)
 
     return OutageStore()
 

@@ -61,7 +61,15 @@ from domain.notifications import HttpResponse, NotificationRetryError
 from shared.exceptions import IdempotencyError, RecordExistsError, StoreRequestError, StoreUnavailableError
 from shared.keys import store_safe_id
 from shared.records import IdempotencyRecord
-from shared.stores.base import Document, IdempotencyStore, WriteOp
+from shared.stores.base import (
+    Document,
+    GetRecord,
+    IdempotencyStore,
+    ReadDocument,
+    RecordDispatched,
+    StoreStep,
+    WriteOp,
+)
 
 
 class SimulatedCrash(BaseException):
@@ -447,7 +455,8 @@ def innermost(store: IdempotencyStore) -> IdempotencyStore:
 
 
 class FaultyStore(_Forwarding):
-    """Injects the current invocation's fault at the chosen store call."""
+    """Injects the current invocation's fault at the chosen store step (`perform`: what the
+    drivers call; the methods called directly, by checks and tools, run unfaulted)."""
 
     def __init__(self, inner: IdempotencyStore, *, label: str, server: str,
                  outages: OutageController | None = None,
@@ -514,29 +523,13 @@ class FaultyStore(_Forwarding):
                 raise inv.crash()
         return result
 
-    def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
-        return self._run(lambda: self.inner.get_record(partition, record_id), write=False)
-
-    def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        return self._run(lambda: self.inner.put_record_if_absent(record), write=True)
-
-    def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        return self._run(lambda: self.inner.replace_record_if_unchanged(record), write=True)
-
-    def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
-        self._run(lambda: self.inner.delete_record_if_unchanged(record), write=True)
-
-    def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
-               marker_body: dict[str, Any] | None = None,
-               written: list[Document] | None = None) -> IdempotencyRecord:
-        return self._run(lambda: self.inner.commit(marker, operations, marker_body=marker_body,
-                                                   written=written), write=True)
-
-    def read_document(self, partition: str, document_id: str) -> Document | None:
-        return self._run(lambda: self.inner.read_document(partition, document_id), write=False)
-
-    def write_documents(self, partition: str, operations: Sequence[WriteOp]) -> list[Document]:
-        return self._run(lambda: self.inner.write_documents(partition, operations), write=True)
+    def perform(self, step: StoreStep) -> Any:
+        """Every request a flow makes, faulted (clearing a marker's outbox is not: the outbox
+        proofs fault the dispatch itself)."""
+        if isinstance(step, RecordDispatched):
+            return self.inner.perform(step)
+        return self._run(lambda: self.inner.perform(step),
+                         write=not isinstance(step, (GetRecord, ReadDocument)))
 
 
 HWM_PREFIX = store_safe_id("hwm|")  # partitions of the Event Hubs high-water marks

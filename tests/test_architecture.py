@@ -120,7 +120,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "backends": frozenset({"shared.stores", "shared.stores.cosmos", "shared.stores.cosmos_aio",
                            "shared.stores.cosmos_indexing", "shared.stores.table",
                            "shared.stores.table_aio", "shared.stores.table_batch",
-                           "shared.stores.table_mapping",
+                           "shared.stores.table_mapping", "shared.stores.sdk_requests",
                            "shared.stores.memory", "shared.stores.retry", "shared.dispatch",
                            "shared.dispatch_aio", "shared.sdk_transport"}),
     "data and rules": frozenset({"shared.exceptions", "shared.jsontext", "shared.config",
