@@ -129,37 +129,36 @@ class Request[T]:
     refine: Callable[[Exception], Exception | None] | None = None
 
 
-def _raise_refined(request: Request[Any], error: Exception) -> None:
-    """Raise the request's more precise error for `error`, if it names one."""
+def _failed(backend: str, request: Request[Any], error: Exception) -> None:
+    """Raise what a failed request means: the request's more precise error (`refine`), else
+    the SDK error translated (`translate_error`); return (answer None) on a missing read."""
     refined = request.refine(error) if request.refine is not None else None
     if refined is not None:
         raise refined from error
+    if not isinstance(error, AzureError):
+        raise error
+    translate_error(backend, error, on_status=request.on_status,
+                    none_if_missing=request.none_if_missing)
 
 
 def send_request[T](backend: str, client: Any, request: Request[T]) -> T:
     """Send a request with a sync SDK client; its failure translated by `translate_error`."""
-    def call() -> Any:
-        try:
-            return request.send(client)
-        except Exception as error:
-            _raise_refined(request, error)
-            raise
-
-    return request.answer(store_call(backend, call, on_status=request.on_status,
-                                     none_if_missing=request.none_if_missing))
+    try:
+        answer = request.send(client)
+    except Exception as error:
+        _failed(backend, request, error)
+        answer = None
+    return request.answer(answer)
 
 
 async def send_request_async[T](backend: str, client: Any, request: Request[T]) -> T:
     """`send_request` with an async SDK client (the same translation)."""
-    async def call() -> Any:
-        try:
-            return await request.send(client)
-        except Exception as error:
-            _raise_refined(request, error)
-            raise
-
-    return request.answer(await async_store_call(backend, call, on_status=request.on_status,
-                                                 none_if_missing=request.none_if_missing))
+    try:
+        answer = await request.send(client)
+    except Exception as error:
+        _failed(backend, request, error)
+        answer = None
+    return request.answer(answer)
 
 
 # -- a backend whose every store step is one request ------------------------------------------

@@ -38,7 +38,14 @@ from shared.exceptions import (
     retry_after,
 )
 from shared.keys import store_safe_id
-from shared.stores.base import IdempotencyStore, WriteOp
+from shared.stores.base import (
+    Commit,
+    CommitGroup,
+    IdempotencyStore,
+    RecordDispatched,
+    WriteDocuments,
+    WriteOp,
+)
 from shared.telemetry import EVENT_SEQUENCE_RESET, METRIC_MARK_LAG, METRIC_SEQUENCE_RESET, Telemetry
 from simulator.host_inputs import SentEvent, event_hub_batch
 from tests.functions.conftest import function, settings_for
@@ -441,22 +448,24 @@ def test_groups_run_concurrently_up_to_the_configured_limit(counted_services, an
     counted = counted_services(any_backend, sleep=lambda _: None, PAYMENTS_MAX_CONCURRENCY="3")
     services = counted.services
     ledger = services.stores["ledger"]
-    real_commit = ledger.commit
+    real_perform = ledger.perform
     lock = threading.Lock()
     running, peak = [0], [0]
 
-    def slow_commit(*args, **kwargs):
+    def slow_commit(step):
+        if not isinstance(step, (Commit, CommitGroup)):
+            return real_perform(step)
         with lock:
             running[0] += 1
             peak[0] = max(peak[0], running[0])
         try:
             time.sleep(0.05)  # long enough for every free worker to be in here at once
-            return real_commit(*args, **kwargs)
+            return real_perform(step)
         finally:
             with lock:
                 running[0] -= 1
 
-    ledger.commit = slow_commit
+    ledger.perform = slow_commit
     accounts = [account_id() for _ in range(10)]
     report = batch(services, [SentEvent(structured(f"c{n}", a, 1), n)
                               for n, a in enumerate(accounts, start=1)])
@@ -573,11 +582,16 @@ def test_missing_key_falls_back_to_partition_and_sequence_when_opted_in(services
 
 
 def test_parking_failure_raises_so_the_host_retries_the_batch(services, monkeypatch):
-    async def down(*_):
-        raise StoreUnavailableError("parking store down")
+    parking_store = services.payments_async.parking.store
+    real_perform = parking_store.perform
+
+    async def down(step):
+        if isinstance(step, WriteDocuments):
+            raise StoreUnavailableError("parking store down")
+        return await real_perform(step)
 
     # the function's path: the parking lot's store refuses the entry
-    monkeypatch.setattr(services.payments_async.parking.store, "write_documents", down)
+    monkeypatch.setattr(parking_store, "perform", down)
     partition = uuid.uuid4().hex[:6]
     with pytest.raises(StoreUnavailableError):
         run([SentEvent(b"{broken", 1)], partition)
@@ -623,36 +637,30 @@ class Outage:
         return self.until is not None and self.clock() < self.until
 
     def wrap(self, store: IdempotencyStore) -> None:
-        for name in ("get_record", "put_record_if_absent", "replace_record_if_unchanged",
-                     "delete_record_if_unchanged", "read_document", "write_documents"):
-            setattr(store, name, self._guard(getattr(store, name)))
-        store.commit = self._commit(store.commit)
+        """Every step the drivers hand `store` (its `perform`), but clearing an outbox."""
+        call = store.perform
+
+        def perform(step: Any) -> Any:
+            if isinstance(step, RecordDispatched):
+                return call(step)
+            if isinstance(step, (Commit, CommitGroup)):
+                with self.lock:
+                    self.commits += 1
+                    starts = self.until is None and self.commits > self.after_commits
+                    if starts:
+                        self.until = self.clock() + self.seconds
+                if starts:
+                    call(step)  # the write lands; its answer is lost
+                    self._fail()
+            if self.down():
+                self._fail()
+            return call(step)
+
+        store.perform = perform  # the outage, on this store only
 
     def _fail(self) -> None:
         self.failed += 1
         raise StoreUnavailableError("simulated outage (503)", status_code=503)
-
-    def _guard(self, call: Callable[..., Any]) -> Callable[..., Any]:
-        def guarded(*args: Any, **kwargs: Any) -> Any:
-            if self.down():
-                self._fail()
-            return call(*args, **kwargs)
-        return guarded
-
-    def _commit(self, call: Callable[..., Any]) -> Callable[..., Any]:
-        def commit(*args: Any, **kwargs: Any) -> Any:
-            with self.lock:
-                self.commits += 1
-                starts = self.until is None and self.commits > self.after_commits
-                if starts:
-                    self.until = self.clock() + self.seconds
-            if starts:
-                call(*args, **kwargs)  # the write lands; its answer is lost
-                self._fail()
-            if self.down():
-                self._fail()
-            return call(*args, **kwargs)
-        return commit
 
 
 def host_retries(invoke: Callable[[], None], clock, *, limit: int = 20) -> int:
@@ -692,14 +700,16 @@ def test_the_mark_stays_until_every_group_committed(counted_services, any_backen
     services = counted_services(any_backend).services
     ok, failing = account_id(), account_id()
     ledger = services.stores["ledger"]
-    real_commit, down = ledger.commit, [True]
+    real_perform, down = ledger.perform, [True]
 
-    def commit(marker, operations, **kwargs):
-        if down[0] and marker.partition_key == store_safe_id(failing):
+    def perform(step):
+        markers = (step.marker,) if isinstance(step, Commit) else \
+            step.markers if isinstance(step, CommitGroup) else ()
+        if down[0] and any(m.partition_key == store_safe_id(failing) for m in markers):
             raise StoreUnavailableError("throttled", status_code=429)
-        return real_commit(marker, operations, **kwargs)
+        return real_perform(step)
 
-    ledger.commit = commit
+    ledger.perform = perform
     events = [SentEvent(structured("m1", ok, 1), 1), SentEvent(structured("m2", failing, 2), 2),
               SentEvent(structured("m3", ok, 3), 3)]
     with pytest.raises(StoreUnavailableError):
