@@ -67,6 +67,7 @@ from shared.stores.base import (
     IdempotencyStore,
     ReadDocument,
     RecordDispatched,
+    StepStore,
     StoreStep,
     WriteOp,
 )
@@ -454,9 +455,9 @@ def innermost(store: IdempotencyStore) -> IdempotencyStore:
     return store
 
 
-class FaultyStore(_Forwarding):
-    """Injects the current invocation's fault at the chosen store step (`perform`: what the
-    drivers call; the methods called directly, by checks and tools, run unfaulted)."""
+class FaultyStore(StepStore, _Forwarding):
+    """Injects the current invocation's fault at the chosen store step: `perform`, what the
+    drivers call, and the record and document operations (its steps, by name)."""
 
     def __init__(self, inner: IdempotencyStore, *, label: str, server: str,
                  outages: OutageController | None = None,

@@ -1,4 +1,5 @@
-"""The two persistence interfaces every dedup backend implements, and what they share.
+"""The persistence interfaces every dedup backend implements, the steps they answer, and what
+they share.
 
 `RecordStore` is the dedup flow's whole view of storage: four record
 operations by location, each a single conditional request (the Powertools
@@ -6,6 +7,11 @@ idempotency utility draws the same line). `DocumentStore` holds business
 documents and commits them atomically in one partition, optionally with a
 marker record first: the atomic path. Backends implement both; the flows
 (`shared.flow`, `shared.idempotency`) know nothing of any backend.
+
+What a flow asks of a store is a store step (`GetRecord`, ..., `Commit`): a frozen dataclass
+the drivers hand to `perform`, the one call into a store. A store written as methods (the
+in-memory one, a test's wrapper) answers it by the method; Cosmos DB and Table Storage build
+the step's SDK request (`shared.stores.sdk_requests`); `AsyncIdempotencyStore` awaits it.
 
 Business documents are backend-neutral: an id, a partition and a flat body,
 mapped to a Cosmos document (`id` + partition key field) or a Table entity
@@ -419,6 +425,51 @@ class IdempotencyStore(RecordStore, DocumentStore, abc.ABC):
                 return self.record_dispatched(marker)
             case _:
                 return super().perform(step)
+
+
+class StepStore(IdempotencyStore):
+    """A sync store written as `perform` alone (a backend whose every step is one request, a
+    wrapper of another store): the record and document operations are their steps, by name."""
+
+    @abc.abstractmethod
+    def perform(self, step: StoreStep) -> Any:
+        """Answer one store step (see the step's docstring)."""
+
+    def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
+        return self.perform(GetRecord(partition, record_id))
+
+    def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        return self.perform(PutRecordIfAbsent(record))
+
+    def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        return self.perform(ReplaceRecordIfUnchanged(record))
+
+    def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
+        self.perform(DeleteRecordIfUnchanged(record))
+
+    def read_document(self, partition: str, document_id: str) -> Document | None:
+        return self.perform(ReadDocument(partition, document_id))
+
+    def write_documents(self, partition: str, operations: Sequence[WriteOp]) -> list[Document]:
+        return self.perform(WriteDocuments(partition, operations))
+
+    def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
+               marker_body: dict[str, Any] | None = None,
+               written: list[Document] | None = None) -> IdempotencyRecord:
+        committed: Committed = self.perform(Commit(marker, operations, marker_body))
+        if written is not None:
+            written.extend(committed.written)
+        return committed.markers[0]
+
+    def commit_group(self, markers: Sequence[IdempotencyRecord], operations: Sequence[WriteOp], *,
+                     written: list[Document] | None = None) -> list[IdempotencyRecord]:
+        committed: Committed = self.perform(CommitGroup(tuple(markers), operations))
+        if written is not None:
+            written.extend(committed.written)
+        return list(committed.markers)
+
+    def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
+        return self.perform(RecordDispatched(marker))
 
 
 # -- shared by the backends ---------------------------------------------------------------

@@ -32,6 +32,7 @@ from shared.outbox import PENDING_SINCE
 from shared.records import IdempotencyRecord, RecordState
 from shared.stores.base import (
     Document,
+    StepStore,
     StoreStep,
     WriteOp,
     check_transaction_size,
@@ -55,7 +56,6 @@ from shared.stores.codec import (
 from shared.stores.sdk_requests import (
     Request,
     RequestMapping,
-    RequestStore,
     changed_statuses,
     send_request,
     store_call,
@@ -341,7 +341,7 @@ def batch_failure(error: CosmosBatchOperationError, marker_id: str | None) -> Ex
     return transaction_failure(index, status, marker_id=marker_id)
 
 
-class CosmosIdempotencyStore(CosmosMapping, RequestStore):
+class CosmosIdempotencyStore(CosmosMapping, StepStore):
     """Dedup records and business documents in one Cosmos DB container.
 
     Build it from the account endpoint and a credential (identity in Azure),

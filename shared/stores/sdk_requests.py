@@ -30,7 +30,6 @@ from shared.stores.base import (
     DeleteRecordIfUnchanged,
     Document,
     GetRecord,
-    IdempotencyStore,
     PutRecordIfAbsent,
     ReadDocument,
     RecordDispatched,
@@ -227,44 +226,3 @@ class RequestMapping(abc.ABC):
                 ) -> Request[IdempotencyRecord]: ...
     @abc.abstractmethod
     def _record_dispatched(self, marker: IdempotencyRecord) -> Request[IdempotencyRecord]: ...
-
-
-class RequestStore(IdempotencyStore):
-    """A sync store that answers every step with one request (`perform`): the record and
-    document operations are that step, by name."""
-
-    def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
-        return self.perform(GetRecord(partition, record_id))
-
-    def put_record_if_absent(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        return self.perform(PutRecordIfAbsent(record))
-
-    def replace_record_if_unchanged(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        return self.perform(ReplaceRecordIfUnchanged(record))
-
-    def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
-        self.perform(DeleteRecordIfUnchanged(record))
-
-    def read_document(self, partition: str, document_id: str) -> Document | None:
-        return self.perform(ReadDocument(partition, document_id))
-
-    def write_documents(self, partition: str, operations: Sequence[WriteOp]) -> list[Document]:
-        return self.perform(WriteDocuments(partition, operations))
-
-    def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
-               marker_body: dict[str, Any] | None = None,
-               written: list[Document] | None = None) -> IdempotencyRecord:
-        committed: Committed = self.perform(Commit(marker, operations, marker_body))
-        if written is not None:
-            written.extend(committed.written)
-        return committed.markers[0]
-
-    def commit_group(self, markers: Sequence[IdempotencyRecord], operations: Sequence[WriteOp], *,
-                     written: list[Document] | None = None) -> list[IdempotencyRecord]:
-        committed: Committed = self.perform(CommitGroup(tuple(markers), operations))
-        if written is not None:
-            written.extend(committed.written)
-        return list(committed.markers)
-
-    def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
-        return self.perform(RecordDispatched(marker))

@@ -27,7 +27,7 @@ from azure.data.tables import (
 
 from shared.exceptions import OperationFailedError, RecordExistsError, StoreRequestError
 from shared.records import IdempotencyRecord, RecordState
-from shared.stores.base import MAX_TRANSACTION_OPERATIONS, StoreStep
+from shared.stores.base import MAX_TRANSACTION_OPERATIONS, StepStore, StoreStep
 from shared.stores.codec import (
     EXPIRES,
     LEASE,
@@ -36,7 +36,7 @@ from shared.stores.codec import (
     bound_millis,
     is_record,
 )
-from shared.stores.sdk_requests import RequestStore, send_request, store_call
+from shared.stores.sdk_requests import send_request, store_call
 from shared.stores.sweep import (
     DEFAULT_BUDGET_SECONDS,
     DEFAULT_PAGE_SIZE,
@@ -59,7 +59,7 @@ _IS_RECORD = f"{VERSION} gt 0"
 logger = logging.getLogger(__name__)
 
 
-class TableIdempotencyStore(TableMapping, RequestStore):
+class TableIdempotencyStore(TableMapping, StepStore):
     """Dedup records and business entities in one Azure Table.
 
     Build it from the table endpoint and a credential (identity in Azure), from
