@@ -75,18 +75,21 @@ from benchmarks.workload import SIGNS, Message
 from functions.services import Services, build_services
 from functions.settings import Settings
 from shared import DedupKey, Idempotency, IdempotencyError, OutcomeStatus, request_hash
-from shared.batch import BatchReport
-from shared.cache import CompletedKeyCache
-from shared.cloudevents import parse_cloudevent
-from shared.dispatch import _HEADER_ALLOWANCE, SEND_BYTES  # the send cut of the app's dispatcher (set-up)
-from shared.drivers import Transaction
-from shared.eventhubs import EventView
-from shared.keys import store_safe_id
-from shared.outbox import _ID_NAMESPACE  # the namespace of the app's message ids (set-up)
-from shared.stores.base import IdempotencyStore
-from shared.telemetry import Telemetry
+from shared.backends.dispatch import (  # the send cut of the app's dispatcher (set-up)
+    _HEADER_ALLOWANCE,
+    SEND_BYTES,
+)
+from shared.core.cloudevents import parse_cloudevent
+from shared.core.keys import store_safe_id
+from shared.core.outbox import _ID_NAMESPACE  # the namespace of the app's message ids (set-up)
+from shared.core.store import IdempotencyStore
+from shared.core.telemetry import Telemetry
+from shared.flows.batch import BatchReport
+from shared.flows.cache import CompletedKeyCache
+from shared.flows.drivers import Transaction
+from shared.flows.watermark import PartitionWatermark
 from shared.testing import AsyncInMemoryIdempotencyStore, InMemoryIdempotencyStore
-from shared.watermark import PartitionWatermark
+from shared.triggers.eventhubs import EventView
 
 CONSUMER = "bench"
 PAYMENTS = "payments"  # as domain.payments

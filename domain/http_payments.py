@@ -14,7 +14,7 @@ from typing import Any
 
 from domain.payments import Payment, PaymentProcessor, payment_from
 from shared import DedupKey, HttpResult, IdempotencyKeyEndpoint, OutcomeStatus, PoisonMessageError
-from shared.http import IdempotentRequest  # what the endpoint hands its handler (a type)
+from shared.triggers.http import IdempotentRequest  # what the endpoint hands its handler (a type)
 
 CONSUMER = "http-payments"
 LEDGER_CONSUMER = "http-ledger"

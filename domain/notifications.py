@@ -23,15 +23,15 @@ from shared import DedupKey, IdempotencyError, MessageView, OutcomeStatus, aio, 
 
 # The two-phase flow's own terms, used here to park what a person must reconcile (the
 # library's generic `run` dead-letters it instead): the uncertain effect, the held record.
-from shared.exceptions import EffectUncertainError, InvalidKeyError
-from shared.observability import downstream_headers  # Idempotency-Key + trace context downstream
+from shared.core.exceptions import EffectUncertainError, InvalidKeyError
+from shared.core.observability import downstream_headers  # Idempotency-Key + trace context downstream
 
 # The library's bounded decoder and its refusal: bad input gets a reason on its first delivery.
-from shared.payload import InvalidPayloadError, parse_json_object
-from shared.records import IdempotencyRecord
+from shared.core.payload import InvalidPayloadError, parse_json_object
+from shared.core.records import IdempotencyRecord
 
 # The settlement rule's parts: this consumer decides itself (parking) before the rule applies.
-from shared.settlement import Decision, decision_for, decision_for_error, transient
+from shared.core.settlement import Decision, decision_for, decision_for_error, transient
 
 MAX_NOTIFICATION_BYTES = 64 * 1024
 logger = logging.getLogger(__name__)

@@ -14,17 +14,17 @@ from __future__ import annotations
 from typing import Any
 
 from shared import MessageView, aio
-from shared.drivers import run_async
-
-# The naturally idempotent path: a version-guarded upsert, no dedup record (a flow of its own).
-from shared.flow import update_document
-from shared.keys import store_safe_id  # the status document's id: the order id, escaped
+from shared.core.keys import store_safe_id  # the status document's id: the order id, escaped
 
 # The library's bounded decoder and its refusal: bad input gets a reason on its first delivery.
-from shared.payload import InvalidPayloadError, exact_integer, parse_json_object
-from shared.settlement import Decision  # what handle returns: the settlement applied
-from shared.stores.base import Document  # what update_document's change function reads
-from shared.telemetry import Telemetry  # the versioned outcome's metric point
+from shared.core.payload import InvalidPayloadError, exact_integer, parse_json_object
+from shared.core.settlement import Decision  # what handle returns: the settlement applied
+from shared.core.store import Document  # what update_document's change function reads
+from shared.core.telemetry import Telemetry  # the versioned outcome's metric point
+from shared.flows.drivers import run_async
+
+# The naturally idempotent path: a version-guarded upsert, no dedup record (a flow of its own).
+from shared.flows.steps import update_document
 
 MAX_STATUS_BYTES = 64 * 1024
 STATUSES = ("accepted", "paid", "packed", "shipped", "delivered", "cancelled")

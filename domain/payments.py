@@ -39,13 +39,13 @@ from shared import (
 )
 
 # CloudEvents from Event Hubs (structured and binary), read by the library's parser.
-from shared.cloudevents import CloudEvent, InvalidEventError, parse_cloudevent
-from shared.exceptions import InvalidKeyError  # a CloudEvent without an id or source
-from shared.keys import store_safe_id  # the account's partition: its id, escaped
+from shared.core.cloudevents import CloudEvent, InvalidEventError, parse_cloudevent
+from shared.core.exceptions import InvalidKeyError  # a CloudEvent without an id or source
+from shared.core.keys import store_safe_id  # the account's partition: its id, escaped
 
 # The library's bounded decoder and its refusal: bad input is parked with its reason.
-from shared.payload import MAX_SAFE_INTEGER, InvalidPayloadError, exact_integer, parse_json_object
-from shared.stores.base import Document  # the balance a build reads
+from shared.core.payload import MAX_SAFE_INTEGER, InvalidPayloadError, exact_integer, parse_json_object
+from shared.core.store import Document  # the balance a build reads
 
 CONSUMER = "payments"
 ACCOUNT_DOCUMENT = "balance"

@@ -1,4 +1,4 @@
-"""`orders`: Service Bus queue trigger, settled explicitly (see shared/settlement.py)."""
+"""`orders`: Service Bus queue trigger, settled explicitly (see shared/core/settlement.py)."""
 
 from __future__ import annotations
 

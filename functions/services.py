@@ -63,21 +63,21 @@ from shared import (
     aio,
 )
 from shared.aio import ThreadedStore  # a sync store behind the async variant (tests, simulator)
-from shared.cache import DocumentCache  # the payments ledger's remembered balances
-from shared.exceptions import DispatchRejectedError  # what an unconfigured dispatcher raises
-from shared.maintenance import Maintenance  # the timer's purge, sweep and outbox sweeper
-from shared.sdk_transport import async_transport, sync_transport  # no per-request env lookups
-from shared.stores.base import IdempotencyStore  # what the sync store factory returns
-from shared.stores.retry import RetryBudget  # the SDKs' retries, sized for the lock
-from shared.telemetry import Telemetry  # one instance shared by every consumer
+from shared.backends.retry import RetryBudget  # the SDKs' retries, sized for the lock
+from shared.backends.sdk_transport import async_transport, sync_transport  # no per-request env lookups
+from shared.core.exceptions import DispatchRejectedError  # what an unconfigured dispatcher raises
+from shared.core.store import IdempotencyStore  # what the sync store factory returns
+from shared.core.telemetry import Telemetry  # one instance shared by every consumer
+from shared.flows.cache import DocumentCache  # the payments ledger's remembered balances
 from shared.testing import InMemoryDispatcher  # the default when stores are given (tests)
+from shared.triggers.maintenance import Maintenance  # the timer's purge, sweep and outbox sweeper
 
 #: The store SDKs' retries, set explicitly on every client built here. With the payments batch's
 #: tries per account group (PAYMENTS_MAX_ATTEMPTS, A) and its cap on an honoured Retry-After
-#: (shared.batch.MAX_RETRY_AFTER_SECONDS, R), a batch whose every request is throttled raises
+#: (shared.flows.batch.MAX_RETRY_AFTER_SECONDS, R), a batch whose every request is throttled raises
 #: for the host's retry after at most A x (2 x 1 s + R) of waiting: 21 s by default, well inside the
 #: 10-minute function timeout and the 60 s Service Bus lock (a Service Bus message waits at most
-#: 2 s per store request). `shared.stores.retry` explains the layers.
+#: 2 s per store request). `shared.backends.retry` explains the layers.
 RETRY_BUDGET = RetryBudget(sdk_retries=2, sdk_wait=1.0)
 
 StoreFactory = Callable[[str], IdempotencyStore]
@@ -126,7 +126,7 @@ class RealAsyncStores:
         return self._credential
 
     def dispatcher(self) -> Any:
-        """The async Service Bus dispatcher (`shared.dispatch_aio`) for the async functions,
+        """The async Service Bus dispatcher (`shared.backends.dispatch_aio`) for the async functions,
         on the trigger's connection as `real_dispatcher` reads it."""
         if self._dispatcher is None:
             settings = self.settings
@@ -148,7 +148,7 @@ class RealAsyncStores:
 
     def _build(self, role: str) -> Any:
         settings = self.settings
-        # Each client its own transport, without per-request proxy lookups (shared.sdk_transport).
+        # Each client its own transport, without per-request proxy lookups (shared.backends.sdk_transport).
         transport = {"transport": async_transport()}
         if settings.backend == "cosmos" and role in COSMOS_CONTAINERS:
             return aio.CosmosIdempotencyStore(
@@ -245,7 +245,7 @@ def real_stores(settings: Settings, *, budget: RetryBudget = RETRY_BUDGET,
     in Table Storage; the other roles follow DEDUP_BACKEND. The SDK clients
     retry as `budget` says (`client_options` override it).
     """
-    # Each client its own transport, without per-request proxy lookups (shared.sdk_transport).
+    # Each client its own transport, without per-request proxy lookups (shared.backends.sdk_transport).
     table_options = {"transport": sync_transport(), **budget.table_options(), **client_options}
     if settings.table_connection_string:
         table_service = TableServiceClient.from_connection_string(
@@ -309,7 +309,7 @@ class Services:
     parking: ParkingLot
     telemetry: Telemetry
     async_factory: Any = None  # what built async_stores, when it has more to close
-    dispatcher: Any = None  # sends what the sync paths' commits recorded (shared.dispatch)
+    dispatcher: Any = None  # sends what the sync paths' commits recorded (shared.backends.dispatch)
     async_dispatcher: Any = None  # the same for the async functions (may be a sync one)
 
     async def aclose(self) -> None:

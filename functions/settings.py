@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from shared import IdempotencyConfig
-from shared.config import RedeliveryWindow  # the redelivery window the retention rule checks
-from shared.observability import DEFAULT_SAMPLING_RATIO, sampling_ratio_from  # TRACE_SAMPLING_RATIO
-from shared.stores.cosmos_indexing import record_indexing_policy  # the containers' indexing
-from shared.stores.table_batch import CODECS, Codec  # TABLE_BATCH_CODEC
+from shared.backends.cosmos_indexing import record_indexing_policy  # the containers' indexing
+from shared.backends.table_batch import CODECS, Codec  # TABLE_BATCH_CODEC
+from shared.core.config import RedeliveryWindow  # the redelivery window the retention rule checks
+from shared.core.observability import DEFAULT_SAMPLING_RATIO, sampling_ratio_from  # TRACE_SAMPLING_RATIO
 
 # Read by the host for bindings (not by Python code).
 BINDING_SETTINGS = (
@@ -199,7 +199,7 @@ class Settings:
     log_duplicates: bool = False
     trace_sampling_ratio: float = DEFAULT_SAMPLING_RATIO  # share of traces exported (TRACE_SAMPLING_RATIO)
     # Run on a Cosmos account with several write regions, where a message can take effect once
-    # per region (the stores refuse such an account otherwise; see shared.stores.cosmos).
+    # per region (the stores refuse such an account otherwise; see shared.backends.cosmos).
     cosmos_accept_duplicates_across_write_regions: bool = False
     # The order-audit Storage queue (its poison queue is `<name>-poison`, as the host names it).
     order_audit_queue: str = "order-audit"

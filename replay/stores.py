@@ -1,7 +1,7 @@
 """The queries the store interfaces leave to each backend: listing the parking lot, and
 finding one dedup key in several partitions.
 
-`shared.parking.ParkingLot.entries` takes a lister (documents of one partition,
+`shared.flows.parking.ParkingLot.entries` takes a lister (documents of one partition,
 or of all); this module builds one for the app's parked store, which is a
 Table in every deployment (`functions.settings.TABLE_FOR`) and may be a Cosmos
 container in tests. Reads only; errors translated as every store call is.
@@ -22,11 +22,12 @@ from typing import Any
 
 from azure.data.tables import EntityProperty
 
-from shared.exceptions import InvalidKeyError
-from shared.parking import EntryLister
-from shared.records import IdempotencyRecord
-from shared.stores import CosmosIdempotencyStore, Document, IdempotencyStore, TableIdempotencyStore, codec
-from shared.stores.sdk_requests import store_call
+from shared.backends import CosmosIdempotencyStore, Document, IdempotencyStore, TableIdempotencyStore
+from shared.backends.sdk_requests import store_call
+from shared.core import codec
+from shared.core.exceptions import InvalidKeyError
+from shared.core.records import IdempotencyRecord
+from shared.flows.parking import EntryLister
 
 _TABLE_SYSTEM = ("PartitionKey", "RowKey", "Timestamp", "etag")
 _COSMOS_SYSTEM = ("_rid", "_self", "_etag", "_attachments", "_ts", "ttl", "id")

@@ -15,21 +15,21 @@ importable from its module. `shared.aio` has the async variants under the same n
 """
 
 from shared import aio
-from shared.batch import PartitionBatchProcessor
-from shared.config import IdempotencyConfig
-from shared.dispatch import ServiceBusDispatcher
-from shared.drivers import Transaction
-from shared.eventhubs import EventHubConsumer, EventView
-from shared.exceptions import IdempotencyError, PoisonMessageError
-from shared.http import HttpResult, IdempotencyKeyEndpoint, IdempotentRequest
-from shared.idempotency import Idempotency
-from shared.keys import DedupKey, request_hash
-from shared.parking import ParkingLot
-from shared.queues import StorageQueueConsumer
-from shared.records import KeyInProgressError, KeyReusedError, OutcomeStatus
-from shared.stores import CosmosIdempotencyStore, TableIdempotencyStore
-from shared.triggers import MessageView, ServiceBusConsumer
-from shared.watermark import PartitionWatermark
+from shared.backends import CosmosIdempotencyStore, TableIdempotencyStore
+from shared.backends.dispatch import ServiceBusDispatcher
+from shared.core.config import IdempotencyConfig
+from shared.core.exceptions import IdempotencyError, PoisonMessageError
+from shared.core.keys import DedupKey, request_hash
+from shared.core.records import KeyInProgressError, KeyReusedError, OutcomeStatus
+from shared.flows.batch import PartitionBatchProcessor
+from shared.flows.drivers import Transaction
+from shared.flows.idempotency import Idempotency
+from shared.flows.parking import ParkingLot
+from shared.flows.watermark import PartitionWatermark
+from shared.triggers.eventhubs import EventHubConsumer, EventView
+from shared.triggers.http import HttpResult, IdempotencyKeyEndpoint, IdempotentRequest
+from shared.triggers.queues import StorageQueueConsumer
+from shared.triggers.servicebus import MessageView, ServiceBusConsumer
 
 __all__ = [
     "CosmosIdempotencyStore",

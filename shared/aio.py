@@ -8,20 +8,20 @@ in-memory store for tests is `shared.testing.AsyncInMemoryIdempotencyStore`.
 
 from __future__ import annotations
 
-from shared.batch import AsyncPartitionBatchProcessor as PartitionBatchProcessor
-from shared.dispatch_aio import EventHubDispatcher, ServiceBusDispatcher
-from shared.drivers import AsyncStore
-from shared.drivers import AsyncTransaction as Transaction
-from shared.eventhubs import AsyncEventHubConsumer as EventHubConsumer
-from shared.http import AsyncIdempotencyKeyEndpoint as IdempotencyKeyEndpoint
-from shared.idempotency import AsyncIdempotency as Idempotency
-from shared.parking import AsyncParkingLot as ParkingLot
-from shared.queues import AsyncStorageQueueConsumer as StorageQueueConsumer
-from shared.stores.cosmos_aio import AsyncCosmosIdempotencyStore as CosmosIdempotencyStore
-from shared.stores.table_aio import AsyncTableIdempotencyStore as TableIdempotencyStore
+from shared.backends.cosmos_aio import AsyncCosmosIdempotencyStore as CosmosIdempotencyStore
+from shared.backends.dispatch_aio import EventHubDispatcher, ServiceBusDispatcher
+from shared.backends.table_aio import AsyncTableIdempotencyStore as TableIdempotencyStore
+from shared.flows.batch import AsyncPartitionBatchProcessor as PartitionBatchProcessor
+from shared.flows.drivers import AsyncStore
+from shared.flows.drivers import AsyncTransaction as Transaction
+from shared.flows.idempotency import AsyncIdempotency as Idempotency
+from shared.flows.parking import AsyncParkingLot as ParkingLot
+from shared.flows.watermark import AsyncPartitionWatermark as PartitionWatermark
 from shared.testing import ThreadedStore
-from shared.triggers import AsyncServiceBusConsumer as ServiceBusConsumer
-from shared.watermark import AsyncPartitionWatermark as PartitionWatermark
+from shared.triggers.eventhubs import AsyncEventHubConsumer as EventHubConsumer
+from shared.triggers.http import AsyncIdempotencyKeyEndpoint as IdempotencyKeyEndpoint
+from shared.triggers.queues import AsyncStorageQueueConsumer as StorageQueueConsumer
+from shared.triggers.servicebus import AsyncServiceBusConsumer as ServiceBusConsumer
 
 __all__ = ["AsyncStore", "CosmosIdempotencyStore", "EventHubConsumer", "EventHubDispatcher",
            "Idempotency", "IdempotencyKeyEndpoint", "ParkingLot",

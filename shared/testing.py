@@ -28,9 +28,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from shared.outbox import OutgoingMessage
-from shared.stores.base import AsyncIdempotencyStore, StoreStep
-from shared.stores.memory import InMemoryIdempotencyStore
+from shared.backends.memory import InMemoryIdempotencyStore
+from shared.core.outbox import OutgoingMessage
+from shared.core.store import AsyncIdempotencyStore, StoreStep
 
 __all__ = ["AsyncInMemoryDispatcher", "AsyncInMemoryIdempotencyStore", "InMemoryDispatcher",
            "InMemoryIdempotencyStore", "RecordingMessageActions", "Settlement", "ThreadedStore"]

@@ -58,10 +58,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from domain.notifications import HttpResponse, NotificationRetryError
-from shared.exceptions import IdempotencyError, RecordExistsError, StoreRequestError, StoreUnavailableError
-from shared.keys import store_safe_id
-from shared.records import IdempotencyRecord
-from shared.stores.base import (
+from shared.core.exceptions import (
+    IdempotencyError,
+    RecordExistsError,
+    StoreRequestError,
+    StoreUnavailableError,
+)
+from shared.core.keys import store_safe_id
+from shared.core.records import IdempotencyRecord
+from shared.core.store import (
     Document,
     GetRecord,
     IdempotencyStore,
@@ -701,7 +706,7 @@ class SimulatedDispatcher:
         self.namespace.send(message.destination, sent, Origin(f"outbox:{message.message_id}"))
 
     def dispatch(self, messages: Sequence[Any]) -> None:
-        from shared.exceptions import DispatchUnavailableError
+        from shared.core.exceptions import DispatchUnavailableError
 
         inv = current()
         if inv is not None:

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 from functions.services import Services, build_services, real_stores
 from functions.settings import Settings
-from shared.maintenance import Maintenance
-from shared.stores import CosmosIdempotencyStore, TableIdempotencyStore
-from shared.stores.base import IdempotencyStore
+from shared.backends import CosmosIdempotencyStore, TableIdempotencyStore
+from shared.core.store import IdempotencyStore
+from shared.triggers.maintenance import Maintenance
 from simulator.check import Checker, CheckResult, DeadLetter, Evidence, stores_of
 from simulator.clock import SimClock
 from simulator.eventhubs import EventHub

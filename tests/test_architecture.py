@@ -86,13 +86,13 @@ def cycles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
 
 def test_shared_has_no_import_cycle():
     graph = import_graph(ROOT / "shared", ROOT)
-    assert "shared.records" in graph and "shared.exceptions" in graph["shared.records"]
+    assert "shared.core.records" in graph and "shared.core.exceptions" in graph["shared.core.records"]
     assert cycles(graph) == [], "modules of shared/ that import each other in a cycle"
 
 
 def test_exceptions_import_nothing_of_the_library():
     """Plain data at the bottom: the errors every module raises depend on no module."""
-    assert import_graph(ROOT / "shared", ROOT)["shared.exceptions"] == set()
+    assert import_graph(ROOT / "shared", ROOT)["shared.core.exceptions"] == set()
 
 
 def test_counter_proof_a_cycle_under_type_checking_is_found(tmp_path):
@@ -108,62 +108,57 @@ def test_counter_proof_a_cycle_under_type_checking_is_found(tmp_path):
 
 
 # -- the layers (docs/library.md opens with this picture) ------------------------------------
-#: Each module of `shared/` in one layer; a module imports only from the layers `MAY_IMPORT`
-#: names for its own (its own layer included, without a cycle).
-LAYERS: dict[str, frozenset[str]] = {
-    "front door": frozenset({"shared", "shared.aio", "shared.testing"}),
-    "trigger helpers": frozenset({"shared.triggers", "shared.eventhubs", "shared.http",
-                                  "shared.queues", "shared.queue_messages",
-                                  "shared.maintenance"}),
-    "flows": frozenset({"shared.flow", "shared.drivers", "shared.dedup_steps", "shared.idempotency",
-                        "shared.batch", "shared.parking", "shared.watermark", "shared.cache"}),
-    "backends": frozenset({"shared.stores", "shared.stores.cosmos", "shared.stores.cosmos_aio",
-                           "shared.stores.cosmos_indexing", "shared.stores.table",
-                           "shared.stores.table_aio", "shared.stores.table_batch",
-                           "shared.stores.table_mapping", "shared.stores.sdk_requests",
-                           "shared.stores.memory", "shared.stores.retry", "shared.dispatch",
-                           "shared.dispatch_aio", "shared.sdk_transport"}),
-    "data and rules": frozenset({"shared.exceptions", "shared.jsontext", "shared.config",
-                                 "shared.keys", "shared.payload", "shared.cloudevents",
-                                 "shared.observability", "shared.outbox", "shared.records",
-                                 "shared.settlement", "shared.telemetry", "shared.stores.base",
-                                 "shared.stores.codec", "shared.stores.sweep"}),
-}
+#: The layers, top first: the front door is three modules of `shared/`, every other layer one
+#: folder of it, so a module's folder is its layer. A module imports only from the layers
+#: `MAY_IMPORT` names for its own (its own layer included, without a cycle).
+FRONT_DOOR = frozenset({"shared", "shared.aio", "shared.testing"})
+LAYERS: dict[str, str] = {"front door": "shared", "triggers": "shared.triggers",
+                          "flows": "shared.flows", "backends": "shared.backends",
+                          "core": "shared.core"}
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "front door": frozenset(LAYERS),
-    "trigger helpers": frozenset({"trigger helpers", "flows", "data and rules"}),
-    "flows": frozenset({"flows", "data and rules"}),  # the flows know no SDK
-    "backends": frozenset({"backends", "data and rules"}),  # the backends run no flow
-    "data and rules": frozenset({"data and rules"}),
+    "triggers": frozenset({"triggers", "flows", "core"}),
+    "flows": frozenset({"flows", "core"}),  # the flows know no SDK
+    "backends": frozenset({"backends", "core"}),  # the backends run no flow
+    "core": frozenset({"core"}),  # data and rules
 }
+
+
+def layer_of(module: str) -> str | None:
+    """The layer of a module of `shared`: its folder's (None: a module beside the front door)."""
+    if module in FRONT_DOOR:
+        return "front door"
+    return next((layer for layer, package in LAYERS.items() if package != "shared"
+                 and (module == package or module.startswith(package + "."))), None)
 
 
 def layer_violations(graph: Mapping[str, Iterable[str]]) -> list[str]:
     """Each import that goes where its module's layer may not, and each module in no layer."""
-    layer_of = {module: layer for layer, modules in LAYERS.items() for module in modules}
-    problems = [f"{module} is in no layer" for module in graph if module not in layer_of]
+    layers = {module: layer_of(module) for module in graph}
+    problems = [f"{module} is in no layer" for module, layer in layers.items() if layer is None]
     for module, targets in graph.items():
-        if module not in layer_of:
+        layer = layers[module]
+        if layer is None:
             continue
-        problems += [f"{module} ({layer_of[module]}) imports {target} ({layer_of[target]})"
-                     for target in sorted(targets) if target in layer_of
-                     and layer_of[target] not in MAY_IMPORT[layer_of[module]]]
+        problems += [f"{module} ({layer}) imports {target} ({layer_of(target)})"
+                     for target in sorted(targets) if (target_layer := layer_of(target))
+                     and target_layer not in MAY_IMPORT[layer]]
     return problems
 
 
 def test_shared_imports_follow_the_layers():
     graph = import_graph(ROOT / "shared", ROOT)
-    assert set(graph) == set().union(*LAYERS.values()), "a module added or gone: place it"
+    assert {layer_of(module) for module in graph} == set(LAYERS)  # each folder holds modules
     assert layer_violations(graph) == []
 
 
 def test_counter_proof_an_upward_import_is_named():
-    graph = {module: set[str]() for modules in LAYERS.values() for module in modules}
-    graph["shared.idempotency"].add("shared.dispatch")  # a flow importing an SDK's dispatcher
-    graph["shared.new_module"] = set()
+    graph = {module: set[str]() for module in import_graph(ROOT / "shared", ROOT)}
+    graph["shared.flows.idempotency"].add("shared.backends.dispatch")  # a flow importing an SDK's dispatcher
+    graph["shared.new_module"] = set()  # beside the front door, in no layer's folder
     assert layer_violations(graph) == [
         "shared.new_module is in no layer",
-        "shared.idempotency (flows) imports shared.dispatch (backends)"]
+        "shared.flows.idempotency (flows) imports shared.backends.dispatch (backends)"]
 
 
 def test_the_docs_picture_names_the_layers():
@@ -175,9 +170,6 @@ def test_the_docs_picture_names_the_layers():
 
 
 # -- what an app imports --------------------------------------------------------------------
-FRONT_DOOR = LAYERS["front door"]
-
-
 def beyond_the_front_door(source: str) -> list[str]:
     """The modules of `shared` a source file imports other than the front door's."""
     imported: list[str] = []
@@ -199,9 +191,9 @@ def test_the_examples_import_only_the_front_door():
 
 def test_counter_proof_an_import_past_the_front_door_is_named():
     source = ("from shared import Idempotency\nfrom shared.testing import InMemoryDispatcher\n"
-              "from shared.cloudevents import parse_cloudevent\nimport shared.keys\n"
+              "from shared.core.cloudevents import parse_cloudevent\nimport shared.core.keys\n"
               "from sharedthings import x\n")
-    assert beyond_the_front_door(source) == ["shared.cloudevents", "shared.keys"]
+    assert beyond_the_front_door(source) == ["shared.core.cloudevents", "shared.core.keys"]
 
 
 # -- module size ------------------------------------------------------------------------------

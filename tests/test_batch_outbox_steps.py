@@ -15,22 +15,29 @@ from typing import Any, cast
 import pytest
 
 from shared import DedupKey, IdempotencyConfig
-from shared.batch import BatchReport, PartitionBatchProcessor
-from shared.drivers import run_sync
-from shared.exceptions import DispatchUnavailableError
-from shared.flow import (
+from shared.backends.memory import InMemoryIdempotencyStore
+from shared.core.exceptions import DispatchUnavailableError
+from shared.core.outbox import (
+    PENDING_SINCE,
+    POSITION,
+    Dispatcher,
+    EventPosition,
+    has_pending,
+    outgoing_message_id,
+)
+from shared.core.records import OutcomeStatus
+from shared.flows.batch import BatchReport, PartitionBatchProcessor
+from shared.flows.drivers import run_sync
+from shared.flows.idempotency import Idempotency
+from shared.flows.parking import ParkingLot
+from shared.flows.steps import (
     Dispatch,
     Flow,
     Gather,
     OnStore,
     Step,
 )
-from shared.idempotency import Idempotency
-from shared.outbox import PENDING_SINCE, POSITION, Dispatcher, EventPosition, has_pending, outgoing_message_id
-from shared.parking import ParkingLot
-from shared.records import OutcomeStatus
-from shared.stores.memory import InMemoryIdempotencyStore
-from shared.watermark import PartitionWatermark
+from shared.flows.watermark import PartitionWatermark
 
 NOW = 1_800_000_000.0
 HUB = "payments"
@@ -275,8 +282,8 @@ def test_the_single_event_entry_point_dispatches_and_records_on_its_own():
 
 # -- the group commit itself, step by step ----------------------------------------------------------
 def test_a_group_commit_of_batch_events_commits_the_position_and_leaves_the_dispatch_to_the_caller():
-    from shared.flow import BuildResult, CommitGroup, Committed, RecordDispatched, RunBuild, Writes
-    from shared.idempotency import GroupMessage
+    from shared.flows.idempotency import GroupMessage
+    from shared.flows.steps import BuildResult, CommitGroup, Committed, RecordDispatched, RunBuild, Writes
     from tests.test_flow_steps import Stepper
 
     ledger = Idempotency(InMemoryIdempotencyStore(), config=IdempotencyConfig(clock=lambda: NOW),

@@ -19,11 +19,11 @@ from benchmarks.counting import (
     counted_table_store,
 )
 from shared import Idempotency, IdempotencyConfig, OutcomeStatus
-from shared.cache import CompletedKeyCache
-from shared.keys import DedupKey, request_hash
-from shared.records import IdempotencyRecord, RecordState
-from shared.stores import CosmosIdempotencyStore
-from shared.stores.cosmos_indexing import record_indexing_policy
+from shared.backends import CosmosIdempotencyStore
+from shared.backends.cosmos_indexing import record_indexing_policy
+from shared.core.keys import DedupKey, request_hash
+from shared.core.records import IdempotencyRecord, RecordState
+from shared.flows.cache import CompletedKeyCache
 from tests.conftest import FakeClock
 
 

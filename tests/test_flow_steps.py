@@ -1,6 +1,6 @@
 """The flows stepped by hand: each step's answer (or error) fed in, no store at all.
 
-The flows are sans-I/O (`shared.flow`): a flow yields a step and receives its
+The flows are sans-I/O (`shared.flows.steps`): a flow yields a step and receives its
 answer, so a test can play the store and the user's code, step by step, and
 assert exactly what the flow asks for next, the way h11's tests feed its
 connection events. The stores are proven elsewhere (tests/store/).
@@ -15,14 +15,18 @@ from typing import Any, cast
 import pytest
 
 from shared import DedupKey, IdempotencyConfig, OutcomeStatus
-from shared.drivers import SyncStore, run_async, run_sync
-from shared.exceptions import (
+from shared.backends.memory import InMemoryIdempotencyStore
+from shared.core.exceptions import (
     ConcurrencyRetriesExhaustedError,
     OperationFailedError,
     RecordChangedError,
     RecordExistsError,
 )
-from shared.flow import (
+from shared.core.records import IdempotencyRecord, RecordState
+from shared.core.store import Document
+from shared.flows.drivers import SyncStore, run_async, run_sync
+from shared.flows.idempotency import GroupMessage, Idempotency
+from shared.flows.steps import (
     BuildResult,
     CommitGroup,
     Committed,
@@ -38,11 +42,7 @@ from shared.flow import (
     WriteDocuments,
     Writes,
 )
-from shared.idempotency import GroupMessage, Idempotency
-from shared.records import IdempotencyRecord, RecordState
-from shared.stores.base import Document
-from shared.stores.memory import InMemoryIdempotencyStore
-from shared.watermark import Mark, PartitionWatermark
+from shared.flows.watermark import Mark, PartitionWatermark
 
 NOW = 1_000_000.0
 KEY = DedupKey("orders", "o-1")

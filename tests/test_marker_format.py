@@ -1,4 +1,4 @@
-"""The marker format (shared/stores/codec.py, version 1): what a marker holds, that every
+"""The marker format (shared/core/codec.py, version 1): what a marker holds, that every
 record reads back as it was written, and that a marker this library cannot read is refused."""
 
 from __future__ import annotations
@@ -10,10 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.keys import REQUEST_HASH_LENGTH, DedupKey, request_hash
-from shared.outbox import EventPosition, outgoing
-from shared.records import IdempotencyRecord, RecordState
-from shared.stores.codec import (
+from shared.core.codec import (
     ATTEMPTS,
     CREATED,
     EXPIRES,
@@ -32,6 +29,9 @@ from shared.stores.codec import (
     record_fields,
     record_from_fields,
 )
+from shared.core.keys import REQUEST_HASH_LENGTH, DedupKey, request_hash
+from shared.core.outbox import EventPosition, outgoing
+from shared.core.records import IdempotencyRecord, RecordState
 
 NOW = 1_800_000_000.123
 KEY_ = DedupKey.from_cloudevent("payments", "/src", "pay-1")

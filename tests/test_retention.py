@@ -3,8 +3,8 @@ from datetime import timedelta
 import pytest
 
 from shared import IdempotencyConfig
-from shared.config import RedeliveryWindow, validate_retention
-from shared.exceptions import RetentionConfigError
+from shared.core.config import RedeliveryWindow, validate_retention
+from shared.core.exceptions import RetentionConfigError
 
 
 def test_default_ttl_covers_the_default_service_bus_window():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from functions.settings import SETTING_NAMES, Settings, SettingsError
-from shared.exceptions import RetentionConfigError
+from shared.core.exceptions import RetentionConfigError
 
 BASE = {"TABLE_CONNECTION_STRING": "UseDevelopmentStorage=true",
         "COSMOS_ENDPOINT": "https://localhost:8081/",
@@ -91,7 +91,7 @@ def test_sample_settings_define_every_setting_and_parse():
 
 def test_telemetry_settings_reach_the_telemetry_and_the_sampler():
     from functions.services import build_services
-    from shared.observability import DEFAULT_SAMPLING_RATIO
+    from shared.core.observability import DEFAULT_SAMPLING_RATIO
     from shared.testing import InMemoryIdempotencyStore
 
     defaults = Settings.from_env(BASE)

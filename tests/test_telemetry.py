@@ -22,11 +22,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 
 from shared import Idempotency, IdempotencyConfig, OutcomeStatus
-from shared import telemetry as telemetry_module
-from shared.cache import CompletedKeyCache
-from shared.keys import DedupKey, request_hash
-from shared.parking import ParkingLot
-from shared.telemetry import (
+from shared.core import telemetry as telemetry_module
+from shared.core.keys import DedupKey, request_hash
+from shared.core.telemetry import (
     EVENT_BATCH,
     EVENT_CONFLICT,
     EVENT_DUPLICATE,
@@ -40,8 +38,10 @@ from shared.telemetry import (
     METRIC_STORE_LATENCY,
     Telemetry,
 )
+from shared.flows.cache import CompletedKeyCache
+from shared.flows.parking import ParkingLot
+from shared.flows.watermark import PartitionWatermark
 from shared.testing import InMemoryIdempotencyStore
-from shared.watermark import PartitionWatermark
 from tests.support.parking import parked_body
 
 OUTCOME_FIELDS = ("event", "dedup_key", "consumer", "message_id", "correlation_id", "outcome",
@@ -315,7 +315,7 @@ def test_records_join_their_trace_through_the_envelope_not_their_fields(store, t
 
 
 def test_context_names_that_clash_with_log_record_attributes_are_kept(telemetry, logs):
-    from shared.records import Outcome
+    from shared.core.records import Outcome
 
     key = DedupKey("orders", "o-9")
     outcome = Outcome(OutcomeStatus.PROCESSED, key, "sha256:x")

@@ -16,9 +16,9 @@ from benchmarks.stats import Sample, figures
 from benchmarks.workload import LatencySizes
 from functions.services import build_services
 from functions.settings import Settings
-from shared.outbox import OutgoingMessage
+from shared.core.outbox import OutgoingMessage
 from shared.testing import InMemoryIdempotencyStore
-from shared.triggers import MessageView
+from shared.triggers.servicebus import MessageView
 
 
 def test_figures_add_up_the_samples():

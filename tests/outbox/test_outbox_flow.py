@@ -13,15 +13,20 @@ from typing import Any
 
 import pytest
 
-from shared.drivers import Transaction
-from shared.exceptions import (
+from shared.backends.memory import InMemoryIdempotencyStore
+from shared.core.exceptions import (
     ConfigurationError,
     DispatchUnavailableError,
     OutgoingMessageTooLargeError,
     RecordChangedError,
     RecordExistsError,
 )
-from shared.flow import (
+from shared.core.keys import DedupKey
+from shared.core.outbox import MAX_BODY_BYTES, outgoing_message_id
+from shared.core.records import IdempotencyRecord, OutcomeStatus
+from shared.flows.drivers import Transaction
+from shared.flows.idempotency import AsyncIdempotency, GroupMessage, Idempotency
+from shared.flows.steps import (
     BuildResult,
     Commit,
     CommitGroup,
@@ -33,11 +38,6 @@ from shared.flow import (
     RunBuild,
     Writes,
 )
-from shared.idempotency import AsyncIdempotency, GroupMessage, Idempotency
-from shared.keys import DedupKey
-from shared.outbox import MAX_BODY_BYTES, outgoing_message_id
-from shared.records import IdempotencyRecord, OutcomeStatus
-from shared.stores.memory import InMemoryIdempotencyStore
 from shared.testing import AsyncInMemoryIdempotencyStore, InMemoryDispatcher
 from tests.support.doubles import CountingMemoryStore, FailingDispatcher
 

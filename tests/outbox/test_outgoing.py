@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.exceptions import OutgoingMessageTooLargeError
-from shared.keys import DedupKey
-from shared.outbox import (
+from shared.core.exceptions import OutgoingMessageTooLargeError
+from shared.core.keys import DedupKey
+from shared.core.outbox import (
     MAX_BODY_BYTES,
     MAX_PENDING_BYTES,
     EventPosition,

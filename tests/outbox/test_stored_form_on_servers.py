@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from shared.keys import DedupKey
-from shared.outbox import MAX_PENDING_BYTES, outgoing
-from shared.records import IdempotencyRecord, RecordState
+from shared.core.keys import DedupKey
+from shared.core.outbox import MAX_PENDING_BYTES, outgoing
+from shared.core.records import IdempotencyRecord, RecordState
 
 KEY = DedupKey("orders", "ORD-big")
 

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from replay.stores import document_lister
-from shared.parking import EntryClaimedError, EntryResolvedError, ParkingLot
+from shared.flows.parking import EntryClaimedError, EntryResolvedError, ParkingLot
 
 
 @pytest.fixture

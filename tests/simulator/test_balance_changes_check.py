@@ -19,15 +19,15 @@ import pytest
 from domain.balance_projection import VIEW_DOCUMENT, BalanceProjection, view_partition
 from domain.payments import PaymentRules, payment_processor
 from shared import Idempotency, aio
-from shared.eventhubs import EventView
-from shared.keys import store_safe_id
-from shared.outbox import OutgoingMessage
-from shared.parking import ParkingLot
-from shared.stores.base import WriteOp
-from shared.stores.memory import InMemoryIdempotencyStore
+from shared.backends.memory import InMemoryIdempotencyStore
+from shared.core.keys import store_safe_id
+from shared.core.outbox import OutgoingMessage
+from shared.core.store import WriteOp
+from shared.flows.parking import ParkingLot
+from shared.flows.watermark import PartitionWatermark
 from shared.testing import AsyncInMemoryIdempotencyStore, InMemoryDispatcher
-from shared.triggers import MessageView
-from shared.watermark import PartitionWatermark
+from shared.triggers.eventhubs import EventView
+from shared.triggers.servicebus import MessageView
 from simulator.check import CheckResult, DeadLetter, Evidence, Invariant, balance_changes, shared_invariants
 from simulator.check.stores import Stores
 

@@ -15,12 +15,12 @@ from azure.cosmos import PartitionKey
 from azure.cosmos.aio import CosmosClient
 
 from shared import DedupKey, IdempotencyConfig, request_hash
-from shared.drivers import AsyncTransaction
-from shared.idempotency import AsyncIdempotency
-from shared.records import KeyReusedError, OutcomeStatus, RecordState
-from shared.stores.cosmos_aio import AsyncCosmosIdempotencyStore
-from shared.stores.cosmos_indexing import record_indexing_policy
-from shared.stores.table_aio import AsyncTableIdempotencyStore
+from shared.backends.cosmos_aio import AsyncCosmosIdempotencyStore
+from shared.backends.cosmos_indexing import record_indexing_policy
+from shared.backends.table_aio import AsyncTableIdempotencyStore
+from shared.core.records import KeyReusedError, OutcomeStatus, RecordState
+from shared.flows.drivers import AsyncTransaction
+from shared.flows.idempotency import AsyncIdempotency
 from shared.testing import AsyncInMemoryIdempotencyStore
 
 KEY, DIGEST = DedupKey("notify", "m-1"), request_hash({"text": "hi"})

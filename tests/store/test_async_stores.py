@@ -20,17 +20,17 @@ from azure.cosmos.aio import CosmosClient
 from azure.data.tables.aio import TableClient
 
 from shared import DedupKey, request_hash
-from shared.exceptions import (
+from shared.backends.cosmos_aio import AsyncCosmosIdempotencyStore
+from shared.backends.cosmos_indexing import record_indexing_policy
+from shared.backends.table_aio import AsyncTableIdempotencyStore
+from shared.core.exceptions import (
     OperationFailedError,
     RecordChangedError,
     RecordExistsError,
     StoreUnavailableError,
 )
-from shared.records import IdempotencyRecord, RecordState
-from shared.stores.base import WriteOp
-from shared.stores.cosmos_aio import AsyncCosmosIdempotencyStore
-from shared.stores.cosmos_indexing import record_indexing_policy
-from shared.stores.table_aio import AsyncTableIdempotencyStore
+from shared.core.records import IdempotencyRecord, RecordState
+from shared.core.store import WriteOp
 
 PARTITION = "acct"
 CLOSED = "HTTP transport has already been closed"  # azure-core, on a request after close()

@@ -28,13 +28,13 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from shared import DedupKey, Idempotency, IdempotencyConfig, request_hash
 from shared.aio import Idempotency as AsyncIdempotency
-from shared.dedup_steps import CLOCK_SKEW_WARNING_FRACTION
-from shared.idempotency import LEASE_RENEWALS
-from shared.records import IdempotencyRecord, OutcomeStatus
-from shared.stores.base import IdempotencyStore
-from shared.stores.cosmos_aio import AsyncCosmosIdempotencyStore
-from shared.stores.table_aio import AsyncTableIdempotencyStore
-from shared.telemetry import EVENT_CLOCK_SKEW, METRIC_CLOCK_SKEW, Telemetry
+from shared.backends.cosmos_aio import AsyncCosmosIdempotencyStore
+from shared.backends.table_aio import AsyncTableIdempotencyStore
+from shared.core.records import IdempotencyRecord, OutcomeStatus
+from shared.core.store import IdempotencyStore
+from shared.core.telemetry import EVENT_CLOCK_SKEW, METRIC_CLOCK_SKEW, Telemetry
+from shared.flows.dedup_steps import CLOCK_SKEW_WARNING_FRACTION
+from shared.flows.idempotency import LEASE_RENEWALS
 from simulator.faults import _Forwarding
 
 LEASE = IdempotencyConfig().lease.total_seconds()  # the default: 54 s

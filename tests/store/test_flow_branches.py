@@ -18,9 +18,7 @@ from typing import Any, cast
 import pytest
 
 from shared import DedupKey, Idempotency, IdempotencyConfig, OutcomeStatus, request_hash
-from shared.cache import CompletedKeyCache
-from shared.drivers import SyncStore
-from shared.exceptions import (
+from shared.core.exceptions import (
     ConcurrencyRetriesExhaustedError,
     EffectUncertainError,
     OperationFailedError,
@@ -29,9 +27,11 @@ from shared.exceptions import (
     ResultTooLargeError,
     StoreUnavailableError,
 )
-from shared.records import IdempotencyRecord, KeyReusedError, Outcome, RecordState
-from shared.stores.base import RecordStore
-from shared.telemetry import Telemetry
+from shared.core.records import IdempotencyRecord, KeyReusedError, Outcome, RecordState
+from shared.core.store import RecordStore
+from shared.core.telemetry import Telemetry
+from shared.flows.cache import CompletedKeyCache
+from shared.flows.drivers import SyncStore
 from tests.conftest import FakeClock
 from tests.support.doubles import CountingMemoryStore, applied_now
 

@@ -25,11 +25,11 @@ from azure.cosmos import PartitionKey
 
 from functions.services import RealAsyncStores, real_stores
 from shared import DedupKey, Idempotency, IdempotencyError, request_hash
-from shared.exceptions import MultiRegionWritesError
-from shared.stores import CosmosIdempotencyStore
-from shared.stores.cosmos import EVENT_MULTI_REGION_WRITES
-from shared.stores.cosmos_aio import AsyncCosmosIdempotencyStore
-from shared.stores.cosmos_indexing import record_indexing_policy
+from shared.backends import CosmosIdempotencyStore
+from shared.backends.cosmos import EVENT_MULTI_REGION_WRITES
+from shared.backends.cosmos_aio import AsyncCosmosIdempotencyStore
+from shared.backends.cosmos_indexing import record_indexing_policy
+from shared.core.exceptions import MultiRegionWritesError
 from tests.functions.conftest import settings_for
 
 ACCOUNTS = Path(__file__).parent / "accounts"

@@ -10,9 +10,11 @@ from typing import Any, get_args
 import pytest
 
 from shared import DedupKey, Idempotency, aio
-from shared.flow import Writes
-from shared.records import IdempotencyRecord, RecordState
-from shared.stores.base import (
+from shared.backends.cosmos import CosmosIdempotencyStore
+from shared.backends.sdk_requests import Request
+from shared.backends.table import TableIdempotencyStore
+from shared.core.records import IdempotencyRecord, RecordState
+from shared.core.store import (
     Commit,
     CommitGroup,
     DeleteRecordIfUnchanged,
@@ -25,9 +27,7 @@ from shared.stores.base import (
     WriteDocuments,
     WriteOp,
 )
-from shared.stores.cosmos import CosmosIdempotencyStore
-from shared.stores.sdk_requests import Request
-from shared.stores.table import TableIdempotencyStore
+from shared.flows.steps import Writes
 from shared.testing import ThreadedStore
 from tests.support.doubles import CountingMemoryStore
 

@@ -10,7 +10,7 @@ import pytest
 from azure.data.tables import TableClient, TableServiceClient
 
 from shared import TableIdempotencyStore
-from shared.stores.base import WriteOp
+from shared.core.store import WriteOp
 from tests.conftest import StackInfo
 
 PARTITION = "p"

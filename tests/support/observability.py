@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shared import observability
+from shared.core import observability
 
 
 def reset() -> None:

@@ -1,0 +1,235 @@
+"""Record <-> flat property map (the marker format), shared by the backends.
+
+A marker carries only what the flows read, in short property names (it may live
+inside a business entity, such as the order document that is its own marker, so
+the names are reserved there: `check_flat`):
+
+=====  ==========================================================  ======================
+name   value                                                       written
+=====  ==========================================================  ======================
+iV     format version: 1                                           always
+iH     request hash (`shared.core.keys.request_hash`, 43 characters)    always
+iT     when written (updated), epoch milliseconds                  always
+iC     when first written, epoch milliseconds                      when it differs from iT
+iX     expiry, epoch milliseconds                                  when it expires
+iS     state "in_progress"                                         absent: completed
+iL     lease expiry, epoch milliseconds                            while in progress
+iN     attempts                                                    when not 1
+iR     result, JSON text (Table Storage)                           when not None
+iJ     result, as a JSON value (Cosmos DB)                         when not None
+iK     raw key, "consumer|key"                                     when the id is not the
+                                                                   key's readable encoding
+o0...  pending messages: JSON text in chunks (Table Storage),      while pending
+       one JSON array in o0 (Cosmos DB) (`shared.core.outbox`)
+oT     pending since, epoch milliseconds                           while pending (sweeper)
+oP     Event Hubs event position (`shared.core.outbox.EventPosition`):  on a batch's marker
+       JSON text (Table Storage) or array (Cosmos DB)
+=====  ==========================================================  ======================
+
+Cosmos DB stores JSON itself, so a marker there holds the result, the messages and the
+position as JSON values (`native_json`), not as text to be escaped again; it also leaves
+out iT when its expiry and the item's own `ttl` say it (iT = iX - 1000 * ttl:
+`CosmosMapping`).
+
+The id is the key's encoding (`DedupKey.encoded`), from which the key reads back;
+only an id that is not (a document that is its own marker) or a long key the
+encoding hashed makes the marker carry `iK`. The reader dispatches on `iV` and
+refuses a version it does not know (`MarkerFormatError`): a change to any field,
+or to the request hash's algorithm, is a new version, read next to the old ones
+for as long as such markers can live.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from shared.core.exceptions import IdempotencyError
+from shared.core.jsontext import compact_encoder
+from shared.core.keys import DedupKey
+from shared.core.outbox import (
+    PENDING_SINCE,
+    POSITION,
+    TABLE_CHUNK_CHARS,
+    EventPosition,
+    decode_pending,
+    encode_pending,
+    is_pending_field,
+    pending_chunk_names,
+)
+from shared.core.records import IdempotencyRecord, RecordState
+
+FORMAT_VERSION = 1
+VERSION = "iV"
+HASH = "iH"
+WRITTEN = "iT"
+CREATED = "iC"
+EXPIRES = "iX"
+STATE = "iS"
+LEASE = "iL"
+ATTEMPTS = "iN"
+RESULT = "iR"
+RESULT_VALUE = "iJ"
+KEY = "iK"
+# Cosmos DB's per-item time to live, in seconds (its items are deleted that long after their
+# last write): iT is left out where iX - 1000 * ttl gives it.
+NATIVE_TTL = "ttl"
+# The properties that hold epoch milliseconds (beyond Int32: Table Storage types them Int64).
+TIME_FIELDS = (WRITTEN, CREATED, EXPIRES, LEASE, PENDING_SINCE)
+RESERVED = frozenset({VERSION, HASH, WRITTEN, CREATED, EXPIRES, STATE, LEASE, ATTEMPTS, RESULT,
+                      RESULT_VALUE, KEY, PENDING_SINCE, POSITION})
+_KEY_SEPARATOR = "|"  # never in a consumer name
+
+_result_json = compact_encoder(allow_nan=True)  # json.dumps(separators=(",", ":"), ensure_ascii=False)
+
+
+class MarkerFormatError(IdempotencyError, ValueError):
+    """A stored marker this library cannot read: a format version it does not know (a newer
+    library wrote it: upgrade this one) or a marker without the fields its version requires."""
+
+
+def millis(seconds: float) -> int:
+    """Epoch seconds as the integer milliseconds a marker stores."""
+    return round(seconds * 1000)
+
+
+_UNBOUNDED_MILLIS = 2**62  # beyond every stored time, within Int64 (Table Storage's Edm.Int64)
+
+
+def bound_millis(seconds: float) -> int:
+    """A query's time bound in milliseconds; an infinite one (everything) as an Int64."""
+    if math.isinf(seconds):
+        return _UNBOUNDED_MILLIS if seconds > 0 else -_UNBOUNDED_MILLIS
+    return millis(seconds)
+
+
+def record_fields(record: IdempotencyRecord, *, native_json: bool = False,
+                  chunk_chars: int = TABLE_CHUNK_CHARS, written_id: str | None = None
+                  ) -> dict[str, Any]:
+    """The record's properties in the current format; its pending outgoing messages (if any)
+    as chunked strings of at most `chunk_chars` characters (one JSON array with
+    `native_json`), with the time they became pending (what the sweeper queries) or, on a
+    marker of an Event Hubs batch, its event's position instead (pending while the
+    partition's mark does not cover it: never the sweeper's). `native_json`: the result,
+    messages and position as JSON values (a store of JSON documents), not text.
+    `written_id`: the id the marker is written under, when not `record.id` (a further marker
+    of a group commit travels as a write of its own): the key is stored where that id cannot
+    give it."""
+    written = millis(record.updated_at)
+    fields: dict[str, Any] = {VERSION: FORMAT_VERSION, HASH: record.request_hash, WRITTEN: written}
+    created = millis(record.created_at)
+    if created != written:
+        fields[CREATED] = created
+    if record.expires_at is not None:
+        fields[EXPIRES] = millis(record.expires_at)
+    if record.state is not RecordState.COMPLETED:
+        fields[STATE] = record.state.value
+    if record.lease_expires_at is not None:
+        fields[LEASE] = millis(record.lease_expires_at)
+    if record.attempts != 1:  # the first attempt is what an absent count reads as
+        fields[ATTEMPTS] = int(record.attempts)
+    if record.result is not None:
+        if native_json:
+            fields[RESULT_VALUE] = record.result
+        else:
+            fields[RESULT] = _result_json(record.result)
+    key = record.key
+    if (written_id or record.id) != key.encoded or key.hashed:
+        fields[KEY] = f"{key.consumer}{_KEY_SEPARATOR}{key.key}"
+    if record.outbox:
+        fields.update(encode_pending(record.outbox, key=key,
+                                     chunk_chars=None if native_json else chunk_chars))
+        if record.outbox_position is None:
+            fields[PENDING_SINCE] = written
+        elif native_json:
+            fields[POSITION] = record.outbox_position.to_list()
+        else:
+            fields[POSITION] = record.outbox_position.encode()
+    return fields
+
+
+def pending_names(record: IdempotencyRecord, *, native_json: bool = False,
+                  chunk_chars: int = TABLE_CHUNK_CHARS) -> list[str]:
+    """The properties `record_fields` wrote for `record`'s pending messages: what recording
+    them as dispatched removes (or blanks)."""
+    if not record.outbox:
+        return []
+    chunks = (pending_chunk_names(1) if native_json  # one JSON value
+              else list(encode_pending(record.outbox, key=record.key, chunk_chars=chunk_chars)))
+    return [*chunks, PENDING_SINCE if record.outbox_position is None else POSITION]
+
+
+def is_record(properties: Mapping[str, Any]) -> bool:
+    """Whether an entity or document is a marker (of any format version)."""
+    return VERSION in properties
+
+
+def record_from_fields(properties: Mapping[str, Any], *, record_id: str, partition: str,
+                       etag: str | None) -> IdempotencyRecord:
+    """The record a marker's properties hold, read by the reader of its format version."""
+    version = properties.get(VERSION)
+    reader = _READERS.get(version) if type(version) is int else None
+    if reader is None:
+        raise MarkerFormatError(
+            f"marker {record_id!r} in partition {partition!r} has format version {version!r}; "
+            f"this library reads versions {sorted(_READERS)}: upgrade it to read this marker")
+    return reader(properties, record_id, partition, etag)
+
+
+def _seconds(value: Any) -> float:
+    return int(value) / 1000
+
+
+def _read_v1(properties: Mapping[str, Any], record_id: str, partition: str,
+             etag: str | None) -> IdempotencyRecord:
+    raw_key = properties.get(KEY)
+    if raw_key is not None:
+        consumer, _, text = str(raw_key).partition(_KEY_SEPARATOR)
+        key: DedupKey | None = DedupKey(consumer, text)
+    else:
+        key = DedupKey.from_encoded(record_id)
+    written_ms = properties.get(WRITTEN)
+    if written_ms is None and EXPIRES in properties and NATIVE_TTL in properties:
+        written_ms = int(properties[EXPIRES]) - 1000 * int(properties[NATIVE_TTL])
+    if key is None or HASH not in properties or written_ms is None:
+        raise MarkerFormatError(f"marker {record_id!r} in partition {partition!r} lacks "
+                                f"{'its key' if key is None else 'its hash or its time'}")
+    written = _seconds(written_ms)
+    created = properties.get(CREATED)
+    expires = properties.get(EXPIRES)
+    lease = properties.get(LEASE)
+    result_text = properties.get(RESULT)
+    outbox = tuple(decode_pending(properties, key=key))
+    encoded = key.encoded
+    return IdempotencyRecord(
+        key=key,
+        state=RecordState(properties.get(STATE, RecordState.COMPLETED.value)),
+        request_hash=str(properties[HASH]),
+        created_at=written if created is None else _seconds(created),
+        updated_at=written,
+        expires_at=None if expires is None else _seconds(expires),
+        lease_expires_at=None if lease is None else _seconds(lease),
+        attempts=int(properties.get(ATTEMPTS, 1)),
+        result=properties.get(RESULT_VALUE) if result_text is None else json.loads(result_text),
+        partition=None if partition == encoded else partition,
+        record_id=None if record_id == encoded else record_id,
+        etag=etag,
+        outbox=outbox,
+        outbox_position=EventPosition.decode(properties.get(POSITION)) if outbox else None,
+    )
+
+
+_READERS: dict[int, Callable[[Mapping[str, Any], str, str, str | None], IdempotencyRecord]] = {
+    1: _read_v1,
+}
+
+
+def check_flat(body: dict[str, Any]) -> None:
+    """Business bodies must be flat scalars so both backends can store them."""
+    for name, value in body.items():
+        if isinstance(value, (dict, list, tuple, set)):
+            raise ValueError(f"document property {name!r} is nested; store it as JSON text")
+        if name in RESERVED or is_pending_field(name):
+            raise ValueError(f"document property {name!r} is reserved for the dedup record")

@@ -1,0 +1,220 @@
+"""The settlement rule every trigger applies, and Service Bus settlement behind a small interface.
+
+One rule (docs/concepts.md#one-settlement-rule): what reads the message alone (parse, key,
+content, partition) and fails is the message's fault, refused at once with a reason
+(`derived`); a reused key is refused; a transient failure is retried; anything else a user
+function raises is retried to the trigger's delivery limit (`decision_for_exception`).
+
+The app settles explicitly (`auto_complete_messages=False`) so a key conflict
+can be dead-lettered with a reason instead of completed or retried. In Azure
+the Functions host injects `ServiceBusMessageActions` (package
+azurefunctions-extensions-bindings-servicebus); the delivery simulator and the
+tests pass their own implementation of the same three methods.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from shared.core.exceptions import (
+    ConcurrencyRetriesExhaustedError,
+    DispatchRejectedError,
+    DispatchUnavailableError,
+    EffectUncertainError,
+    InvalidKeyError,
+    PoisonMessageError,
+    StoreRequestError,
+    StoreUnavailableError,
+)
+from shared.core.records import Outcome, OutcomeStatus
+
+MAX_DESCRIPTION_CHARS = 4000
+logger = logging.getLogger(__name__)
+
+
+class MessageActions(Protocol):
+    """What the app needs from ServiceBusMessageActions."""
+
+    def complete(self, message: Any) -> None: ...
+
+    def abandon(self, message: Any) -> None: ...
+
+    def deadletter(self, message: Any, deadletter_reason: str | None = None,
+                   deadletter_error_description: str | None = None) -> None: ...
+
+
+class Action(enum.StrEnum):
+    COMPLETE = "complete"
+    ABANDON = "abandon"  # redeliver now: a transient failure
+    WAIT = "wait"  # leave unsettled: redelivered when the lock expires (another consumer is busy)
+    DEADLETTER = "deadletter"  # never retry blindly: a reason says why
+
+
+@dataclass(frozen=True)
+class Decision:
+    """How one message is to be settled, decided by the domain code."""
+
+    action: Action
+    reason: str | None = None
+    description: str | None = None
+    outcome: str | None = None  # the dedup outcome behind it, for logs and tests
+
+    @classmethod
+    def complete(cls, outcome: str | None = None) -> Decision:
+        return cls(Action.COMPLETE, outcome=outcome)
+
+    @classmethod
+    def abandon(cls, reason: str, description: str = "") -> Decision:
+        return cls(Action.ABANDON, reason, description)
+
+    @classmethod
+    def wait(cls, reason: str, description: str = "") -> Decision:
+        """Abandoning would redeliver at once and burn the delivery count within
+        milliseconds; an unsettled message comes back after the lock duration."""
+        return cls(Action.WAIT, reason, description)
+
+    @classmethod
+    def deadletter(cls, reason: str, description: str, outcome: str | None = None) -> Decision:
+        return cls(Action.DEADLETTER, reason, description, outcome)
+
+
+def decision_for(outcome: Outcome) -> Decision:
+    """How to settle a message after the dedup flow: the one mapping every consumer uses.
+
+    Done now or before = complete; the key reused for other content =
+    dead-letter with both hashes (and alert); held by a live consumer = leave
+    the message to come back after the lock; an attempt that died mid-effect, which
+    the caller chose not to take over (STALE) = dead-letter for a person.
+    """
+    key = outcome.key
+    if outcome.status is OutcomeStatus.CONFLICT:
+        return Decision.deadletter(
+            "IdempotencyKeyConflict",
+            f"key {key.key!r} ({key.encoded}) was processed with request hash "
+            f"{outcome.stored_hash}; this message has {outcome.request_hash}",
+            outcome.status.value)
+    if outcome.should_ack:
+        return Decision.complete(outcome.status.value)
+    if outcome.status is OutcomeStatus.STALE:
+        return Decision.deadletter(
+            "StaleInProgress", f"an attempt on {key.encoded} died mid-effect and its outcome is "
+            "unknown: reconcile it with the downstream, then resubmit", outcome.status.value)
+    return Decision.wait("InProgress", f"{key.encoded} is being processed elsewhere")
+
+
+#: Failures that retrying can fix: never a reason to dead-letter a valid message. A dispatch the
+#: broker refused (no such entity, not authorised) is an operator's to fix, not the message's:
+#: its messages stay pending on the committed marker and the message is retried like an outage.
+TRANSIENT_ERRORS = (StoreUnavailableError, ConcurrencyRetriesExhaustedError,
+                    DispatchUnavailableError, DispatchRejectedError)
+#: Deliveries retried at once after a transient failure (a blip); later ones wait for the lock.
+FAST_RETRIES = 1
+
+
+def transient(reason: str, detail: str, *, delivery_count: int) -> Decision:
+    """Retry a valid message after a transient failure without running out its delivery count.
+
+    The first failure is abandoned (redelivered at once: most blips are over by
+    then); from the second delivery on the message is left to its lock, so an
+    outage costs at most one delivery per lock duration (10 deliveries x 60 s
+    lock = about 10 minutes before Service Bus would dead-letter it) instead of
+    ten deliveries in milliseconds.
+    """
+    if delivery_count <= FAST_RETRIES:
+        return Decision.abandon(reason, detail)
+    return Decision.wait(reason, detail)
+
+
+def decision_for_error(error: Exception, *, delivery_count: int = 1) -> Decision | None:
+    """The settlement for a store failure, or None when `error` is not one.
+
+    The one place that applies the rule: transient = retry (never dead-letter),
+    rejected by the store for good = dead-letter with the reason.
+    """
+    if isinstance(error, TRANSIENT_ERRORS):
+        return transient("Transient", str(error), delivery_count=delivery_count)
+    if isinstance(error, StoreRequestError):
+        return Decision.deadletter("StoreRejected", str(error))
+    return None
+
+
+def derived[R](what: str, derive: Callable[[], R]) -> R:
+    """A value derived from the message alone (`what`: parse, key, content, partition): any
+    failure is the message's, for good, so it is refused at once with a reason
+    (`PoisonMessageError`: its own, `InvalidKey`, or `InvalidMessage` naming the step)."""
+    try:
+        return derive()
+    except Exception as error:
+        raise refusal(what, error) from error
+
+
+def refusal(what: str, error: Exception) -> PoisonMessageError:
+    """The refusal for `error`, raised while deriving `what` from a message."""
+    if isinstance(error, PoisonMessageError):
+        return error
+    if isinstance(error, InvalidKeyError):
+        return PoisonMessageError("InvalidKey", str(error))
+    return PoisonMessageError("InvalidMessage", f"{what}: {type(error).__name__}: {error}")
+
+
+def decision_for_exception(error: Exception, *, delivery_count: int = 1) -> Decision:
+    """The settlement after the dedup flow or a user function raised: the one rule.
+
+    Refused for good with a reason: bad input (`PoisonMessageError`), an effect nobody
+    knows happened (`OutcomeUnknown`), a request the store refuses. Retried: a transient
+    failure, and any other exception (`UnexpectedError`), until the trigger's limit.
+    """
+    if isinstance(error, PoisonMessageError):
+        return Decision.deadletter(error.reason, error.detail)
+    if isinstance(error, InvalidKeyError):
+        return Decision.deadletter("InvalidKey", str(error))
+    if isinstance(error, EffectUncertainError):
+        return Decision.deadletter("OutcomeUnknown", f"{error}; reconcile it before resubmitting")
+    return decision_for_error(error, delivery_count=delivery_count) or transient(
+        "UnexpectedError", f"{type(error).__name__}: {error}", delivery_count=delivery_count)
+
+
+def decision_for_result(result: Outcome | Decision | None) -> Decision:
+    """The settlement a consumer's handler answered for: a `Decision` as it is, an `Outcome`
+    by `decision_for`, None: complete. What every trigger helper calls after a handler."""
+    if result is None:
+        return Decision.complete()
+    if isinstance(result, Decision):
+        return result
+    return decision_for(result)
+
+
+def decision_after(error: BaseException, *, consumer: str, delivery_count: int = 1,
+                   context: Mapping[str, Any] | None = None) -> Decision:
+    """`decision_for_exception`, logged: what every trigger helper calls after a handler
+    raised. A BaseException that is not an Exception (cancellation, exit) is raised again."""
+    if not isinstance(error, Exception):
+        raise error
+    decision = decision_for_exception(error, delivery_count=delivery_count)
+    extra = dict(context or {})
+    if decision.reason == "UnexpectedError":
+        logger.error("%s: unexpected error; the message is retried", consumer, exc_info=error,
+                     extra=extra)
+    elif decision.reason in ("Transient", "StoreRejected"):
+        logger.warning("%s: %s: %s", consumer, "store rejected the request"
+                       if decision.action is Action.DEADLETTER
+                       else f"transient failure, {decision.action.value}", error, extra=extra)
+    return decision
+
+
+def settle(decision: Decision, message: Any, actions: MessageActions) -> None:
+    """Apply a decision to a received message."""
+    if decision.action is Action.COMPLETE:
+        actions.complete(message)
+    elif decision.action is Action.ABANDON:
+        actions.abandon(message)
+    elif decision.action is Action.WAIT:
+        return  # the lock runs out; the broker redelivers after the lock duration
+    else:
+        actions.deadletter(message, deadletter_reason=decision.reason,
+                           deadletter_error_description=(decision.description or "")
+                           [:MAX_DESCRIPTION_CHARS])

@@ -1,0 +1,452 @@
+"""One Event Hubs partition's batch, each event's effect exactly once.
+
+`PartitionBatchProcessor` owns what any Event Hubs consumer of the library
+needs around its business rule: read the partition's high-water mark and skip
+what is at or below it (a checkpoint replay); parse each new event (bad input
+is parked with its reason, never retried); group the events by the user's
+partition key; commit each group's markers and business writes in one
+transaction per group (`Idempotency.run_atomic_group`), groups concurrently up
+to a bound; retry a group that failed for a transient reason, waiting out a
+Retry-After; park what can never succeed (a key reused for other content, an
+event the build refuses or trips on); and advance the mark once every group
+committed or was parked.
+
+The outbox (`tx.send` in the build): the groups' transactions commit their
+messages on a marker with the event's position; once every group committed,
+the batch dispatches them all (one `Dispatch`), and only then advances the
+mark. The mark covering a marker's position is the record of its dispatch:
+no store request per group. A duplicate above the mark whose marker holds
+messages the mark does not cover (a retried batch, a replay after a crash
+between commit and dispatch) dispatches them again before the mark moves; a
+copy of an event the mark covers sends nothing. A dispatch failure is
+transient: the batch raises and the mark stays. `apply` (one event: an HTTP
+request, a replayed entry) dispatches and records per commit instead.
+
+Transient is never poison: an outage, throttling or lost races never park a
+valid event. When a group still fails after its tries, the batch raises once
+every group finished, so the host's retry policy runs it again before the
+checkpoint; the mark and the keys absorb what was already done. The wait
+before it raises is bounded: each try of a group spends at most the store
+SDKs' own retries (the app sizes that budget) and waits out at most
+`max_retry_after`; longer waits belong to the host's retry policy, which holds
+nothing while it backs off.
+
+A sequence number alone does not identify an event (a recreated hub or a
+failover restarts them): the mark covers an event only when it is at or below
+it and not enqueued after it (`Mark.covers`); an event below the mark but
+newer is a sequence reset, processed through its key and reported.
+
+Written once as flows: `PartitionBatchProcessor` runs groups on threads,
+`shared.aio.PartitionBatchProcessor` as tasks on one event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from shared.core.exceptions import (
+    ConcurrencyRetriesExhaustedError,
+    ConfigurationError,
+    PoisonMessageError,
+    retry_after,
+)
+from shared.core.keys import DedupKey
+from shared.core.observability import CORRELATION_ID_HEADER
+from shared.core.outbox import EventPosition, OutgoingMessage
+from shared.core.records import Outcome, OutcomeStatus
+from shared.core.settlement import TRANSIENT_ERRORS, decision_for_exception, refusal
+from shared.flows.drivers import Async, AsyncTransaction, BaseTransaction, Sync, Transaction, flowmethod
+from shared.flows.idempotency import AsyncIdempotency, BaseIdempotency, GroupMessage, Idempotency
+from shared.flows.parking import AsyncParkingLot, BaseParkingLot, ParkingLot
+from shared.flows.steps import (
+    Dispatch,
+    Flow,
+    Gather,
+    OnStore,
+    Sleep,
+)
+from shared.flows.watermark import (
+    AsyncPartitionWatermark,
+    BasePartitionWatermark,
+    Mark,
+    PartitionWatermark,
+    event_time,
+)
+
+# The longest Retry-After a group waits out before its next try (and the batch before it raises):
+# longer waits belong to the host's retry policy, which holds nothing while it backs off.
+MAX_RETRY_AFTER_SECONDS = 5.0
+#: Outcomes after which an event needs nothing more (applied now or before, or refused).
+SETTLED = frozenset({OutcomeStatus.PROCESSED, OutcomeStatus.TAKEN_OVER, OutcomeStatus.DUPLICATE,
+                     OutcomeStatus.CONFLICT})
+logger = logging.getLogger(__name__)
+
+
+class BatchEvent(Protocol):
+    """What the processor reads of an event (the app's view of an EventHubEvent)."""
+
+    @property
+    def sequence_number(self) -> int: ...
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def properties(self) -> Mapping[str, Any]: ...
+    @property
+    def offset(self) -> str | None: ...
+    @property
+    def enqueued_time(self) -> datetime | str | None: ...
+
+
+@dataclass
+class BatchReport:
+    """What one batch did, for logs, tests and the simulator."""
+
+    applied: int = 0
+    duplicates: int = 0
+    replay_skipped: int = 0
+    parked: dict[str, int] = field(default_factory=dict[str, int])
+    watermark: int | None = None
+    groups: int = 0  # groups committed (one or more transactions each)
+    dispatched: int = 0  # outgoing messages sent before the mark moved (re-sends included)
+
+    def park(self, reason: str) -> None:
+        self.parked[reason] = self.parked.get(reason, 0) + 1
+
+
+@dataclass(frozen=True)
+class _Parsed[E, I]:
+    event: E
+    item: I
+    key: DedupKey
+    request_hash: str
+    position: EventPosition
+
+
+class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency[Any, Any, Any],
+                                  W: BasePartitionWatermark, P: BaseParkingLot, X: BaseTransaction]:
+    """Parametrised by the user's rule:
+
+    * `parse(event, partition_id)`: the event's item; InvalidPayloadError for bad input;
+    * `identify(item)`: its dedup key and request hash;
+    * `group(item)`: the store partition its effect lives in (events of one group commit
+      together, in sequence order);
+    * `build(tx, items)`: add the items' writes to the transaction and return one result
+      per item (kept on its marker); InvalidPayloadError refuses an item (parked).
+    """
+
+    def __init__(self, ledger: L, watermark: W, parking: P, *, consumer: str, event_hub: str,
+                 parse: Callable[[E, str], I], identify: Callable[[I], tuple[DedupKey, str]],
+                 group: Callable[[I], str], build: Callable[[X, list[I]], Any], max_attempts: int = 3,
+                 backoff: float = 0.2, max_concurrency: int = 16,
+                 max_retry_after: float = MAX_RETRY_AFTER_SECONDS,
+                 sleep: Callable[[float], object] | None = None) -> None:
+        if max_concurrency < 1:
+            raise ConfigurationError("max_concurrency must be at least 1")
+        if max_attempts < 1:
+            raise ConfigurationError("max_attempts must be at least 1")
+        for part in (ledger, watermark, parking):
+            if isinstance(part, Async) != isinstance(self, Async):
+                variant = "shared.aio" if isinstance(self, Async) else "shared"
+                raise ConfigurationError(
+                    f"{type(self).__name__} runs on the {variant} variant; give it {variant}'s Idempotency, "
+                    f"PartitionWatermark and ParkingLot ({type(part).__name__} is the other variant)")
+        self.store = None  # every step names its store (OnStore)
+        self.ledger = ledger
+        self.watermark = watermark
+        self.parking = parking
+        self.consumer = consumer
+        self.event_hub = event_hub
+        self.parse = parse
+        self.identify = identify
+        self.group = group
+        self.build = build
+        self.max_attempts = max_attempts  # tries per group before the batch raises
+        self.backoff = backoff
+        self.max_concurrency = max_concurrency  # groups committed at the same time
+        self.max_retry_after = max_retry_after
+        if sleep is not None:
+            self.sleep = sleep
+
+    @flowmethod
+    def process_batch(self, events: Sequence[E], partition_id: str) -> Flow[BatchReport]:
+        """Apply a batch from one partition: one group per partition key, groups concurrently.
+
+        The mark moves only after every group committed or was parked and the messages their
+        markers hold, and the mark does not cover yet, were dispatched. When a group failed
+        for a transient reason, the batch raises once every group has finished (after
+        waiting out a Retry-After) so the host retries it; a failed dispatch raises too.
+        """
+        report = BatchReport()
+        watermark = self.watermark
+        mark = yield OnStore(watermark.store, watermark.read.flow(partition_id))
+        fresh = sorted((e for e in events if mark is None
+                        or not mark.covers(e.sequence_number, e.enqueued_time)),
+                       key=lambda e: e.sequence_number)
+        # Below the mark yet newer: the hub restarted its numbers (recreated, failed over).
+        reset = next((e for e in fresh if mark is not None
+                      and mark.is_reset(e.sequence_number, e.enqueued_time)), None)
+        report.replay_skipped = len(events) - len(fresh)
+        self.ledger.telemetry.replay_skipped(report.replay_skipped, consumer=self.consumer,
+                                             partition_id=partition_id)
+        groups, invalid = self._groups(fresh, partition_id)
+        for event, reason, detail in invalid:
+            yield from self._park(event, partition_id, reason, detail, report)
+        report.groups = len(groups)
+        results: list[list[Outcome | Exception] | Exception] = yield Gather(
+            tuple(self._group_flow(group, partition_id) for group in groups),
+            limit=self.max_concurrency)
+        failure: Exception | None = None
+        holding: list[_Held] = []  # what the markers of the outcomes hold, with their positions
+        for group, outcomes in zip(groups, results, strict=True):
+            if isinstance(outcomes, Exception):
+                failure = failure or outcomes
+                continue
+            for parsed, outcome in zip(group, outcomes, strict=True):
+                park = self._count(parsed, outcome, report)
+                if park is not None:
+                    yield from self._park(parsed.event, partition_id, *park, report)
+                elif isinstance(outcome, Outcome) and (held := _held(outcome)) is not None:
+                    holding.append(held)
+        if failure is not None:
+            delay = retry_after(failure)
+            if delay:
+                yield Sleep(min(delay, self.max_retry_after))
+            raise failure
+        pending = yield from self._not_covered(holding, partition_id, mark)
+        if pending:
+            yield from self._dispatch(pending)
+            report.dispatched = len(pending)
+        if fresh:
+            newest = fresh[-1]
+            report.watermark = yield OnStore(watermark.store, watermark.advance.flow(
+                partition_id, newest.sequence_number, known=mark,
+                enqueued_time=newest.enqueued_time, offset=newest.offset))
+            self._marked(events, partition_id, mark, reset)
+        elif mark is not None:
+            report.watermark = mark.sequence_number
+        return report
+
+    def _marked(self, events: Sequence[E], partition_id: str, mark: Mark | None,
+                reset: E | None) -> None:
+        """Telemetry of a mark that advanced: its lag, and a sequence reset if it moved down."""
+        telemetry = self.ledger.telemetry
+        if mark is not None and reset is not None:
+            telemetry.sequence_reset(consumer=self.consumer, partition_id=partition_id,
+                                     mark=mark.sequence_number, first=reset.sequence_number,
+                                     context={"event_hub": self.event_hub})
+        times = [t for t in (event_time(e.enqueued_time) for e in events) if t is not None]
+        if times:
+            telemetry.mark_lagging(self.ledger.config.clock() - max(times).timestamp(),
+                                   consumer=self.consumer, partition_id=partition_id)
+
+    def _not_covered(self, holding: Sequence[_Held], partition_id: str, mark: Mark | None
+                     ) -> Flow[list[OutgoingMessage]]:
+        """The messages held on markers whose positions the marks do not cover, each id once.
+
+        A marker just committed holds this batch's event: never covered. A duplicate's may
+        hold another partition's event (a producer's copy sent to another partition): that
+        partition's mark decides, read for it. A position of another hub is never covered
+        (sent again: the ids make that harmless).
+        """
+        pending: dict[str, OutgoingMessage] = {}
+        marks: dict[str, Mark | None] = {partition_id: mark}
+        watermark = self.watermark
+        for position, messages in holding:
+            covered = False
+            if position.event_hub == self.event_hub:
+                if position.partition_id not in marks:
+                    marks[position.partition_id] = yield OnStore(
+                        watermark.store, watermark.read.flow(position.partition_id))
+                other = marks[position.partition_id]
+                covered = other is not None and other.covers(position.sequence_number,
+                                                             position.enqueued_time)
+            if not covered:
+                for message in messages:
+                    pending.setdefault(message.message_id, message)
+        return list(pending.values())
+
+    def _dispatch(self, messages: list[OutgoingMessage]) -> Flow[None]:
+        """Send the batch's pending messages in one dispatch; a failure raises (transient:
+        the host's retry runs the batch again, the mark stays where it is)."""
+        dispatcher = self.ledger.dispatcher
+        if dispatcher is None:
+            raise TypeError(f"{len(messages)} message(s) to dispatch but the processor's "
+                            "Idempotency has no dispatcher")
+        telemetry = self.ledger.telemetry
+        try:
+            yield Dispatch(dispatcher, tuple(messages))
+        except Exception as error:
+            telemetry.dispatch_failed(len(messages), consumer=self.consumer, error=error)
+            raise
+        telemetry.dispatched(len(messages), consumer=self.consumer)
+
+    @flowmethod
+    def apply(self, item: I, context: Mapping[str, Any] | None = None) -> Flow[Outcome]:
+        """One item on its own: its marker and writes in one transaction (the single-event
+        entry point: an HTTP request, a replayed entry). What its build sends is dispatched
+        and recorded as dispatched before this returns (no partition mark records it)."""
+        key, request_hash = self.identify(item)
+        outcomes = yield from self._commit([GroupMessage(key, request_hash, context)], [item])
+        return outcomes[0]
+
+    def _commit(self, messages: list[GroupMessage], items: Sequence[I]) -> Flow[list[Outcome]]:
+        ledger = self.ledger
+
+        def build(tx: Any, indexes: Sequence[int]) -> Any:
+            return self.build(tx, [items[i] for i in indexes])
+
+        return (yield OnStore(ledger.store, ledger.run_atomic_group.flow(
+            messages, build, partition=self.group(items[0]))))
+
+    def _groups(self, fresh: Sequence[E], partition_id: str
+                ) -> tuple[list[list[_Parsed[E, I]]], list[tuple[E, str, str]]]:
+        """Valid events by group, in sequence order; the rest with the reason to park them."""
+        by_group: dict[str, list[_Parsed[E, I]]] = {}
+        invalid: list[tuple[E, str, str]] = []
+        for event in fresh:
+            step = "parse"
+            try:
+                item = self.parse(event, partition_id)
+                step = "key"
+                key, request_hash = self.identify(item)
+                step = "group"
+                group = self.group(item)
+            except Exception as error:  # read from the event alone: its fault, for good
+                refused = refusal(step, error)  # the rule every trigger applies
+                if refused is not error:
+                    logger.warning("%s: %s raised, event refused: %r", self.consumer, step, error,
+                                   extra=self._context(event, partition_id))
+                invalid.append((event, refused.reason, refused.detail))
+                continue
+            position = EventPosition(self.event_hub, partition_id, event.sequence_number,
+                                     _time_text(event.enqueued_time))
+            by_group.setdefault(group, []).append(_Parsed(event, item, key, request_hash,
+                                                          position))
+        return list(by_group.values()), invalid
+
+    def _group_flow(self, group: list[_Parsed[E, I]], partition_id: str
+                    ) -> Flow[list[Outcome | Exception] | Exception]:
+        """The group's per-event results (an Exception: a bug for that event), or the transient
+        error it still failed with after `max_attempts` tries (returned, not raised, so the
+        other groups finish first)."""
+        attempt = 1
+        while True:
+            try:
+                return (yield from self._attempt(group, partition_id, attempt))
+            except TRANSIENT_ERRORS as error:
+                if attempt == self.max_attempts:
+                    return error
+                yield Sleep(min(retry_after(error) or self.backoff * 2 ** (attempt - 1),
+                                self.max_retry_after))
+                attempt += 1
+
+    def _attempt(self, group: list[_Parsed[E, I]], partition_id: str, attempt: int
+                 ) -> Flow[list[Outcome | Exception]]:
+        contexts = [{**self._context(p.event, partition_id), "attempt": attempt} for p in group]
+        items = [p.item for p in group]
+        try:
+            results: list[Outcome | Exception] = list((yield from self._commit(
+                [GroupMessage(p.key, p.request_hash, c, p.position)
+                 for p, c in zip(group, contexts, strict=True)], items)))
+        except TRANSIENT_ERRORS:
+            raise
+        except Exception:  # not the store's availability: find the event it is about
+            logger.exception("%s: group failed; applying its events one by one", self.consumer,
+                             extra=contexts[0])
+            results = []
+            for parsed, context in zip(group, contexts, strict=True):
+                try:
+                    outcomes = yield from self._commit([GroupMessage(
+                        parsed.key, parsed.request_hash, context, parsed.position)], [parsed.item])
+                    results.append(outcomes[0])
+                except TRANSIENT_ERRORS:
+                    raise
+                except Exception as error:  # refused or a bug for this event: park it, go on
+                    if not isinstance(error, PoisonMessageError):
+                        logger.exception("%s: unexpected error", self.consumer, extra=context)
+                    results.append(error)
+        held = [r for r in results if isinstance(r, Outcome) and r.status not in SETTLED]
+        if held:  # a live claim by someone else (not a ledger marker): retry the batch later
+            raise ConcurrencyRetriesExhaustedError(f"{held[0].key.encoded} is {held[0].status}")
+        return results
+
+    @staticmethod
+    def _count(parsed: _Parsed[E, I], result: Outcome | Exception,
+               report: BatchReport) -> tuple[str, str] | None:
+        """Count the result; the reason and detail to park the event with, if it must be."""
+        if isinstance(result, Exception):  # the one rule's reason; parked, never retried here
+            decision = decision_for_exception(result)  # so that the partition never stalls
+            return decision.reason or "UnexpectedError", decision.description or repr(result)
+        if result.status is OutcomeStatus.CONFLICT:
+            return "IdempotencyKeyConflict", f"{parsed.key.key} was applied with different content"
+        if result.status is OutcomeStatus.DUPLICATE:
+            report.duplicates += 1
+        else:
+            report.applied += 1
+        return None
+
+    def _context(self, event: E, partition_id: str) -> dict[str, Any]:
+        """The event's log context; with its correlation id when the producer set one (the
+        `X-Correlation-Id` application property): the messages its group sends carry it on."""
+        context: dict[str, Any] = {"partition_id": partition_id,
+                                   "sequence_number": event.sequence_number,
+                                   "event_hub": self.event_hub}
+        correlation_id = event.properties.get(CORRELATION_ID_HEADER)
+        if correlation_id:
+            context["correlation_id"] = str(correlation_id)
+        return context
+
+    def _park(self, event: E, partition_id: str, reason: str, detail: str,
+              report: BatchReport) -> Flow[None]:
+        """Durably park; if even that fails, raise so the host's retry policy re-runs the batch."""
+        parking = self.parking
+        entry_id = f"{self.event_hub}/{partition_id}/{event.sequence_number}"
+        identity = _time_text(event.enqueued_time)
+        # The sequence number alone does not identify an event across a hub's lifetime (it
+        # restarts when the hub is recreated or fails over): the enqueued time keeps a new
+        # incarnation's parked event from replacing an old one's.
+        yield OnStore(parking.store, parking.park.flow(
+            consumer=self.consumer, entry_id=entry_id, reason=reason, payload=event.body,
+            error=detail, identity=identity, context={
+                "partition_id": partition_id, "sequence_number": event.sequence_number,
+                "offset": event.offset, "enqueued_time": identity,
+                "properties": {str(k): str(v) for k, v in event.properties.items()}}))
+        report.park(reason)
+
+
+def _time_text(enqueued: datetime | str | None) -> str | None:
+    """An enqueued time as text (as the trigger sends it), to store."""
+    return None if enqueued is None else (
+        enqueued.isoformat() if isinstance(enqueued, datetime) else str(enqueued))
+
+
+type _Held = tuple[EventPosition, tuple[OutgoingMessage, ...]]
+
+
+def _held(outcome: Outcome) -> _Held | None:
+    """The messages the outcome's marker holds for a partition mark to record (a batch's
+    marker: with its event's position); None when there are none (or they are the ledger's
+    to record: no position)."""
+    record = outcome.record
+    if (outcome.status is OutcomeStatus.CONFLICT or record is None or not record.outbox
+            or record.outbox_position is None):
+        return None
+    return record.outbox_position, record.outbox
+
+
+class PartitionBatchProcessor[E: BatchEvent, I](
+        BasePartitionBatchProcessor[E, I, Idempotency, PartitionWatermark, ParkingLot, Transaction],
+        Sync):
+    """Runs a partition's batches on sync stores; groups commit on a bounded thread pool, each
+    thread in a copy of the caller's context (trace, the worker's invocation id)."""
+
+
+class AsyncPartitionBatchProcessor[E: BatchEvent, I](
+        BasePartitionBatchProcessor[E, I, AsyncIdempotency, AsyncPartitionWatermark, AsyncParkingLot,
+                                    AsyncTransaction], Async):
+    """`PartitionBatchProcessor` on async stores (`shared.aio.PartitionBatchProcessor`): groups
+    are tasks on one event loop, at most `max_concurrency` in flight; builds may be async."""

@@ -1,0 +1,417 @@
+"""The two drivers of the step protocol (`shared.flows.steps`), and the variants they give a class.
+
+`run_sync` performs each step a flow yields on a sync store; `await run_async` on an async
+one. A class written as flows gets its sync and async variants from one definition: its
+methods are `@flowmethod`s (each returns a flow), and the variant it is mixed with (`Sync` or
+`Async`) decides how calling one runs it. `shared.aio` holds the async variants under the same
+names as the sync ones (as the Azure SDK does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Concatenate, Protocol, Self, overload
+
+from shared.core.exceptions import RecordChangedError, StoreUnavailableError
+from shared.core.keys import DedupKey
+from shared.core.records import IdempotencyRecord
+from shared.core.store import Document, StoreStep
+from shared.flows.steps import (
+    BuildResult,
+    Dispatch,
+    Flow,
+    Gather,
+    HandlerResult,
+    OnStore,
+    ReadDocument,
+    Reads,
+    RunBuild,
+    RunHandler,
+    Sleep,
+    Step,
+    Writes,
+)
+
+logger = logging.getLogger(__name__)
+
+
+# -- the stores the drivers talk to --------------------------------------------------------
+class SyncStore(Protocol):
+    """A store `run_sync` performs steps on (`shared.core.store.IdempotencyStore`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def perform(self, step: StoreStep) -> Any: ...
+    # Tells the variants apart for a type checker (a coroutine answers `perform` too).
+    def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None: ...
+
+
+class AsyncStore(Protocol):
+    """A store `run_async` awaits steps on (`shared.core.store.AsyncIdempotencyStore`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def perform(self, step: StoreStep) -> Any: ...
+    async def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None: ...
+
+
+# -- the drivers -----------------------------------------------------------------------------
+def run_sync[T](flow: Flow[T], store: Any, *, sleep: Callable[[float], object] = time.sleep) -> T:
+    """Run `flow` to its value on a sync store: each step performed, its error thrown in."""
+    answer: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = flow.send(answer) if error is None else flow.throw(error)
+        except StopIteration as stop:
+            return stop.value
+        try:
+            answer, error = _perform_sync(step, store, sleep), None
+        except BaseException as failure:  # handed to the flow, which may re-raise
+            answer, error = None, failure
+
+
+def _perform_sync(step: Step, store: SyncStore, sleep: Callable[[float], object]) -> Any:
+    if isinstance(step, StoreStep):
+        return store.perform(step)
+    match step:
+        case RunBuild(build, partition, args, reads, key, correlation_id):
+            _commits(store)
+            tx = Transaction(store, partition, reads, key=key, correlation_id=correlation_id)
+            value = build(tx, *args)
+            if inspect.isawaitable(value):
+                _close(value)
+                raise TypeError("an async build needs the async variant (shared.aio)")
+            return BuildResult(value, tx)
+        case RunHandler():
+            return _LeaseRenewal(step, store).run()
+        case Sleep(seconds):
+            sleep(seconds)
+            return None
+        case Gather(flows, limit):
+            def run(flow: Flow[Any]) -> Any:
+                return run_sync(flow, store, sleep=sleep)
+            if min(limit, len(flows)) <= 1:
+                return _in_order([_outcome(run, flow) for flow in flows])
+            with ThreadPoolExecutor(max_workers=min(limit, len(flows)),
+                                    thread_name_prefix="flow") as pool:
+                futures = [pool.submit(contextvars.copy_context().run, _outcome, run, flow)
+                           for flow in flows]
+                return _in_order([future.result() for future in futures])
+        case OnStore(other, flow):
+            return run_sync(flow, other, sleep=sleep)
+        case Dispatch(dispatcher, messages):
+            sent = dispatcher.dispatch(messages)
+            if inspect.isawaitable(sent):
+                _close(sent)
+                raise TypeError("an async dispatcher needs the async variant (shared.aio)")
+            return None
+        case _:
+            raise TypeError(f"not a step: {step!r}")
+
+
+async def run_async[T](flow: Flow[T], store: Any, *,
+                       sleep: Callable[[float], object] = asyncio.sleep) -> T:
+    """Run `flow` to its value on an async store: each step awaited, its error thrown in.
+    `sleep` may be sync or async."""
+    answer: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = flow.send(answer) if error is None else flow.throw(error)
+        except StopIteration as stop:
+            return stop.value
+        try:
+            answer, error = await _perform_async(step, store, sleep), None
+        except BaseException as failure:  # handed to the flow, which may re-raise
+            answer, error = None, failure
+
+
+async def _perform_async(step: Step, store: AsyncStore, sleep: Callable[[float], object]) -> Any:
+    if isinstance(step, StoreStep):
+        return await store.perform(step)
+    match step:
+        case RunBuild(build, partition, args, reads, key, correlation_id):
+            _commits(store)
+            tx = AsyncTransaction(store, partition, reads, key=key, correlation_id=correlation_id)
+            value = build(tx, *args)
+            return BuildResult(await value if inspect.isawaitable(value) else value, tx)
+        case RunHandler():
+            return await _AsyncLeaseRenewal(step, store).run()
+        case Sleep(seconds):
+            slept = sleep(seconds)
+            if inspect.isawaitable(slept):
+                await slept
+            return None
+        case Gather(flows, limit):
+            bound = asyncio.Semaphore(limit)
+
+            async def run(flow: Flow[Any]) -> Any:
+                async with bound:
+                    try:
+                        return await run_async(flow, store, sleep=sleep)
+                    except BaseException as error:
+                        return _Raised(error)
+
+            return _in_order(list(await asyncio.gather(*(run(flow) for flow in flows))))
+        case OnStore(other, flow):
+            return await run_async(flow, other, sleep=sleep)
+        case Dispatch(dispatcher, messages):
+            sent = dispatcher.dispatch(messages)
+            if inspect.isawaitable(sent):
+                await sent
+            return None
+        case _:
+            raise TypeError(f"not a step: {step!r}")
+
+
+def _outcome(run: Callable[[Flow[Any]], Any], flow: Flow[Any]) -> Any:
+    """A gathered flow's value, or the error it raised (as a value: the others finish)."""
+    try:
+        return run(flow)
+    except BaseException as error:
+        return _Raised(error)
+
+
+@dataclass(frozen=True, slots=True)
+class _Raised:
+    error: BaseException
+
+
+def _in_order(results: list[Any]) -> list[Any]:
+    """Gather's answer: the values, or the first error in order once all have finished."""
+    for result in results:
+        if isinstance(result, _Raised):
+            raise result.error
+    return results
+
+
+def _commits(store: object) -> None:
+    """A build is always followed by its commit: refuse before running it on a store that
+    holds no documents (a records-only store serves the two-phase flow alone)."""
+    if not hasattr(store, "commit"):
+        raise TypeError(f"the atomic path needs a DocumentStore; {type(store).__name__} is not one")
+
+
+def _close(value: object) -> None:
+    if inspect.iscoroutine(value):
+        value.close()  # never awaited: no "was never awaited" warning
+
+
+class _LeaseRenewal:
+    """Runs the handler while a thread renews its lease, the way the host renews a lock.
+
+    A lost renewal (someone took the key over) stops renewing; the completion then
+    reports LEASE_LOST. A store outage is retried at the next tick.
+    """
+
+    def __init__(self, step: RunHandler, store: SyncStore) -> None:
+        self._step = step
+        self._store = store
+        self._lock = threading.Lock()
+        self._held = step.held
+        self._done = threading.Event()
+
+    def run(self) -> HandlerResult:
+        thread = threading.Thread(target=self._renew, name="lease-renewal", daemon=True)
+        thread.start()
+        try:
+            result = self._step.handler()
+        except BaseException as error:  # the flow decides: release or keep
+            return HandlerResult(self._stop(thread), error=error)
+        return HandlerResult(self._stop(thread), result)
+
+    def _stop(self, thread: threading.Thread) -> IdempotencyRecord:
+        self._done.set()
+        thread.join()
+        with self._lock:
+            return self._held
+
+    def _renew(self) -> None:
+        step = self._step
+        while not self._done.wait(step.every) and step.clock() < step.until:
+            with self._lock:
+                if self._done.is_set():
+                    return
+                try:
+                    self._held = run_sync(step.renew(self._held), self._store)
+                except RecordChangedError:
+                    _lease_lost(self._held)
+                    return
+                except StoreUnavailableError as error:
+                    logger.warning("could not renew lease: %s", error)
+
+
+class _AsyncLeaseRenewal:
+    """`_LeaseRenewal` for an async handler: a task renews, not a thread."""
+
+    def __init__(self, step: RunHandler, store: AsyncStore) -> None:
+        self._step = step
+        self._store = store
+        self._held = step.held
+        self._done = asyncio.Event()
+
+    async def run(self) -> HandlerResult:
+        task = asyncio.get_running_loop().create_task(self._renew())
+        try:
+            result = self._step.handler()
+            if inspect.isawaitable(result):
+                result = await result
+        except BaseException as error:  # the flow decides: release or keep
+            return HandlerResult(await self._stop(task), error=error)
+        return HandlerResult(await self._stop(task), result)
+
+    async def _stop(self, task: asyncio.Task[None]) -> IdempotencyRecord:
+        self._done.set()
+        await task  # a renewal in flight lands first
+        return self._held
+
+    async def _renew(self) -> None:
+        step = self._step
+        while step.clock() < step.until:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._done.wait(), step.every)
+            if self._done.is_set():
+                return
+            try:
+                self._held = await run_async(step.renew(self._held), self._store)
+            except RecordChangedError:
+                _lease_lost(self._held)
+                return
+            except StoreUnavailableError as error:
+                logger.warning("could not renew lease: %s", error)
+
+
+def _lease_lost(held: IdempotencyRecord) -> None:
+    logger.warning("lease lost while the handler ran",
+                   extra={"dedup_key": held.key.key, "consumer": held.key.consumer})
+
+
+# -- variants: one flow definition, a sync and an async way to call it ---------------------------
+class Sync:
+    """Mixed into a class of `@flowmethod`s: calling one runs its flow with `run_sync` on
+    `self.store` (sleeping with `self.sleep`, when the class sets one)."""
+
+    store: Any
+    sleep: Callable[[float], object] = staticmethod(time.sleep)
+
+
+class Async:
+    """Mixed into a class of `@flowmethod`s: calling one returns a coroutine that runs its
+    flow with `run_async` on `self.store`."""
+
+    store: Any
+    sleep: Callable[[float], object] = staticmethod(asyncio.sleep)
+
+
+class BoundFlow[**P, T]:
+    """A flow method bound to its object: `.flow(...)` is the flow (to compose it in another)."""
+
+    __slots__ = ("_fn", "_owner")
+
+    def __init__(self, fn: Callable[Concatenate[Any, P], Flow[T]], owner: Any) -> None:
+        self._fn = fn
+        self._owner = owner
+
+    def flow(self, *args: P.args, **kwargs: P.kwargs) -> Flow[T]:
+        return self._fn(self._owner, *args, **kwargs)
+
+
+class SyncMethod[**P, T](BoundFlow[P, T]):
+    """A flow method of a `Sync` object: call it to run the flow; `.flow(...)` is the flow."""
+
+    __slots__ = ()
+    _owner: Sync
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> T:
+        owner = self._owner
+        return run_sync(self._fn(owner, *args, **kwargs), owner.store, sleep=owner.sleep)
+
+
+class AsyncMethod[**P, T](BoundFlow[P, T]):
+    """A flow method of an `Async` object: call it for a coroutine; `.flow(...)` is the flow."""
+
+    __slots__ = ()
+    _owner: Async
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, T]:
+        owner = self._owner
+        return run_async(self._fn(owner, *args, **kwargs), owner.store, sleep=owner.sleep)
+
+
+class flowmethod[**P, T]:
+    """Marks a method that returns a flow: on a `Sync` object calling it runs the flow, on an
+    `Async` one it returns a coroutine that does. One definition, two variants."""
+
+    def __init__(self, fn: Callable[Concatenate[Any, P], Flow[T]]) -> None:
+        self._fn = fn
+        self.__doc__ = fn.__doc__
+        self.__name__ = fn.__name__
+
+    @overload
+    def __get__(self, owner: None, kind: type | None = None) -> Self: ...
+    @overload
+    def __get__(self, owner: Sync, kind: type | None = None) -> SyncMethod[P, T]: ...
+    @overload
+    def __get__(self, owner: Async, kind: type | None = None) -> AsyncMethod[P, T]: ...
+    @overload
+    def __get__(self, owner: object, kind: type | None = None) -> BoundFlow[P, T]: ...
+    def __get__(self, owner: object, kind: type | None = None
+                ) -> Self | BoundFlow[P, T]:
+        if owner is None:
+            return self
+        if isinstance(owner, Async):
+            return AsyncMethod(self._fn, owner)
+        if isinstance(owner, Sync):
+            return SyncMethod(self._fn, owner)
+        return BoundFlow(self._fn, owner)
+
+
+# -- the transaction a build fills --------------------------------------------------------------
+class BaseTransaction(Writes):
+    """What a build receives: the commit's writes (`Writes`: they join the marker's
+    transaction, in its partition) and `read`, written once as a flow."""
+
+    def __init__(self, store: Any, partition: str, reads: Reads | None = None, *,
+                 key: DedupKey | None = None, correlation_id: str | None = None) -> None:
+        super().__init__(partition, key=key, correlation_id=correlation_id)
+        self.store = store
+        self._reads = reads
+
+    @flowmethod
+    def read(self, document_id: str) -> Flow[Document | None]:
+        """The current document (None: there is none), from what this commit already read
+        when it can be (the commit's etag condition checks it)."""
+        if self._reads is not None:
+            hit, document = self._reads.known(document_id)
+            if hit:
+                return document
+        document: Document | None = yield ReadDocument(self.partition, document_id)
+        if self._reads is not None:
+            self._reads.remember(document_id, document)
+        return document
+
+
+class Transaction(BaseTransaction, Sync):
+    """What a sync build receives: `read` a document, add writes to the commit."""
+
+
+class AsyncTransaction(BaseTransaction, Async):
+    """What an async build receives (`shared.aio.Transaction`): `await tx.read(...)`."""
+
+
+__all__ = [
+    "Async", "AsyncStore", "AsyncTransaction", "BaseTransaction", "Sync", "SyncStore",
+    "Transaction", "flowmethod", "run_async", "run_sync",
+]
