@@ -13,8 +13,9 @@ gives a function, so a consumer's test runs in process, fast, with no server (do
     assert actions.actions() == ["complete", "complete"] and len(outbox.sent) == 1
 
 The async variants' doubles (`AsyncInMemoryIdempotencyStore`, `AsyncInMemoryDispatcher`) are the
-same records, awaited; `ThreadedStore` puts any sync store (a fault-injecting wrapper of your
-own) behind the async interface. `shared.aio` names the async store and `ThreadedStore` too.
+same records, awaited; `FlakyStore` is the in-memory store in an outage you switch on and off;
+`ThreadedStore` puts any sync store (`FlakyStore`, a wrapper of your own) behind the async
+interface. `shared.aio` names the async store and `ThreadedStore` too.
 """
 
 from __future__ import annotations
@@ -29,11 +30,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.backends.memory import InMemoryIdempotencyStore
+from shared.core.exceptions import StoreUnavailableError
 from shared.core.outbox import OutgoingMessage
 from shared.core.store import AsyncIdempotencyStore, StoreStep
 
-__all__ = ["AsyncInMemoryDispatcher", "AsyncInMemoryIdempotencyStore", "InMemoryDispatcher",
-           "InMemoryIdempotencyStore", "RecordingMessageActions", "Settlement", "ThreadedStore"]
+__all__ = ["AsyncInMemoryDispatcher", "AsyncInMemoryIdempotencyStore", "FlakyStore",
+           "InMemoryDispatcher", "InMemoryIdempotencyStore", "RecordingMessageActions",
+           "Settlement", "ThreadedStore"]
 
 
 # -- the outbox's dispatchers ------------------------------------------------------------------
@@ -116,6 +119,27 @@ class RecordingMessageActions:
 def _message_id(message: Any) -> str | None:
     message_id = getattr(message, "message_id", None)
     return None if message_id is None else str(message_id)
+
+
+# -- a store outage ------------------------------------------------------------------------------
+class FlakyStore(InMemoryIdempotencyStore):
+    """The in-memory store, answering every request a consumer makes with StoreUnavailableError
+    (a 503: throttled or unreachable) while `down` is set, as a store outage does; `failed`
+    counts them. A test reads what was written through the methods (`read_document`), which
+    stay up: only `perform`, the consumers' one call into a store, fails. Behind the async
+    variant, put it in a `ThreadedStore`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+        self.failed = 0
+
+    def perform(self, step: StoreStep) -> Any:
+        if self.down:
+            self.failed += 1
+            raise StoreUnavailableError(f"store outage ({type(step).__name__} refused: 503)",
+                                        status_code=503)
+        return super().perform(step)
 
 
 # -- stores behind the async interface ----------------------------------------------------------

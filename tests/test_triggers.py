@@ -168,7 +168,7 @@ def test_a_view_is_settled_by_nothing_when_no_actions_are_given(store):
     assert decision.action.value == "complete"
 
 
-def test_the_async_face_settles_the_same_way():
+def test_the_async_variant_settles_the_same_way():
     store = AsyncInMemoryIdempotencyStore()
     orders, actions = aio.ServiceBusConsumer("orders", aio.Idempotency(store)), Actions()
 

@@ -10,6 +10,7 @@ from shared import Idempotency, MessageView, ServiceBusConsumer, Transaction, ai
 from shared.testing import (
     AsyncInMemoryDispatcher,
     AsyncInMemoryIdempotencyStore,
+    FlakyStore,
     InMemoryDispatcher,
     InMemoryIdempotencyStore,
     RecordingMessageActions,
@@ -73,7 +74,7 @@ def test_bad_input_is_dead_lettered_on_its_first_delivery_with_a_reason() -> Non
     assert actions.settled[0].reason
 
 
-def test_the_async_face_absorbs_the_redelivery_the_same_way() -> None:
+def test_the_async_variant_absorbs_the_redelivery_the_same_way() -> None:
     outbox, actions = AsyncInMemoryDispatcher(), RecordingMessageActions()
     orders = aio.ServiceBusConsumer("orders", aio.Idempotency(AsyncInMemoryIdempotencyStore(),
                                                               dispatcher=outbox),
@@ -87,3 +88,18 @@ def test_the_async_face_absorbs_the_redelivery_the_same_way() -> None:
 
     assert actions.actions() == ["complete", "complete"]
     assert len(outbox.sent) == 1
+
+
+def test_a_store_outage_leaves_the_order_to_the_brokers_retry_and_it_is_applied_once() -> None:
+    store, outbox, actions = FlakyStore(), InMemoryDispatcher(), RecordingMessageActions()
+    orders = ServiceBusConsumer("orders", Idempotency(store, dispatcher=outbox),
+                                sends_to=["order-events"])
+
+    store.down = True  # the store answers 503 to every request
+    orders.run_atomic(delivery("o-5"), actions, accept, partition=by_order)
+    store.down = False  # it is back by the broker's redelivery
+    orders.run_atomic(delivery("o-5", count=2), actions, accept, partition=by_order)
+
+    assert actions.actions() == ["abandon", "complete"]
+    assert store.failed >= 1 and len(outbox.sent) == 1
+    assert store.read_document("o-5", "order") is not None

@@ -254,7 +254,7 @@ def test_memory_a_send_whose_answer_was_lost_is_sent_again_with_the_same_id():
     assert list(store.iter_pending(since_before=float("inf"))) == []
 
 
-def test_async_face_dispatches_with_an_async_dispatcher_and_records():
+def test_the_async_variant_dispatches_with_an_async_dispatcher_and_records():
     sent: list[str] = []
 
     class AsyncDispatcher:

@@ -414,7 +414,7 @@ def test_a_sync_consumer_refuses_an_async_poison_client(store):
 
 
 # -- the async variant ----------------------------------------------------------------------------
-def test_async_face_follows_the_same_rules():
+def test_the_async_variant_follows_the_same_rules():
     async def scenario() -> None:
         inner = FlakyStore()
         poison = AsyncPoisonQueue()
