@@ -27,7 +27,7 @@ from functions import (
     payments,
 )
 from functions.settings import Settings
-from shared.core.observability import configure_observability  # the app's one telemetry export
+from shared import configure_observability  # the app's one telemetry export
 
 _settings = Settings.from_env()
 # Log records are for what a person acts on (conflicts, parkings, stale claims, one summary per

@@ -22,12 +22,16 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from shared import MessageView, aio
-from shared.core.keys import store_safe_id  # where the view is stored: read_view and the checker read it
-
-# The library's bounded decoder and its refusal: bad input gets a reason on its first delivery.
-from shared.core.payload import MAX_SAFE_INTEGER, InvalidPayloadError, exact_integer, parse_json_object
-from shared.core.settlement import Decision  # what handle returns: the settlement applied
+from shared import (
+    MAX_SAFE_INTEGER,
+    Decision,
+    InvalidPayloadError,
+    MessageView,
+    aio,
+    exact_integer,
+    parse_json_object,
+    store_safe_id,
+)
 
 CONSUMER = "balance_projection"
 BALANCE_CHANGED = "BalanceChanged"

@@ -13,8 +13,14 @@ import dataclasses
 from typing import Any
 
 from domain.payments import Payment, PaymentProcessor, payment_from
-from shared import DedupKey, HttpResult, IdempotencyKeyEndpoint, OutcomeStatus, PoisonMessageError
-from shared.triggers.http import IdempotentRequest  # what the endpoint hands its handler (a type)
+from shared import (
+    DedupKey,
+    HttpResult,
+    IdempotencyKeyEndpoint,
+    IdempotentRequest,
+    OutcomeStatus,
+    PoisonMessageError,
+)
 
 CONSUMER = "http-payments"
 LEDGER_CONSUMER = "http-ledger"

@@ -19,19 +19,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from shared import DedupKey, IdempotencyError, MessageView, OutcomeStatus, aio, request_hash
-
-# The two-phase flow's own terms, used here to park what a person must reconcile (the
-# library's generic `run` dead-letters it instead): the uncertain effect, the held record.
-from shared.core.exceptions import EffectUncertainError, InvalidKeyError
-from shared.core.observability import downstream_headers  # Idempotency-Key + trace context downstream
-
-# The library's bounded decoder and its refusal: bad input gets a reason on its first delivery.
-from shared.core.payload import InvalidPayloadError, parse_json_object
-from shared.core.records import IdempotencyRecord
-
-# The settlement rule's parts: this consumer decides itself (parking) before the rule applies.
-from shared.core.settlement import Decision, decision_for, decision_for_error, transient
+from shared import (
+    Decision,
+    DedupKey,
+    EffectUncertainError,
+    IdempotencyError,
+    IdempotencyRecord,
+    InvalidKeyError,
+    InvalidPayloadError,
+    MessageView,
+    Outcome,
+    OutcomeStatus,
+    aio,
+    decision_for_error,
+    downstream_headers,
+    parse_json_object,
+    request_hash,
+    transient,
+)
 
 MAX_NOTIFICATION_BYTES = 64 * 1024
 logger = logging.getLogger(__name__)
@@ -122,7 +127,7 @@ class NotificationService:
     async def handle(self, message: Any, actions: Any = None) -> Decision:
         return await self.consumer.process(message, actions, self._notify)
 
-    async def _notify(self, message: MessageView) -> Decision:
+    async def _notify(self, message: MessageView) -> Decision | Outcome:
         context = message.context
         try:
             key = DedupKey.from_message_id(self.consumer.name, message.message_id)
@@ -150,7 +155,7 @@ class NotificationService:
                 outcome.record, message.body, context, "StaleInProgress",
                 "previous attempt died mid-call; the API does not honour Idempotency-Key, so "
                 "re-sending could notify twice")
-        return decision_for(outcome)
+        return outcome  # settled by the rule every consumer follows
 
     async def park_unresolved(self, record: IdempotencyRecord | None, payload: bytes | str,
                               context: dict[str, Any], reason: str, detail: str) -> Decision:

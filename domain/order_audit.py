@@ -22,13 +22,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from shared import StorageQueueConsumer
-from shared.core.keys import store_safe_id  # the customer's partition: its id, escaped
-
-# The library's bounded decoder and its refusal: bad input gets a reason on its first delivery.
-from shared.core.payload import InvalidPayloadError, exact_integer, parse_json_object
-from shared.core.settlement import Decision  # what handle returns: the settlement applied
-from shared.triggers.queue_messages import QueueMessageView  # what the queue consumer hands a parse (a type)
+from shared import (
+    Decision,
+    InvalidPayloadError,
+    QueueMessageView,
+    StorageQueueConsumer,
+    exact_integer,
+    parse_json_object,
+    store_safe_id,
+)
 
 CONSUMER = "order_audit"
 ORDER_ACCEPTED = "OrderAccepted"

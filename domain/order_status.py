@@ -13,18 +13,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared import MessageView, aio
-from shared.core.keys import store_safe_id  # the status document's id: the order id, escaped
-
-# The library's bounded decoder and its refusal: bad input gets a reason on its first delivery.
-from shared.core.payload import InvalidPayloadError, exact_integer, parse_json_object
-from shared.core.settlement import Decision  # what handle returns: the settlement applied
-from shared.core.store import Document  # what update_document's change function reads
-from shared.core.telemetry import Telemetry  # the versioned outcome's metric point
-from shared.flows.drivers import run_async
-
-# The naturally idempotent path: a version-guarded upsert, no dedup record (a flow of its own).
-from shared.flows.steps import update_document
+from shared import (
+    Decision,
+    Document,
+    InvalidPayloadError,
+    MessageView,
+    Telemetry,
+    aio,
+    exact_integer,
+    parse_json_object,
+    store_safe_id,
+)
 
 MAX_STATUS_BYTES = 64 * 1024
 STATUSES = ("accepted", "paid", "packed", "shipped", "delivered", "cancelled")
@@ -67,8 +66,8 @@ class OrderStatusService:
             verdict = "unchanged" if stored_version == state["version"] else "stale"
             return None
 
-        await run_async(update_document(document_id, document_id, change,
-                                        attempts=self.max_attempts), self.store)
+        await aio.update_document(self.store, document_id, document_id, change,
+                                  attempts=self.max_attempts)
         self.telemetry.versioned(
             verdict, consumer=self.consumer.name, backend=self.store.name,
             delivery_count=delivery_count,

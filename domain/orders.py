@@ -17,11 +17,16 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from shared import MessageView, ServiceBusConsumer, Transaction, aio
-from shared.core.keys import store_safe_id  # the lines' ids: the order id, escaped as the marker's is
-
-# The library's bounded decoder and its refusal: bad input gets a reason on its first delivery.
-from shared.core.payload import InvalidPayloadError, exact_integer, parse_json_object
+from shared import (
+    InvalidPayloadError,
+    MessageView,
+    ServiceBusConsumer,
+    Transaction,
+    aio,
+    exact_integer,
+    parse_json_object,
+    store_safe_id,
+)
 
 CONSUMER = "orders"
 ORDER_ACCEPTED = "OrderAccepted"

@@ -27,25 +27,26 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared import (
+    MAX_SAFE_INTEGER,
+    CloudEvent,
     DedupKey,
+    Document,
     EventView,
     Idempotency,
+    InvalidEventError,
+    InvalidKeyError,
+    InvalidPayloadError,
     ParkingLot,
     PartitionBatchProcessor,
     PartitionWatermark,
     Transaction,
     aio,
+    exact_integer,
+    parse_cloudevent,
+    parse_json_object,
     request_hash,
+    store_safe_id,
 )
-
-# CloudEvents from Event Hubs (structured and binary), read by the library's parser.
-from shared.core.cloudevents import CloudEvent, InvalidEventError, parse_cloudevent
-from shared.core.exceptions import InvalidKeyError  # a CloudEvent without an id or source
-from shared.core.keys import store_safe_id  # the account's partition: its id, escaped
-
-# The library's bounded decoder and its refusal: bad input is parked with its reason.
-from shared.core.payload import MAX_SAFE_INTEGER, InvalidPayloadError, exact_integer, parse_json_object
-from shared.core.store import Document  # the balance a build reads
 
 CONSUMER = "payments"
 ACCOUNT_DOCUMENT = "balance"

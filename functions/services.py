@@ -53,24 +53,23 @@ from functions.settings import (
 )
 from shared import (
     CosmosIdempotencyStore,
+    DispatchRejectedError,
+    DocumentCache,
     Idempotency,
     IdempotencyKeyEndpoint,
+    IdempotencyStore,
+    Maintenance,
     ParkingLot,
     PartitionWatermark,
+    RetryBudget,
     ServiceBusDispatcher,
     StorageQueueConsumer,
     TableIdempotencyStore,
+    Telemetry,
     aio,
+    sdk_transport,
 )
-from shared.aio import ThreadedStore  # a sync store behind the async variant (tests, simulator)
-from shared.backends.retry import RetryBudget  # the SDKs' retries, sized for the lock
-from shared.backends.sdk_transport import async_transport, sync_transport  # no per-request env lookups
-from shared.core.exceptions import DispatchRejectedError  # what an unconfigured dispatcher raises
-from shared.core.store import IdempotencyStore  # what the sync store factory returns
-from shared.core.telemetry import Telemetry  # one instance shared by every consumer
-from shared.flows.cache import DocumentCache  # the payments ledger's remembered balances
 from shared.testing import InMemoryDispatcher  # the default when stores are given (tests)
-from shared.triggers.maintenance import Maintenance  # the timer's purge, sweep and outbox sweeper
 
 #: The store SDKs' retries, set explicitly on every client built here. With the payments batch's
 #: tries per account group (PAYMENTS_MAX_ATTEMPTS, A) and its cap on an honoured Retry-After
@@ -149,7 +148,7 @@ class RealAsyncStores:
     def _build(self, role: str) -> Any:
         settings = self.settings
         # Each client its own transport, without per-request proxy lookups (shared.backends.sdk_transport).
-        transport = {"transport": async_transport()}
+        transport = {"transport": aio.sdk_transport()}
         if settings.backend == "cosmos" and role in COSMOS_CONTAINERS:
             return aio.CosmosIdempotencyStore(
                 _endpoint(settings.cosmos_endpoint, "COSMOS_ENDPOINT"),
@@ -224,7 +223,7 @@ def poison_queue(settings: Settings) -> Any:
     from azure.storage.queue import QueueClient, TextBase64EncodePolicy
 
     name = f"{settings.order_audit_queue}-poison"
-    options = {"message_encode_policy": TextBase64EncodePolicy(), "transport": sync_transport()}
+    options = {"message_encode_policy": TextBase64EncodePolicy(), "transport": sdk_transport()}
     if settings.queue_connection:
         return QueueClient.from_connection_string(settings.queue_connection, name, **options)
     if settings.queue_service_uri:
@@ -246,7 +245,7 @@ def real_stores(settings: Settings, *, budget: RetryBudget = RETRY_BUDGET,
     retry as `budget` says (`client_options` override it).
     """
     # Each client its own transport, without per-request proxy lookups (shared.backends.sdk_transport).
-    table_options = {"transport": sync_transport(), **budget.table_options(), **client_options}
+    table_options = {"transport": sdk_transport(), **budget.table_options(), **client_options}
     if settings.table_connection_string:
         table_service = TableServiceClient.from_connection_string(
             settings.table_connection_string, **table_options)
@@ -260,7 +259,7 @@ def real_stores(settings: Settings, *, budget: RetryBudget = RETRY_BUDGET,
         cosmos = CosmosClient(_endpoint(settings.cosmos_endpoint, "COSMOS_ENDPOINT"),
                               settings.cosmos_key or _credential(settings),
                               connection_verify=settings.cosmos_verify_tls,
-                              **{"transport": sync_transport(), **budget.cosmos_options(),
+                              **{"transport": sdk_transport(), **budget.cosmos_options(),
                                  **client_options})
         if settings.cosmos_key:
             created = cosmos.create_database_if_not_exists(settings.cosmos_database)
@@ -347,7 +346,7 @@ def build_services(settings: Settings, *, stores: StoreFactory | None = None,
     dispatcher = dispatcher if dispatcher is not None else InMemoryDispatcher()
     async_dispatcher = async_dispatcher if async_dispatcher is not None else dispatcher
     by_role = {role: stores(role) for role in STORE_ROLES}
-    on_loop = {role: (async_stores(role) if async_stores else ThreadedStore(by_role[role]))
+    on_loop = {role: (async_stores(role) if async_stores else aio.ThreadedStore(by_role[role]))
                for role in STORE_ROLES}
     config = dataclasses.replace(settings.idempotency_config(), clock=clock)
     parking = ParkingLot(by_role["parked"], telemetry=telemetry, clock=clock)

@@ -13,12 +13,12 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Literal, get_args
 
-from shared import IdempotencyConfig
-from shared.backends.cosmos_indexing import record_indexing_policy  # the containers' indexing
-from shared.backends.table_batch import CODECS, Codec  # TABLE_BATCH_CODEC
-from shared.core.config import RedeliveryWindow  # the redelivery window the retention rule checks
-from shared.core.observability import DEFAULT_SAMPLING_RATIO, sampling_ratio_from  # TRACE_SAMPLING_RATIO
+from shared import IdempotencyConfig, RedeliveryWindow, record_indexing_policy, sampling_ratio_from
+
+#: The Table store's `batch_codec` values (TABLE_BATCH_CODEC); tests hold them to the store's.
+BatchCodec = Literal["lean", "sdk"]
 
 # Read by the host for bindings (not by Python code).
 BINDING_SETTINGS = (
@@ -173,7 +173,7 @@ class Settings:
     cosmos_verify_tls: bool
     table_endpoint: str | None
     table_connection_string: str | None
-    table_batch_codec: Codec
+    table_batch_codec: BatchCodec
     notification_api_url: str
     notification_api_honours_key: bool
     ttl: timedelta
@@ -197,7 +197,7 @@ class Settings:
     # Duplicates and in-progress claims logged at INFO (an investigation), not DEBUG; they are
     # always counted by cause in the dedup.messages metric.
     log_duplicates: bool = False
-    trace_sampling_ratio: float = DEFAULT_SAMPLING_RATIO  # share of traces exported (TRACE_SAMPLING_RATIO)
+    trace_sampling_ratio: float = sampling_ratio_from({})  # share of traces exported (TRACE_SAMPLING_RATIO)
     # Run on a Cosmos account with several write regions, where a message can take effect once
     # per region (the stores refuse such an account otherwise; see shared.backends.cosmos).
     cosmos_accept_duplicates_across_write_regions: bool = False
@@ -225,7 +225,7 @@ class Settings:
         if backend == "cosmos" and not cosmos_endpoint:
             raise SettingsError("DEDUP_BACKEND=cosmos needs COSMOS_ENDPOINT")
         codec = env.get("TABLE_BATCH_CODEC", "lean").strip().lower() or "lean"
-        if codec not in CODECS:
+        if codec not in get_args(BatchCodec):
             raise SettingsError(f"TABLE_BATCH_CODEC={codec!r} must be 'lean' (the lean $batch codec, "
                                 "which falls back to the SDK's by itself) or 'sdk'")
         policy = env.get("PAYMENTS_MISSING_KEY_POLICY", "park").strip().lower()

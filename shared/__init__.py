@@ -1,6 +1,6 @@
 """Idempotent message consumers for Azure Functions: each side effect once, whatever the broker
-redelivers. The names here are what a function app writes with; everything else stays
-importable from its module. `shared.aio` has the async variants under the same names, and
+redelivers. The names here are everything a function app imports: its modules are the
+library's implementation. `shared.aio` has the async variants under the same names, and
 `shared.testing` the stand-ins a test of your consumer runs on (the in-memory store).
 
     orders = ServiceBusConsumer("orders", Idempotency(CosmosIdempotencyStore(
@@ -16,24 +16,55 @@ importable from its module. `shared.aio` has the async variants under the same n
 
 from shared import aio
 from shared.backends import CosmosIdempotencyStore, TableIdempotencyStore
+from shared.backends.cosmos_indexing import record_indexing_policy
 from shared.backends.dispatch import ServiceBusDispatcher
-from shared.core.config import IdempotencyConfig
-from shared.core.exceptions import IdempotencyError, PoisonMessageError
-from shared.core.keys import DedupKey, request_hash
-from shared.core.records import KeyInProgressError, KeyReusedError, OutcomeStatus
+from shared.backends.retry import RetryBudget
+from shared.backends.sdk_transport import sync_transport as sdk_transport
+from shared.core.cloudevents import CloudEvent, InvalidEventError, parse_cloudevent
+from shared.core.config import IdempotencyConfig, RedeliveryWindow
+from shared.core.exceptions import (
+    DispatchRejectedError,
+    EffectUncertainError,
+    IdempotencyError,
+    InvalidKeyError,
+    PoisonMessageError,
+)
+from shared.core.keys import DedupKey, request_hash, store_safe_id
+from shared.core.observability import configure_observability, downstream_headers, sampling_ratio_from
+from shared.core.payload import MAX_SAFE_INTEGER, InvalidPayloadError, exact_integer, parse_json_object
+from shared.core.records import (
+    IdempotencyRecord,
+    KeyInProgressError,
+    KeyReusedError,
+    Outcome,
+    OutcomeStatus,
+)
+from shared.core.settlement import Decision, decision_for_error, transient
+from shared.core.store import Document, IdempotencyStore
+from shared.core.telemetry import Telemetry
 from shared.flows.batch import PartitionBatchProcessor
-from shared.flows.drivers import Transaction
+from shared.flows.cache import DocumentCache
+from shared.flows.drivers import Transaction, update_document
 from shared.flows.idempotency import Idempotency
 from shared.flows.parking import ParkingLot
 from shared.flows.watermark import PartitionWatermark
 from shared.triggers.eventhubs import EventHubConsumer, EventView
 from shared.triggers.http import HttpResult, IdempotencyKeyEndpoint, IdempotentRequest
+from shared.triggers.maintenance import Maintenance
+from shared.triggers.queue_messages import QueueMessageView
 from shared.triggers.queues import StorageQueueConsumer
 from shared.triggers.servicebus import MessageView, ServiceBusConsumer
 
 __all__ = [
+    "MAX_SAFE_INTEGER",
+    "CloudEvent",
     "CosmosIdempotencyStore",
+    "Decision",
     "DedupKey",
+    "DispatchRejectedError",
+    "Document",
+    "DocumentCache",
+    "EffectUncertainError",
     "EventHubConsumer",
     "EventView",
     "HttpResult",
@@ -41,20 +72,43 @@ __all__ = [
     "IdempotencyConfig",
     "IdempotencyError",
     "IdempotencyKeyEndpoint",
+    "IdempotencyRecord",
+    "IdempotencyStore",
     "IdempotentRequest",
+    "InvalidEventError",
+    "InvalidKeyError",
+    "InvalidPayloadError",
     "KeyInProgressError",
     "KeyReusedError",
+    "Maintenance",
     "MessageView",
+    "Outcome",
     "OutcomeStatus",
     "ParkingLot",
     "PartitionBatchProcessor",
     "PartitionWatermark",
     "PoisonMessageError",
+    "QueueMessageView",
+    "RedeliveryWindow",
+    "RetryBudget",
     "ServiceBusConsumer",
     "ServiceBusDispatcher",
     "StorageQueueConsumer",
     "TableIdempotencyStore",
+    "Telemetry",
     "Transaction",
     "aio",
+    "configure_observability",
+    "decision_for_error",
+    "downstream_headers",
+    "exact_integer",
+    "parse_cloudevent",
+    "parse_json_object",
+    "record_indexing_policy",
     "request_hash",
+    "sampling_ratio_from",
+    "sdk_transport",
+    "store_safe_id",
+    "transient",
+    "update_document",
 ]

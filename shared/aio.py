@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from shared.backends.cosmos_aio import AsyncCosmosIdempotencyStore as CosmosIdempotencyStore
 from shared.backends.dispatch_aio import EventHubDispatcher, ServiceBusDispatcher
+from shared.backends.sdk_transport import async_transport as sdk_transport
 from shared.backends.table_aio import AsyncTableIdempotencyStore as TableIdempotencyStore
 from shared.flows.batch import AsyncPartitionBatchProcessor as PartitionBatchProcessor
 from shared.flows.drivers import AsyncStore
 from shared.flows.drivers import AsyncTransaction as Transaction
+from shared.flows.drivers import update_document_async as update_document
 from shared.flows.idempotency import AsyncIdempotency as Idempotency
 from shared.flows.parking import AsyncParkingLot as ParkingLot
 from shared.flows.watermark import AsyncPartitionWatermark as PartitionWatermark
@@ -27,4 +29,4 @@ __all__ = ["AsyncStore", "CosmosIdempotencyStore", "EventHubConsumer", "EventHub
            "Idempotency", "IdempotencyKeyEndpoint", "ParkingLot",
            "PartitionBatchProcessor", "PartitionWatermark", "ServiceBusConsumer",
            "ServiceBusDispatcher", "StorageQueueConsumer", "TableIdempotencyStore",
-           "ThreadedStore", "Transaction"]
+           "ThreadedStore", "Transaction", "sdk_transport", "update_document"]

@@ -181,11 +181,18 @@ def beyond_the_front_door(source: str) -> list[str]:
     return [name for name in imported if name.split(".")[0] == "shared" and name not in FRONT_DOOR]
 
 
-def test_the_examples_import_only_the_front_door():
-    """What a user copies imports `shared`, `shared.aio` and `shared.testing`, nothing deeper."""
+#: An app: the examples, and the sample's function app (its functions, its domain, its entry).
+APP_FILES = ("examples", "functions", "domain", "function_app.py")
+
+
+def test_the_apps_import_only_the_front_door():
+    """What a user copies, and the sample app, import `shared`, `shared.aio` and
+    `shared.testing`, nothing deeper."""
+    paths = [path for name in APP_FILES for path in sorted(
+        (ROOT / name).rglob("*.py") if (ROOT / name).is_dir() else [ROOT / name])]
     imports = {str(path.relative_to(ROOT)): beyond_the_front_door(path.read_text())
-               for path in sorted((ROOT / "examples").rglob("*.py"))}
-    assert len(imports) >= 4
+               for path in paths}
+    assert len(imports) >= 20 and "functions/services.py" in imports
     assert {path: found for path, found in imports.items() if found} == {}
 
 

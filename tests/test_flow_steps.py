@@ -270,3 +270,32 @@ def test_the_async_parking_lot_parks_and_resolves_through_the_awaited_store() ->
         return marked.resolved, entry.resolution
 
     assert asyncio.run(scenario()) == (True, "discarded")
+
+
+def test_update_document_creates_replaces_under_the_etag_and_leaves_what_change_declines():
+    """The front door's version-guarded upsert, sync and async, on the in-memory store."""
+    import shared
+    from shared.testing import AsyncInMemoryIdempotencyStore
+
+    def newer(version: int):
+        def change(current: Document | None) -> dict[str, Any] | None:
+            return {"version": version} if current is None or current.body["version"] < version else None
+        return change
+
+    store = InMemoryIdempotencyStore()
+    written, seen = shared.update_document(store, "p", "doc", newer(2))
+    assert written is not None and written.body == {"version": 2} and seen is None
+    written, seen = shared.update_document(store, "p", "doc", newer(1))  # older: declined
+    assert written is None and seen is not None and seen.body == {"version": 2}
+    written, seen = shared.update_document(store, "p", "doc", newer(3))
+    assert written is not None and seen is not None and written.etag != seen.etag
+    assert store.read_document("p", "doc") == written
+
+    async def on_async_store() -> tuple[Document | None, Document | None]:
+        async_store = AsyncInMemoryIdempotencyStore()
+        await shared.aio.update_document(async_store, "p", "doc", newer(1))
+        return await shared.aio.update_document(async_store, "p", "doc", newer(5))
+
+    written, seen = asyncio.run(on_async_store())
+    assert written is not None and written.body == {"version": 5}
+    assert seen is not None and seen.body == {"version": 1}

@@ -118,3 +118,13 @@ def test_table_batch_codec_defaults_to_lean_and_reaches_every_table_store(stack)
             assert async_stores(role)._batch_codec == "sdk"
     finally:
         asyncio.run(async_stores.aclose())
+
+
+def test_the_batch_codec_setting_names_the_table_stores_codecs():
+    """TABLE_BATCH_CODEC accepts exactly what `TableIdempotencyStore(batch_codec=...)` takes."""
+    from typing import get_args
+
+    from functions.settings import BatchCodec
+    from shared.backends.table_batch import CODECS
+
+    assert get_args(BatchCodec) == CODECS

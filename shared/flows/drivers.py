@@ -25,6 +25,7 @@ from shared.core.exceptions import RecordChangedError, StoreUnavailableError
 from shared.core.keys import DedupKey
 from shared.core.records import IdempotencyRecord
 from shared.core.store import Document, StoreStep
+from shared.flows import steps
 from shared.flows.steps import (
     BuildResult,
     Dispatch,
@@ -411,7 +412,24 @@ class AsyncTransaction(BaseTransaction, Async):
     """What an async build receives (`shared.aio.Transaction`): `await tx.read(...)`."""
 
 
+def update_document(store: Any, partition: str, document_id: str,
+                    change: Callable[[Document | None], dict[str, Any] | None], *,
+                    attempts: int = 10) -> tuple[Document | None, Document | None]:
+    """Create or replace one document under its etag, as `change` decides from the current one
+    (None: leave it): the naturally idempotent path, no dedup record. A lost race re-reads.
+    Returns (the written document or None, the document `change` last saw)."""
+    return run_sync(steps.update_document(partition, document_id, change, attempts=attempts), store)
+
+
+async def update_document_async(store: Any, partition: str, document_id: str,
+                                change: Callable[[Document | None], dict[str, Any] | None], *,
+                                attempts: int = 10) -> tuple[Document | None, Document | None]:
+    """`update_document` on an async store (`shared.aio.update_document`)."""
+    return await run_async(steps.update_document(partition, document_id, change,
+                                                 attempts=attempts), store)
+
+
 __all__ = [
     "Async", "AsyncStore", "AsyncTransaction", "BaseTransaction", "Sync", "SyncStore",
-    "Transaction", "flowmethod", "run_async", "run_sync",
+    "Transaction", "flowmethod", "run_async", "run_sync", "update_document", "update_document_async",
 ]
