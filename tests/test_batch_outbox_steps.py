@@ -30,13 +30,7 @@ from shared.flows.batch import BatchReport, PartitionBatchProcessor
 from shared.flows.drivers import run_sync
 from shared.flows.idempotency import Idempotency
 from shared.flows.parking import ParkingLot
-from shared.flows.steps import (
-    Dispatch,
-    Flow,
-    Gather,
-    OnStore,
-    Step,
-)
+from shared.flows.steps import Dispatch, Flow, Gather, OnStore, Step
 from shared.flows.watermark import PartitionWatermark
 
 NOW = 1_800_000_000.0
@@ -282,8 +276,9 @@ def test_the_single_event_entry_point_dispatches_and_records_on_its_own():
 
 # -- the group commit itself, step by step ----------------------------------------------------------
 def test_a_group_commit_of_batch_events_commits_the_position_and_leaves_the_dispatch_to_the_caller():
+    from shared.core.store import CommitGroup, Committed, RecordDispatched
     from shared.flows.idempotency import GroupMessage
-    from shared.flows.steps import BuildResult, CommitGroup, Committed, RecordDispatched, RunBuild, Writes
+    from shared.flows.steps import BuildResult, RunBuild, Writes
     from tests.test_flow_steps import Stepper
 
     ledger = Idempotency(InMemoryIdempotencyStore(), config=IdempotencyConfig(clock=lambda: NOW),

@@ -23,25 +23,19 @@ from shared.core.exceptions import (
     RecordExistsError,
 )
 from shared.core.records import IdempotencyRecord, RecordState
-from shared.core.store import Document
-from shared.flows.drivers import SyncStore, run_async, run_sync
-from shared.flows.idempotency import GroupMessage, Idempotency
-from shared.flows.steps import (
-    BuildResult,
+from shared.core.store import (
     CommitGroup,
     Committed,
-    Flow,
-    Gather,
+    Document,
     GetRecord,
     PutRecordIfAbsent,
     ReadDocument,
     ReplaceRecordIfUnchanged,
-    RunBuild,
-    Sleep,
-    Step,
     WriteDocuments,
-    Writes,
 )
+from shared.flows.drivers import SyncStore, run_async, run_sync
+from shared.flows.idempotency import GroupMessage, Idempotency
+from shared.flows.steps import BuildResult, Flow, Gather, RunBuild, Sleep, Step, Writes
 from shared.flows.watermark import Mark, PartitionWatermark
 
 NOW = 1_000_000.0

@@ -14,10 +14,11 @@ from shared.core.config import IdempotencyConfig
 from shared.core.exceptions import ConcurrencyRetriesExhaustedError, ConfigurationError, RecordChangedError
 from shared.core.keys import DedupKey
 from shared.core.records import IdempotencyRecord, Outcome, OutcomeStatus, RecordState
+from shared.core.store import GetRecord, RecordDispatched
 from shared.core.telemetry import Telemetry
 from shared.flows.cache import CompletedKeyCache, DocumentCache
 from shared.flows.drivers import Async, AsyncStore, Sync, SyncStore, flowmethod
-from shared.flows.steps import Dispatch, Flow, GetRecord, RecordDispatched, Writes
+from shared.flows.steps import Dispatch, Flow, Writes
 
 Context = Mapping[str, Any]
 

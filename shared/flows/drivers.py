@@ -24,7 +24,7 @@ from typing import Any, Concatenate, Protocol, Self, overload
 from shared.core.exceptions import RecordChangedError, StoreUnavailableError
 from shared.core.keys import DedupKey
 from shared.core.records import IdempotencyRecord
-from shared.core.store import Document, StoreStep
+from shared.core.store import Document, ReadDocument, StoreStep
 from shared.flows import steps
 from shared.flows.steps import (
     BuildResult,
@@ -33,7 +33,6 @@ from shared.flows.steps import (
     Gather,
     HandlerResult,
     OnStore,
-    ReadDocument,
     Reads,
     RunBuild,
     RunHandler,

@@ -7,15 +7,12 @@ its result. `run_atomic` writes the marker and the business documents in one
 transaction; `run_atomic_group` commits many messages of one partition at once.
 The store arbitrates concurrent copies with conditional writes.
 
-The outbox: messages a build sends (`tx.send`) are written on the marker in the
-same transaction, dispatched after the commit, then cleared under the marker's
-etag (`RecordDispatched`); only then does the flow return, so the caller
-acknowledges the incoming message after the messages are out. A copy that finds
-the marker still carrying messages dispatches them before it is acknowledged
-(the marker read it makes anyway says so); a dispatch failure raises, leaving
-them pending for the next copy or the sweeper (`dispatch_pending`). A group
-commit of Event Hubs events (`GroupMessage.position`) leaves its messages to
-the caller instead: their partition's mark records the dispatch (`shared.flows.batch`).
+The outbox: messages a build sends (`tx.send`) are written on the marker in the same
+transaction, dispatched after the commit, then cleared under the marker's etag; only then
+does the flow return, so the incoming message is acknowledged after they are out. A copy
+that finds messages still on the marker dispatches them first; a dispatch failure raises,
+leaving them for the next copy or the sweeper. A group commit of Event Hubs events leaves
+its messages to the caller: their partition's mark records the dispatch (`shared.flows.batch`).
 
 Each method is written once, as a flow (`shared.flows.steps`, `shared.flows.drivers`): `Idempotency` runs it
 on a sync store, `shared.aio.Idempotency` awaits it on an async one. The steps the flows share
@@ -55,7 +52,17 @@ from shared.core.records import (
     RecordState,
     encode_result,
 )
-from shared.core.store import MAX_TRANSACTION_OPERATIONS, RACE_STATUSES
+from shared.core.store import (
+    MAX_TRANSACTION_OPERATIONS,
+    RACE_STATUSES,
+    Commit,
+    CommitGroup,
+    Committed,
+    DeleteRecordIfUnchanged,
+    GetRecord,
+    PutRecordIfAbsent,
+    ReplaceRecordIfUnchanged,
+)
 from shared.flows.dedup_steps import Context, DedupSteps
 from shared.flows.drivers import (
     Async,
@@ -69,16 +76,9 @@ from shared.flows.drivers import (
 )
 from shared.flows.steps import (
     BuildResult,
-    Commit,
-    CommitGroup,
-    Committed,
-    DeleteRecordIfUnchanged,
     Flow,
-    GetRecord,
     HandlerResult,
-    PutRecordIfAbsent,
     Reads,
-    ReplaceRecordIfUnchanged,
     RunBuild,
     RunHandler,
     Writes,

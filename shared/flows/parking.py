@@ -29,17 +29,10 @@ from typing import Any
 from shared.core.exceptions import IdempotencyError
 from shared.core.keys import store_safe_id
 from shared.core.records import IdempotencyRecord, RecordState
-from shared.core.store import Document, WriteOp
+from shared.core.store import Document, ReadDocument, ReplaceRecordIfUnchanged, WriteDocuments, WriteOp
 from shared.core.telemetry import Telemetry
 from shared.flows.drivers import Async, Sync, flowmethod
-from shared.flows.steps import (
-    Flow,
-    OnStore,
-    ReadDocument,
-    ReplaceRecordIfUnchanged,
-    WriteDocuments,
-    update_document,
-)
+from shared.flows.steps import Flow, OnStore, update_document
 
 MAX_INLINE_PAYLOAD_CHARS = 30_000  # a Table string property holds 32K UTF-16 chars
 MAX_HISTORY = 50  # resolution attempts kept on an entry (the newest)

@@ -27,16 +27,8 @@ from shared.core.outbox import OutgoingMessage, PropertyValue, check_pending_siz
 from shared.core.records import IdempotencyRecord
 from shared.core.store import (
     RACE_STATUSES,
-    Commit,
-    CommitGroup,
-    Committed,
-    DeleteRecordIfUnchanged,
     Document,
-    GetRecord,
-    PutRecordIfAbsent,
     ReadDocument,
-    RecordDispatched,
-    ReplaceRecordIfUnchanged,
     StoreStep,
     WriteDocuments,
     WriteOp,
@@ -304,9 +296,6 @@ def update_document(partition: str, document_id: str,
 
 
 __all__ = [
-    "UNREAD", "BuildResult", "Commit", "CommitGroup", "Committed", "DeleteRecordIfUnchanged",
-    "Dispatch", "Flow", "Gather", "GetRecord", "HandlerResult", "OnStore", "PutRecordIfAbsent",
-    "ReadDocument", "Reads", "RecordDispatched", "ReplaceRecordIfUnchanged", "RunBuild",
-    "RunHandler", "Sleep",
-    "Step", "StoreStep", "Unread", "WriteDocuments", "Writes", "retry_on_race", "update_document",
+    "UNREAD", "BuildResult", "Dispatch", "Flow", "Gather", "HandlerResult", "OnStore", "Reads",
+    "RunBuild", "RunHandler", "Sleep", "Step", "Unread", "Writes", "retry_on_race", "update_document",
 ]

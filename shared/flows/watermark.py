@@ -31,15 +31,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from shared.core.keys import store_safe_id
-from shared.core.store import Document
+from shared.core.store import Document, ReadDocument
 from shared.flows.drivers import Async, Sync, flowmethod
-from shared.flows.steps import (
-    UNREAD,
-    Flow,
-    ReadDocument,
-    Unread,
-    update_document,
-)
+from shared.flows.steps import UNREAD, Flow, Unread, update_document
 
 
 @dataclass(frozen=True)

@@ -24,20 +24,10 @@ from shared.core.exceptions import (
 from shared.core.keys import DedupKey
 from shared.core.outbox import MAX_BODY_BYTES, outgoing_message_id
 from shared.core.records import IdempotencyRecord, OutcomeStatus
+from shared.core.store import Commit, CommitGroup, Committed, GetRecord, RecordDispatched
 from shared.flows.drivers import Transaction
 from shared.flows.idempotency import AsyncIdempotency, GroupMessage, Idempotency
-from shared.flows.steps import (
-    BuildResult,
-    Commit,
-    CommitGroup,
-    Committed,
-    Dispatch,
-    Flow,
-    GetRecord,
-    RecordDispatched,
-    RunBuild,
-    Writes,
-)
+from shared.flows.steps import BuildResult, Dispatch, Flow, RunBuild, Writes
 from shared.testing import AsyncInMemoryIdempotencyStore, InMemoryDispatcher
 from tests.support.doubles import CountingMemoryStore, FailingDispatcher
 
