@@ -26,17 +26,13 @@ oP     Event Hubs event position (`shared.core.outbox.EventPosition`):  on a bat
        JSON text (Table Storage) or array (Cosmos DB)
 =====  ==========================================================  ======================
 
-Cosmos DB stores JSON itself, so a marker there holds the result, the messages and the
-position as JSON values (`native_json`), not as text to be escaped again; it also leaves
-out iT when its expiry and the item's own `ttl` say it (iT = iX - 1000 * ttl:
-`CosmosMapping`).
+On Cosmos DB the result, messages and position are JSON values (`native_json`), and iT is
+left out when iX and the item's `ttl` give it (iT = iX - 1000 * ttl).
 
-The id is the key's encoding (`DedupKey.encoded`), from which the key reads back;
-only an id that is not (a document that is its own marker) or a long key the
-encoding hashed makes the marker carry `iK`. The reader dispatches on `iV` and
-refuses a version it does not know (`MarkerFormatError`): a change to any field,
-or to the request hash's algorithm, is a new version, read next to the old ones
-for as long as such markers can live.
+The id is the key's encoding (`DedupKey.encoded`), from which the key reads back; only another
+id or a hashed long key makes the marker carry `iK`. The reader dispatches on `iV` and refuses
+a version it does not know (`MarkerFormatError`): a change to any field, or to the request
+hash's algorithm, is a new version, read next to the old ones for as long as such markers live.
 """
 
 from __future__ import annotations
@@ -73,8 +69,7 @@ ATTEMPTS = "iN"
 RESULT = "iR"
 RESULT_VALUE = "iJ"
 KEY = "iK"
-# Cosmos DB's per-item time to live, in seconds (its items are deleted that long after their
-# last write): iT is left out where iX - 1000 * ttl gives it.
+# Cosmos DB's per-item time to live, in seconds after the last write.
 NATIVE_TTL = "ttl"
 # The properties that hold epoch milliseconds (beyond Int32: Table Storage types them Int64).
 TIME_FIELDS = (WRITTEN, CREATED, EXPIRES, LEASE, PENDING_SINCE)
@@ -82,12 +77,12 @@ RESERVED = frozenset({VERSION, HASH, WRITTEN, CREATED, EXPIRES, STATE, LEASE, AT
                       RESULT_VALUE, KEY, PENDING_SINCE, POSITION})
 _KEY_SEPARATOR = "|"  # never in a consumer name
 
-_result_json = compact_encoder(allow_nan=True)  # json.dumps(separators=(",", ":"), ensure_ascii=False)
+_result_json = compact_encoder(allow_nan=True)
 
 
 class MarkerFormatError(IdempotencyError, ValueError):
-    """A stored marker this library cannot read: a format version it does not know (a newer
-    library wrote it: upgrade this one) or a marker without the fields its version requires."""
+    """A stored marker this library cannot read: an unknown format version (a newer library
+    wrote it) or a marker without the fields its version requires."""
 
 
 def millis(seconds: float) -> int:
@@ -108,15 +103,11 @@ def bound_millis(seconds: float) -> int:
 def record_fields(record: IdempotencyRecord, *, native_json: bool = False,
                   chunk_chars: int = TABLE_CHUNK_CHARS, written_id: str | None = None
                   ) -> dict[str, Any]:
-    """The record's properties in the current format; its pending outgoing messages (if any)
-    as chunked strings of at most `chunk_chars` characters (one JSON array with
-    `native_json`), with the time they became pending (what the sweeper queries) or, on a
-    marker of an Event Hubs batch, its event's position instead (pending while the
-    partition's mark does not cover it: never the sweeper's). `native_json`: the result,
-    messages and position as JSON values (a store of JSON documents), not text.
-    `written_id`: the id the marker is written under, when not `record.id` (a further marker
-    of a group commit travels as a write of its own): the key is stored where that id cannot
-    give it."""
+    """The record's properties in the current format. Pending messages go in chunks of at most
+    `chunk_chars`, with the time they became pending (the sweeper's query) or a batch marker's
+    event position. `native_json`: the result, messages and position as JSON values, not text.
+    `written_id`: the id the marker is written under when not `record.id` (a further marker of
+    a group commit), so the key is stored where that id cannot give it."""
     written = millis(record.updated_at)
     fields: dict[str, Any] = {VERSION: FORMAT_VERSION, HASH: record.request_hash, WRITTEN: written}
     created = millis(record.created_at)
@@ -152,8 +143,8 @@ def record_fields(record: IdempotencyRecord, *, native_json: bool = False,
 
 def pending_names(record: IdempotencyRecord, *, native_json: bool = False,
                   chunk_chars: int = TABLE_CHUNK_CHARS) -> list[str]:
-    """The properties `record_fields` wrote for `record`'s pending messages: what recording
-    them as dispatched removes (or blanks)."""
+    """The properties `record_fields` wrote for `record`'s pending messages (what recording
+    them as dispatched removes or blanks)."""
     if not record.outbox:
         return []
     chunks = (pending_chunk_names(1) if native_json  # one JSON value
@@ -168,7 +159,7 @@ def is_record(properties: Mapping[str, Any]) -> bool:
 
 def record_from_fields(properties: Mapping[str, Any], *, record_id: str, partition: str,
                        etag: str | None) -> IdempotencyRecord:
-    """The record a marker's properties hold, read by the reader of its format version."""
+    """The record a marker's properties hold, by the reader of its format version."""
     version = properties.get(VERSION)
     reader = _READERS.get(version) if type(version) is int else None
     if reader is None:

@@ -1,11 +1,9 @@
 """Precise exception types of the dedup library; every one derives from `IdempotencyError`.
 
 Three families: errors the caller acts on (a message that can never succeed, a store outage;
-the two that carry an `Outcome`, a key reused or held, live beside it in `shared.core.records`
-so that this module imports nothing of the library), configuration errors
-raised when the library is set up (a missing or mismatched collaborator, a retention
-shorter than the redelivery window), and the store contract errors the backends raise
-to the flow (record exists, etag mismatch, failed batch).
+the two that carry an `Outcome` live in `shared.core.records`, so this module imports nothing
+of the library), configuration errors raised when the library is set up, and the store
+contract errors the backends raise to the flow (record exists, etag mismatch, failed batch).
 """
 
 from __future__ import annotations
@@ -26,8 +24,7 @@ class ConfigurationError(IdempotencyError, ValueError):
 
 class PoisonMessageError(IdempotencyError):
     """The message can never succeed as it is: dead-letter or park it with `reason` (a short
-    stable code) on its first delivery, never retry it. Raise it from a parse or a build
-    to refuse a message; `detail` says what is wrong."""
+    stable code) on its first delivery, never retry it; `detail` says what is wrong."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
@@ -48,10 +45,8 @@ class RetentionConfigError(ConfigurationError):
 
 
 class StoreUnavailableError(IdempotencyError):
-    """The store is throttling, timing out or unreachable: retry later.
-
-    Never read this as "not a duplicate": the message must not be acknowledged.
-    """
+    """The store is throttling, timing out or unreachable: retry later. Never read this as
+    "not a duplicate": the message must not be acknowledged."""
 
     def __init__(self, message: str, *, status_code: int | None = None,
                  error: BaseException | None = None) -> None:
@@ -94,29 +89,26 @@ class OperationFailedError(IdempotencyError):
         self.status_code = status_code
 
 
-class EffectUncertainError(IdempotencyError):
+class _RecordError(IdempotencyError):
+    """An error about a claim, which it carries as `record`."""
+
+    def __init__(self, message: str, *, record: object | None = None) -> None:
+        super().__init__(message)
+        self.record = record
+
+
+class EffectUncertainError(_RecordError):
     """The handler cannot tell whether its effect happened (e.g. a timeout after sending).
 
-    Raised by a two-phase handler, it keeps the claim in progress instead of
-    releasing it, so no redelivery repeats the effect blindly; the caller
-    reconciles or parks it. `record` is the claim still held.
+    Raised by a two-phase handler, it keeps the claim (`record`) in progress instead of
+    releasing it, so no redelivery repeats the effect blindly; the caller reconciles or parks it.
     """
 
-    def __init__(self, message: str, *, record: object | None = None) -> None:
-        super().__init__(message)
-        self.record = record
 
-
-class LeaseLostError(IdempotencyError):
-    """A two-phase holder's lease ran out and another consumer took the key over.
-
-    The holder's effect ran, and so may the other consumer's: the store keeps
-    the other one's record (`record`), never this holder's result.
+class LeaseLostError(_RecordError):
+    """A two-phase holder's lease ran out and another consumer took the key over: both effects
+    may have run; the store keeps the other one's record (`record`), never this holder's result.
     """
-
-    def __init__(self, message: str, *, record: object | None = None) -> None:
-        super().__init__(message)
-        self.record = record
 
 
 class ConcurrencyRetriesExhaustedError(IdempotencyError):
@@ -128,11 +120,9 @@ _RETRY_AFTER_MS = ("x-ms-retry-after-ms", "retry-after-ms")
 
 
 def retry_after(error: BaseException) -> float | None:
-    """Seconds the store asked the caller to wait before retrying, if its answer said so.
-
-    Looks through the error, the SDK error it wraps (`StoreUnavailableError.error`)
-    and its causes for an HTTP response with `x-ms-retry-after-ms` (Cosmos DB),
-    `retry-after-ms` or `Retry-After` (seconds or an HTTP date).
+    """Seconds the store asked the caller to wait before retrying, if its answer said so: the
+    first response header `x-ms-retry-after-ms`, `retry-after-ms` or `Retry-After` (seconds or
+    an HTTP date) on the error, the SDK error it wraps (`.error`) or its causes.
     """
     seen: set[int] = set()
     current: BaseException | None = error
@@ -165,42 +155,32 @@ def _seconds_from(value: str) -> float | None:
 
 
 class OutgoingMessageTooLargeError(IdempotencyError, ValueError):
-    """An outgoing message (or one key's messages) is larger than the marker can carry.
-
-    Raised while the consumer records the message, before anything commits, so
-    it is a bug or bad input of this message, never a dispatch-time surprise.
-    """
+    """An outgoing message (or one key's messages) is larger than the marker can carry; raised
+    while the consumer records it, before anything commits, never at dispatch."""
 
 
-class DispatchUnavailableError(IdempotencyError):
-    """The broker did not take (or did not confirm) an outgoing message: retry later.
-
-    The messages stay pending on the marker; re-sending them is safe because
-    their ids are stable and the destination deduplicates them.
-    """
+class _DispatchError(IdempotencyError):
+    """A dispatch failed; `error` is the SDK's. The messages stay pending on the marker."""
 
     def __init__(self, message: str, *, error: BaseException | None = None) -> None:
         super().__init__(message)
         self.error = error
 
 
-class DispatchRejectedError(IdempotencyError):
-    """The broker refused an outgoing message for a reason retrying will not fix.
+class DispatchUnavailableError(_DispatchError):
+    """The broker did not take (or did not confirm) an outgoing message: retry later (safe: the
+    ids are stable and the destination deduplicates them)."""
 
-    For example a destination that does not exist or a message over the
-    entity's size limit. The messages stay pending and the failure is alerted.
-    """
 
-    def __init__(self, message: str, *, error: BaseException | None = None) -> None:
-        super().__init__(message)
-        self.error = error
+class DispatchRejectedError(_DispatchError):
+    """The broker refused an outgoing message for a reason retrying will not fix (no such
+    destination, over the entity's size limit); the failure is alerted."""
 
 
 class MultiRegionWritesError(ConfigurationError):
     """The Cosmos DB account accepts writes in more than one region, so no single region
-    arbitrates a key: two regions can each accept a copy's marker, and last-writer-wins
-    resolves the conflict only after both effects ran. Raised when a store is built (async:
-    on its first request); the message names the setting and the fix."""
+    arbitrates a key (two regions can each accept a copy's marker, and both effects run).
+    Raised when a store is built (async: on its first request)."""
 
     def __init__(self, message: str, *, regions: tuple[str, ...] = ()) -> None:
         super().__init__(message)

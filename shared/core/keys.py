@@ -1,13 +1,10 @@
 """Dedup keys: where they come from, how they are scoped, and how they are stored.
 
-A key is scoped by consumer (two consumers of one message each apply it
-once), built only from stable message identity (never a delivery's), and
-encoded so any input is a valid Table Storage PartitionKey/RowKey and Cosmos
-DB id: deterministic and injective, with long keys replaced by their SHA-256.
-The raw key can be read back from the encoding (`decode_component`) unless a long key was
-hashed; the marker then carries it (shared.core.codec).
-The request hash (`request_hash`) tells a duplicate from a key reused for other
-content, whatever way a producer serialised the same JSON.
+A key is scoped by consumer (two consumers of one message each apply it once), built only from
+stable message identity (never a delivery's), and encoded so any input is a valid Table Storage
+PartitionKey/RowKey and Cosmos DB id: deterministic and injective, with long keys replaced by
+their SHA-256 (the marker then carries the raw key). The request hash (`request_hash`) tells a
+duplicate from a key reused for other content, however a producer serialised the same JSON.
 """
 
 # Callers pass what a trigger delivered (untyped at run time): the isinstance checks on
@@ -33,8 +30,6 @@ _HASHED = "~"  # never produced by encode_component
 MAX_ENCODED_LENGTH = 250  # Cosmos id <= 255 chars; Table keys <= 1 KiB
 MAX_RAW_KEY_BYTES = 16 * 1024
 _CONSUMER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
-# json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False), without and
-# with sort_keys, built once (shared.core.jsontext): a CloudEvent key, the canonical form's first pass.
 _compact_json = compact_encoder()
 _sorted_json = compact_encoder(sort_keys=True)
 
@@ -51,9 +46,8 @@ def _escape(match: re.Match[str]) -> str:
     return _escaped_run(match.group())
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096)  # keys of one stream share their unsafe runs ('["', '/', ...)
 def _escaped_run(run: str) -> str:
-    # Keys of one stream share their unsafe runs ('["', '/', '","'...): escape each once.
     return "".join(f"{_ESCAPE}{byte:02X}" for byte in run.encode("utf-8"))
 
 
@@ -135,8 +129,8 @@ class DedupKey:
 
     @classmethod
     def from_encoded(cls, encoded: str) -> DedupKey | None:
-        """The key whose `encoded` is `encoded`; None when that encoding hashed a long key (its
-        raw text is then not in it) or is no key's encoding."""
+        """The key whose `encoded` is `encoded`; None when it hashed a long key or is no key's
+        encoding."""
         consumer, separator, rest = encoded.partition(_SEPARATOR)
         if not separator or rest.startswith(_HASHED):
             return None
@@ -178,14 +172,13 @@ class DedupKey:
 
 
 # -- request hash ---------------------------------------------------------------------------
-# One form: SHA-256 of the canonical bytes below (of the bytes themselves for a bytes payload),
-# written as unpadded base64url (43 characters). A marker's format version (shared.core.codec)
-# names this algorithm; a change to it is a new marker version, never a second form here.
+# SHA-256 of the canonical bytes below (of a bytes payload itself), as unpadded base64url. A
+# marker's format version (shared.core.codec) names this algorithm: a change to it is a new
+# marker version, never a second form here.
 REQUEST_HASH_LENGTH = 43
 
-# json.dumps writes every float as a digit followed by "." or a signed exponent ("1.5",
-# "1e-07"), which ints, true, false and null never hold: without a hit there is no float. A
-# hit inside a string only costs the exact pass, which rewrites floats outside strings alone.
+# json.dumps writes every float as a digit followed by "." or a signed exponent, which no other
+# token holds: without a hit there is no float (a hit inside a string only costs the exact pass).
 _FLOAT_HINT = re.compile(r"\d(?:\.|e[-+])")
 _STRING = re.compile(r'("[^"\\]*(?:\\.[^"\\]*)*")')
 _FLOAT = re.compile(r"-?\d+(?:\.\d+(?:e[-+]\d+)?|e[-+]\d+)")
@@ -242,18 +235,15 @@ def _utf16_ordered(value: Any) -> Any:
 def canonical_json(value: Any) -> bytes:
     """The canonical bytes of a JSON value: RFC 8785 (JCS), with exact integers beyond 2**53.
 
-    RFC 8785: no whitespace, keys in UTF-16 code-unit order, strings in its fixed escaping,
-    numbers by value (1, 1.0 and 1e0 are all written "1"). JCS writes every number as an
-    IEEE double, which would merge different integers above 2**53 (2**53 and 2**53 + 1), so
-    here every integral number is written as its exact integer digits and every other float
-    in the ECMAScript form JCS prescribes. Below 2**53 in magnitude that is byte for byte
-    RFC 8785 (tests/test_keys.py holds it to the `rfc8785` package); above it, equal exact
-    values (the int 2**60 and the float 2.0**60) still share one form and different ones
-    never do. Object keys must be strings.
+    JCS writes every number as an IEEE double, which would merge different integers above
+    2**53, so here integral numbers are written as their exact digits and other floats in the
+    ECMAScript form JCS prescribes: byte for byte RFC 8785 below 2**53, and above it equal
+    values (2**60 and 2.0**60) still share one form. Object keys must be strings; ValueError
+    for a value that is not JSON.
 
-    Fast path: json.dumps (C) already writes JCS strings, ints, true/false/null, and sorts
-    keys by code point, which equals UTF-16 order unless the text holds a character at or
-    above U+E000; only then are keys re-sorted first, and only floats are rewritten.
+    json.dumps already writes JCS strings, ints and literals and sorts keys by code point,
+    which is UTF-16 order unless the text holds a character at or above U+E000: only then are
+    keys re-sorted, and only floats are rewritten.
     """
     try:
         text = _sorted_json(value)
@@ -274,12 +264,10 @@ def request_hash(payload: Any, *, fields: tuple[str, ...] | None = None) -> str:
     """SHA-256 of the payload's canonical form, or of selected immutable fields, as 43
     characters of unpadded base64url.
 
-    Bytes are hashed as they are; anything else as canonical JSON (`canonical_json`), so key
-    order, whitespace, string escapes and how a producer wrote its numbers (1, 1.0, 1e0) do
-    not matter, while any difference in value does. With `fields`, only those fields count,
-    a missing one as null (serialisers differ in whether they write nulls). Two hashes are
-    the same request exactly when they are equal (bytes that are a value's canonical text
-    hash as that value does: the same content).
+    Bytes are hashed as they are; anything else as `canonical_json`, so key order, whitespace,
+    escapes and number spelling (1, 1.0, 1e0) do not matter, while any difference in value
+    does. With `fields`, only those count, a missing one as null (serialisers differ in whether
+    they write nulls). Two hashes are the same request exactly when they are equal.
     """
     if fields is not None:
         if not isinstance(payload, dict):

@@ -1,49 +1,22 @@
 """Telemetry export, and trace context carried from producer to consumer and downstream.
 
-`configure_observability()` turns on the Azure Monitor OpenTelemetry distro
-(traces, metrics and logs to Application Insights) when
-`APPLICATIONINSIGHTS_CONNECTION_STRING` is set, and does nothing otherwise:
-without it the OpenTelemetry API stays a no-op and logs go wherever the
-Functions worker sends them. Call it once at import time of `function_app.py`.
-The distro (`azure-monitor-opentelemetry`) is imported lazily, so the library
-works where it is not installed; a missing package with a connection string
-set is logged as a warning, never raised.
+`configure_observability()` turns on the Azure Monitor OpenTelemetry distro (traces, metrics
+and logs to Application Insights) when `APPLICATIONINSIGHTS_CONNECTION_STRING` is set, and does
+nothing otherwise; call it once at import time of `function_app.py`. The distro is imported
+lazily: a missing package with a connection string set is logged as a warning, never raised.
 
-The trace sampler is always set explicitly: `sampling_ratio` (else the
-`TRACE_SAMPLING_RATIO` setting, else `DEFAULT_SAMPLING_RATIO`, 0.1 %) goes to
-the distro's fixed-percentage sampler (`ApplicationInsightsSampler`: the
-decision follows the trace id, so every span of a sampled trace is kept, and
-each exported item carries its sample rate, so Application Insights scales
-counts back up). Without it the distro would apply its own default (a rate
-limit), which keeps a share of messages that depends on the load. Logs
-are not sampled, and metrics never are: per-message counts and latencies live
-in the metrics (`shared.core.telemetry`). The standard `OTEL_TRACES_SAMPLER` /
-`OTEL_TRACES_SAMPLER_ARG` variables, when set, still take precedence (the
-distro reads them first).
+The trace sampler is always set explicitly: `sampling_ratio` (else `TRACE_SAMPLING_RATIO`, else
+`DEFAULT_SAMPLING_RATIO`) goes to the distro's fixed-percentage sampler, whose decision follows
+the trace id and whose items carry their sample rate; without it the distro would rate-limit, a
+share that changes with the load. Traces are examples of where a message's time went: the
+counts and latencies are exact on the metrics (`shared.core.telemetry`), and logs and metrics
+are never sampled. `OTEL_TRACES_SAMPLER` / `OTEL_TRACES_SAMPLER_ARG`, when set, still take
+precedence (the distro reads them first).
 
-Why 1 in 1,000: traces are examples of where one message's time went (its
-handler, its store calls); the counts, rates and latency distributions are
-exact on the metrics, and every record a person acts on is logged unsampled.
-The exported bytes grow with the ratio (what a sampled message exports is measured in
-`benchmarks/RESULTS.md`, "Telemetry bytes per message"); at 1,000 messages/s, 1 in 1,000 is
-one trace a second, still more examples than anyone reads. A low-rate app, or an
-investigation, raises `TRACE_SAMPLING_RATIO` (an app setting: no redeploy).
-
-`sdk_request()` wraps an Azure SDK request the library sends outside the
-SDK's own methods (the Table `$batch` codec's `send_request`): azure-core's
-tracing policy gives it its HTTP span, and without this the distro's `requests`
-instrumentation would record the same request a second time (the SDK's
-methods suppress it for their own calls).
-
-`batch_span()` is the span of one Event Hubs batch, so its store calls and
-its summary record share one trace: a sampled batch is one request with its
-dependencies, instead of each store call a root trace of its own.
-
-`message_span()` continues the producer's trace from the message's
-`traceparent` / `Diagnostic-Id` application property, and
-`downstream_headers()` builds the headers of a call the consumer makes:
-the `Idempotency-Key` (so the next service can deduplicate its own work) plus
-W3C `traceparent`/`tracestate` from the current OpenTelemetry context.
+`message_span()` continues the producer's trace from the message's `traceparent` /
+`Diagnostic-Id` property, `batch_span()` is one Event Hubs batch's span (its store calls and
+summary record share one trace), and `downstream_headers()` builds a downstream call's
+`Idempotency-Key` and W3C trace context headers.
 """
 
 from __future__ import annotations
@@ -69,8 +42,7 @@ from shared.core.keys import DedupKey, store_safe_id
 
 CONNECTION_STRING_SETTING = "APPLICATIONINSIGHTS_CONNECTION_STRING"
 SAMPLING_RATIO_SETTING = "TRACE_SAMPLING_RATIO"
-# Share of traces (message spans and their store dependencies) exported: 1 in 1,000 (one trace a
-# second at 1,000 messages/s; see the module docstring for why).
+# Share of traces (message spans and their store dependencies) exported: 1 in 1,000.
 DEFAULT_SAMPLING_RATIO = 0.001
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 CORRELATION_ID_HEADER = "X-Correlation-Id"
@@ -88,9 +60,8 @@ _configured = False
 
 
 def sampling_ratio_from(environ: Mapping[str, str] | None = None) -> float:
-    """The trace sampling ratio of `TRACE_SAMPLING_RATIO` (0 to 1), or the default when unset.
-
-    A value that is not a number in [0, 1] raises ValueError naming the setting."""
+    """The trace sampling ratio of `TRACE_SAMPLING_RATIO`, or the default when unset; ValueError
+    naming the setting when it is not a number in [0, 1]."""
     env = os.environ if environ is None else environ
     raw = (env.get(SAMPLING_RATIO_SETTING) or "").strip()
     if not raw:
@@ -111,12 +82,9 @@ def configure_observability(*, connection_string: str | None = None,
                             **options: Any) -> bool:
     """Configure Azure Monitor export once per process; a no-op without a connection string.
 
-    `connection_string` defaults to `APPLICATIONINSIGHTS_CONNECTION_STRING`;
-    `sampling_ratio` to `TRACE_SAMPLING_RATIO` (see `sampling_ratio_from`),
-    always passed on so the sampler is never the distro's implicit one;
-    `options` go to `configure_azure_monitor` (e.g. `logger_name`).
-    `configure` replaces the distro's entry point (tests). Returns True when
-    export is on (now or from an earlier call).
+    `connection_string` and `sampling_ratio` default to their settings; `options` go to
+    `configure_azure_monitor`, which `configure` replaces (tests). Returns True when export is
+    on (now or from an earlier call).
     """
     global _configured
     env = os.environ if environ is None else environ
@@ -145,8 +113,8 @@ def configure_observability(*, connection_string: str | None = None,
 
 @contextmanager
 def sdk_request() -> Generator[None]:
-    """Around an Azure SDK request sent through a client's pipeline directly: HTTP
-    instrumentation (the distro's `requests`, `urllib3`) records no second span of it."""
+    """Around an Azure SDK request sent through a client's pipeline directly (the Table `$batch`
+    codec): azure-core traces it, so HTTP instrumentation must record no second span of it."""
     if suppress_http_instrumentation is None:
         yield
         return
@@ -187,9 +155,8 @@ def message_span(name: str, *, properties: Mapping[str, Any] | None = None,
                  attributes: Mapping[str, Any] | None = None) -> Generator[trace.Span]:
     """A CONSUMER span for one message, child of the producer's span when the message has one.
 
-    Without a configured tracer provider the span does not record, but the
-    producer's trace context still becomes current, so `downstream_headers`
-    passes it on.
+    Without a tracer provider the span does not record, but the producer's trace context still
+    becomes current, so `downstream_headers` passes it on.
     """
     span_attributes: dict[str, Any] = {k: v for k, v in (attributes or {}).items() if v is not None}
     if message_id is not None:
@@ -208,12 +175,8 @@ def message_span(name: str, *, properties: Mapping[str, Any] | None = None,
 @contextmanager
 def batch_span(name: str, *, partition_id: str, events: int,
                attributes: Mapping[str, Any] | None = None) -> Generator[trace.Span]:
-    """A CONSUMER span for one Event Hubs batch of `events` events from one partition.
-
-    The events' producer contexts are not linked: a link is about 80 bytes on
-    the exported span, per event, and each event's key and ids are on the
-    records of what a person acts on.
-    """
+    """A CONSUMER span for one Event Hubs batch of `events` events from one partition. The
+    events' producer contexts are not linked: a link per event would bloat the exported span."""
     span_attributes: dict[str, Any] = {
         "messaging.system": "eventhubs", "messaging.destination.partition.id": partition_id,
         "messaging.batch.message_count": events,
@@ -225,12 +188,9 @@ def batch_span(name: str, *, partition_id: str, events: int,
 
 # -- trace context out ------------------------------------------------------------------
 def idempotency_key_value(key: DedupKey | str, operation: str | None = None) -> str:
-    """Header-safe `Idempotency-Key` for one downstream call of one message.
-
-    A DedupKey gives its store-safe encoding (consumer-scoped, ASCII). Pass
-    `operation` when one message makes several distinct calls to the same
-    service, so each call has its own key.
-    """
+    """Header-safe `Idempotency-Key` for one downstream call of one message: a DedupKey's
+    store-safe encoding, plus `operation` when one message makes several distinct calls to the
+    same service."""
     value = key.encoded if isinstance(key, DedupKey) else str(key)
     if not _HEADER_SAFE.match(value):
         value = store_safe_id(value)
@@ -245,13 +205,9 @@ def downstream_headers(key: DedupKey | str, correlation_id: str | None = None, *
                        operation: str | None = None,
                        properties: Mapping[str, Any] | None = None,
                        headers: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Headers for a call the consumer makes: Idempotency-Key + W3C trace context.
-
-    The trace context comes from the current OpenTelemetry context (through
-    the configured propagators, W3C Trace Context and Baggage by default).
-    When no span is current, the message's own `traceparent`/`Diagnostic-Id`
-    (`properties`) is passed on instead, so the trace is not broken.
-    """
+    """Headers for a call the consumer makes: Idempotency-Key + trace context, from the
+    configured propagators, or the message's own `traceparent`/`Diagnostic-Id` (`properties`)
+    when no span is current, so the trace is not broken."""
     out = dict(headers or {})
     out[IDEMPOTENCY_KEY_HEADER] = idempotency_key_value(key, operation)
     if correlation_id:

@@ -1,33 +1,19 @@
 """Outgoing messages of a consumer: what a transactional outbox stores and dispatches.
 
-A consumer whose effect includes telling someone records the messages it
-sends in the same transaction as its dedup marker, and sends them only after
-that transaction committed. This module holds the parts that do not depend on
-a store or a broker:
+A consumer records the messages it sends in the same transaction as its dedup marker, on the
+marker itself (so a duplicate's marker read already says whether any are pending), and sends
+them only after that transaction committed. This module holds the parts that depend on no
+store or broker: `OutgoingMessage`; `outgoing_message_id`, derived from the incoming key, the
+destination and the message's ordinal, so a transaction rebuilt after a lost race yields the
+same ids and the destination's duplicate detection absorbs any re-send; `outgoing`, which adds
+the propagated key, correlation id and trace context; `encode_pending` / `decode_pending`, the
+stored form as flat properties that fit both stores' item rules; and `EventPosition`, which a
+marker of an Event Hubs batch carries instead of `PENDING_SINCE`: its messages are pending
+exactly while the partition's mark does not cover it (the sweeper never sees them).
 
-* `OutgoingMessage`: one message as the commit stores it and a dispatcher
-  sends it (a frozen value; bodies are bytes).
-* `outgoing_message_id`: the default message id, derived from the incoming
-  dedup key, the destination and the message's ordinal, so a transaction
-  rebuilt after a lost race yields the same ids and the destination's
-  duplicate detection and the next consumer's dedup absorb any re-send.
-* `outgoing`: builds a message with that id and the propagated key,
-  correlation id and trace context (the same rules as `downstream_headers`).
-* `encode_pending` / `decode_pending`: the messages as flat string
-  properties that fit both stores' item rules (a Table string property holds
-  at most 32 Ki UTF-16 characters; Cosmos keeps them as JSON strings), to be
-  written on the marker itself, so a duplicate's marker read already says
-  whether anything is still pending. What the marker's key already says (a
-  message's derived id and `Idempotency-Key`) and defaults are left out.
-* `EventPosition`: where the Event Hubs event sits whose commit recorded the
-  messages. An Event Hubs batch records no dispatch per marker: its
-  partition's high-water mark moves only after the batch's messages went out,
-  so a marker's messages are pending exactly while the mark does not cover
-  its position (no `PENDING_SINCE`: the sweeper never sees them).
-
-Sizes are checked when a message is recorded, never at dispatch: a body over
-`MAX_BODY_BYTES` or a key's messages over `MAX_PENDING_BYTES` raise
-`OutgoingMessageTooLargeError` inside the consumer's build.
+Sizes are checked when a message is recorded, never at dispatch: a body over `MAX_BODY_BYTES`
+or a key's messages over `MAX_PENDING_BYTES` raise `OutgoingMessageTooLargeError` inside the
+consumer's build.
 """
 
 from __future__ import annotations
@@ -79,13 +65,9 @@ PropertyValue = str | int | float | bool
 
 @dataclass(frozen=True, kw_only=True)
 class OutgoingMessage:
-    """One message to send after the commit; a frozen value the store can keep.
-
-    `destination` is the queue, topic or event hub name as the dispatcher
-    knows it. `session_id` (Service Bus sessions) and `partition_key` keep
-    related messages in order on the broker; `scheduled_enqueue_time` is
-    honoured by Service Bus (a scheduled message).
-    """
+    """One message to send after the commit. `destination`: the queue, topic or event hub;
+    `session_id` and `partition_key` keep related messages in order on the broker;
+    `scheduled_enqueue_time` is honoured by Service Bus."""
 
     destination: str
     body: bytes
@@ -114,9 +96,8 @@ class OutgoingMessage:
 
 
 class Dispatcher(Protocol):
-    """Sends outgoing messages (the sync variant); raises `DispatchUnavailableError` or
-    `DispatchRejectedError`. `shared.backends.dispatch` holds the Service Bus and Event Hubs ones;
-    here, beside the message, so that the flows depend on the contract, not on an SDK."""
+    """Sends outgoing messages; raises `DispatchUnavailableError` or `DispatchRejectedError`.
+    Here, beside the message, so the flows depend on the contract, not on an SDK."""
 
     def dispatch(self, messages: Sequence[OutgoingMessage]) -> None: ...
 
@@ -124,7 +105,7 @@ class Dispatcher(Protocol):
 
 
 class AsyncDispatcher(Protocol):
-    """`Dispatcher` on the async variant (`shared.backends.dispatch_aio` holds the SDK ones)."""
+    """`Dispatcher` on the async variant."""
 
     async def dispatch(self, messages: Sequence[OutgoingMessage]) -> None: ...
 
@@ -133,12 +114,10 @@ class AsyncDispatcher(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class EventPosition:
-    """An event's place in its hub: `event_hub`, `partition_id`, `sequence_number` and
-    `enqueued_time` (ISO text as the trigger gives it; None when it gave none).
+    """An event's place in its hub (`enqueued_time`: ISO text as the trigger gives it, or None).
 
-    Kept on a marker of an Event Hubs batch next to its messages. The partition's mark
-    covering this position (`shared.flows.watermark.Mark.covers`) is the record that they were
-    dispatched: the batch processor moves the mark only after dispatching them.
+    Kept on a marker of an Event Hubs batch next to its messages: the partition's mark covering
+    it is the record that they were dispatched (the mark moves only after dispatching them).
     """
 
     event_hub: str
@@ -154,13 +133,11 @@ class EventPosition:
         return fields
 
     def encode(self) -> str:
-        """`to_list` as JSON text."""
         return json.dumps(self.to_list(), ensure_ascii=True, separators=(",", ":"))
 
     @classmethod
     def decode(cls, stored: object) -> EventPosition | None:
-        """The position `encode` (text) or `to_list` (a JSON array) wrote; None for an empty
-        or absent value (cleared)."""
+        """The position `encode` or `to_list` wrote; None for an empty or absent value."""
         if not stored:
             return None
         values: Any = json.loads(stored) if isinstance(stored, str) else stored
@@ -172,7 +149,7 @@ class EventPosition:
 
 @functools.lru_cache(maxsize=4096)  # the commit encoding a message asks again what its send made
 def outgoing_message_id(key: DedupKey, destination: str, ordinal: int) -> str:
-    """The id of the `ordinal`-th message to `destination` sent for `key`: the same on every rebuild."""
+    """The id of the `ordinal`-th message to `destination` for `key`: the same on every rebuild."""
     name = json.dumps([key.consumer, key.key, destination, ordinal], ensure_ascii=False,
                       separators=(",", ":"))
     return str(uuid.uuid5(_ID_NAMESPACE, name))
@@ -186,12 +163,9 @@ def outgoing(key: DedupKey, destination: str, body: bytes | str | Mapping[str, A
              scheduled_enqueue_time: datetime.datetime | None = None) -> OutgoingMessage:
     """An `OutgoingMessage` for `key`'s effect, with a derived id and the propagated identity.
 
-    A JSON value body is encoded as compact UTF-8 JSON (`application/json`), a
-    str as UTF-8 text. The application properties carry `Idempotency-Key`
-    (the incoming key, per destination and ordinal, as for downstream calls),
-    the correlation id and the current trace context, so the next hop can
-    deduplicate its own work and join the trace; the caller's own properties
-    win over them.
+    A JSON value body is encoded as compact UTF-8 JSON, a str as UTF-8 text. The properties carry
+    `Idempotency-Key` (per destination and ordinal), the correlation id and the current trace
+    context, so the next hop can deduplicate and join the trace; the caller's properties win.
     """
     if isinstance(body, bytes):
         data, default_type = body, "application/octet-stream"
@@ -211,7 +185,7 @@ def outgoing(key: DedupKey, destination: str, body: bytes | str | Mapping[str, A
 
 
 def check_pending_size(messages: Sequence[OutgoingMessage]) -> None:
-    """Refuse more messages per key than one marker can carry (raised in the build, not at dispatch)."""
+    """Refuse more messages per key than one marker can carry."""
     if len(messages) > MAX_MESSAGES:
         raise OutgoingMessageTooLargeError(
             f"{len(messages)} outgoing messages for one key; at most {MAX_MESSAGES} can be recorded")
@@ -225,11 +199,10 @@ def check_pending_size(messages: Sequence[OutgoingMessage]) -> None:
 
 # -- stored form ---------------------------------------------------------------------------
 # One message as a JSON object of short names, leaving out what a reader derives: the id and
-# the Idempotency-Key property `outgoing` made from the carrying marker's key (the n-th message
-# to a destination has ordinal n), the default content type, and every absent value. A body
-# that is compact JSON (as `outgoing` writes a JSON value) is kept as that value ("j"), any
-# other as base64 ("b").
-_body_json = compact_encoder()  # json.dumps(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+# Idempotency-Key `outgoing` made from the marker's key (the n-th message to a destination has
+# ordinal n), the default content type, and every absent value. A body that is compact JSON is
+# kept as that value ("j"), any other as base64 ("b").
+_body_json = compact_encoder()
 
 
 def _embedded(body: bytes) -> tuple[bool, Any]:
@@ -313,11 +286,10 @@ def _ordinals(destinations: Sequence[str]) -> list[int]:
 
 def encode_pending(messages: Sequence[OutgoingMessage], *, key: DedupKey | None = None,
                    chunk_chars: int | None = TABLE_CHUNK_CHARS) -> dict[str, Any]:
-    """Flat properties holding `messages` (none: `{}`), for a marker: JSON text in strings of
-    at most `chunk_chars` (a Table property's limit by default), or with `chunk_chars=None`
-    the JSON value itself in one property (Cosmos DB: no escaping, one patch clears it).
-    `key`: the carrying marker's, whose derived ids and Idempotency-Keys are then not stored
-    (`decode_pending` needs the same key)."""
+    """Flat properties holding `messages` (none: `{}`): JSON text in strings of at most
+    `chunk_chars`, or with `chunk_chars=None` the JSON value in one property (Cosmos DB: no
+    escaping, one patch clears it). `key`: the marker's, whose derived ids and Idempotency-Keys
+    are then not stored (`decode_pending` needs the same key)."""
     check_pending_size(messages)
     if not messages:
         return {}
@@ -347,8 +319,7 @@ def _chunks(fields: Mapping[str, Any]) -> list[Any]:
 
 
 def pending_field_names(fields: Mapping[str, Any]) -> list[str]:
-    """The names of the pending-message properties `fields` holds (chunks, and the time or
-    the event position)."""
+    """The names of the pending-message properties `fields` holds."""
     names = pending_chunk_names(len(_chunks(fields)))
     return [*names, *(name for name in (PENDING_SINCE, POSITION) if name in fields)]
 
@@ -364,8 +335,7 @@ def is_pending_field(name: str) -> bool:
 
 def decode_pending(fields: Mapping[str, Any], *, key: DedupKey | None = None
                    ) -> list[OutgoingMessage]:
-    """The pending messages stored in a marker's properties (an empty list when none);
-    `key` as given to `encode_pending`."""
+    """The pending messages stored in a marker's properties; `key` as given to `encode_pending`."""
     chunks = _chunks(fields)
     if not chunks:
         return []

@@ -5,11 +5,9 @@ content, partition) and fails is the message's fault, refused at once with a rea
 (`derived`); a reused key is refused; a transient failure is retried; anything else a user
 function raises is retried to the trigger's delivery limit (`decision_for_exception`).
 
-The app settles explicitly (`auto_complete_messages=False`) so a key conflict
-can be dead-lettered with a reason instead of completed or retried. In Azure
-the Functions host injects `ServiceBusMessageActions` (package
-azurefunctions-extensions-bindings-servicebus); the delivery simulator and the
-tests pass their own implementation of the same three methods.
+The app settles explicitly (`auto_complete_messages=False`) so a key conflict can be
+dead-lettered with a reason instead of completed or retried; the Functions host injects
+`ServiceBusMessageActions`, the simulator and the tests their own `MessageActions`.
 """
 
 from __future__ import annotations
@@ -73,8 +71,8 @@ class Decision:
 
     @classmethod
     def wait(cls, reason: str, description: str = "") -> Decision:
-        """Abandoning would redeliver at once and burn the delivery count within
-        milliseconds; an unsettled message comes back after the lock duration."""
+        """Leave unsettled: it comes back after the lock duration, where abandoning would
+        redeliver at once and burn the delivery count."""
         return cls(Action.WAIT, reason, description)
 
     @classmethod
@@ -83,12 +81,9 @@ class Decision:
 
 
 def decision_for(outcome: Outcome) -> Decision:
-    """How to settle a message after the dedup flow: the one mapping every consumer uses.
-
-    Done now or before = complete; the key reused for other content =
-    dead-letter with both hashes (and alert); held by a live consumer = leave
-    the message to come back after the lock; an attempt that died mid-effect, which
-    the caller chose not to take over (STALE) = dead-letter for a person.
+    """How to settle a message after the dedup flow: done now or before = complete; the key
+    reused for other content = dead-letter with both hashes; held by a live consumer = wait for
+    the lock; an attempt that died mid-effect and was not taken over (STALE) = dead-letter.
     """
     key = outcome.key
     if outcome.status is OutcomeStatus.CONFLICT:
@@ -116,13 +111,9 @@ FAST_RETRIES = 1
 
 
 def transient(reason: str, detail: str, *, delivery_count: int) -> Decision:
-    """Retry a valid message after a transient failure without running out its delivery count.
-
-    The first failure is abandoned (redelivered at once: most blips are over by
-    then); from the second delivery on the message is left to its lock, so an
-    outage costs at most one delivery per lock duration (10 deliveries x 60 s
-    lock = about 10 minutes before Service Bus would dead-letter it) instead of
-    ten deliveries in milliseconds.
+    """Retry a valid message after a transient failure without running out its delivery count:
+    abandoned on its first delivery (most blips are over by then), later left to its lock, so an
+    outage costs at most one delivery per lock duration instead of all of them in milliseconds.
     """
     if delivery_count <= FAST_RETRIES:
         return Decision.abandon(reason, detail)
@@ -130,11 +121,8 @@ def transient(reason: str, detail: str, *, delivery_count: int) -> Decision:
 
 
 def decision_for_error(error: Exception, *, delivery_count: int = 1) -> Decision | None:
-    """The settlement for a store failure, or None when `error` is not one.
-
-    The one place that applies the rule: transient = retry (never dead-letter),
-    rejected by the store for good = dead-letter with the reason.
-    """
+    """The settlement for a store failure (transient = retry, never dead-letter; rejected for
+    good = dead-letter), or None when `error` is not one."""
     if isinstance(error, TRANSIENT_ERRORS):
         return transient("Transient", str(error), delivery_count=delivery_count)
     if isinstance(error, StoreRequestError):
@@ -144,8 +132,7 @@ def decision_for_error(error: Exception, *, delivery_count: int = 1) -> Decision
 
 def derived[R](what: str, derive: Callable[[], R]) -> R:
     """A value derived from the message alone (`what`: parse, key, content, partition): any
-    failure is the message's, for good, so it is refused at once with a reason
-    (`PoisonMessageError`: its own, `InvalidKey`, or `InvalidMessage` naming the step)."""
+    failure is the message's, for good, and raises `refusal`'s PoisonMessageError."""
     try:
         return derive()
     except Exception as error:
@@ -153,7 +140,8 @@ def derived[R](what: str, derive: Callable[[], R]) -> R:
 
 
 def refusal(what: str, error: Exception) -> PoisonMessageError:
-    """The refusal for `error`, raised while deriving `what` from a message."""
+    """The refusal for `error`, raised while deriving `what` from a message: its own, `InvalidKey`,
+    or `InvalidMessage` naming the step."""
     if isinstance(error, PoisonMessageError):
         return error
     if isinstance(error, InvalidKeyError):
@@ -162,12 +150,9 @@ def refusal(what: str, error: Exception) -> PoisonMessageError:
 
 
 def decision_for_exception(error: Exception, *, delivery_count: int = 1) -> Decision:
-    """The settlement after the dedup flow or a user function raised: the one rule.
-
-    Refused for good with a reason: bad input (`PoisonMessageError`), an effect nobody
-    knows happened (`OutcomeUnknown`), a request the store refuses. Retried: a transient
-    failure, and any other exception (`UnexpectedError`), until the trigger's limit.
-    """
+    """The settlement after the dedup flow or a user function raised: bad input, an effect
+    nobody knows happened (`OutcomeUnknown`) and a request the store refuses are refused for
+    good; a transient failure and any other exception (`UnexpectedError`) are retried."""
     if isinstance(error, PoisonMessageError):
         return Decision.deadletter(error.reason, error.detail)
     if isinstance(error, InvalidKeyError):
@@ -179,8 +164,8 @@ def decision_for_exception(error: Exception, *, delivery_count: int = 1) -> Deci
 
 
 def decision_for_result(result: Outcome | Decision | None) -> Decision:
-    """The settlement a consumer's handler answered for: a `Decision` as it is, an `Outcome`
-    by `decision_for`, None: complete. What every trigger helper calls after a handler."""
+    """The settlement a handler answered for: a `Decision` as it is, an `Outcome` by
+    `decision_for`, None: complete."""
     if result is None:
         return Decision.complete()
     if isinstance(result, Decision):
@@ -190,8 +175,8 @@ def decision_for_result(result: Outcome | Decision | None) -> Decision:
 
 def decision_after(error: BaseException, *, consumer: str, delivery_count: int = 1,
                    context: Mapping[str, Any] | None = None) -> Decision:
-    """`decision_for_exception`, logged: what every trigger helper calls after a handler
-    raised. A BaseException that is not an Exception (cancellation, exit) is raised again."""
+    """`decision_for_exception`, logged. A BaseException that is not an Exception
+    (cancellation, exit) is raised again."""
     if not isinstance(error, Exception):
         raise error
     decision = decision_for_exception(error, delivery_count=delivery_count)

@@ -1,21 +1,14 @@
 """The persistence interfaces every dedup backend implements, the steps they answer, and what
 they share.
 
-`RecordStore` is the dedup flow's whole view of storage: four record
-operations by location, each a single conditional request (the Powertools
-idempotency utility draws the same line). `DocumentStore` holds business
-documents and commits them atomically in one partition, optionally with a
-marker record first: the atomic path. Backends implement both; the flows
-(`shared.flows.steps`, `shared.flows.idempotency`) know nothing of any backend.
+`RecordStore` is the dedup flow's whole view of storage: four record operations by location,
+each a single conditional request. `DocumentStore` holds business documents (an id, a partition
+and a flat body) and commits them atomically in one partition, optionally with a marker record
+first: the atomic path. The flows know nothing of any backend.
 
-What a flow asks of a store is a store step (`GetRecord`, ..., `Commit`): a frozen dataclass
-the drivers hand to `perform`, the one call into a store. A store written as methods (the
-in-memory one, a test's wrapper) answers it by the method; Cosmos DB and Table Storage build
-the step's SDK request (`shared.backends.sdk_requests`); `AsyncIdempotencyStore` awaits it.
-
-Business documents are backend-neutral: an id, a partition and a flat body,
-mapped to a Cosmos document (`id` + partition key field) or a Table entity
-(`PartitionKey` + `RowKey`).
+What a flow asks of a store is a store step (`GetRecord`, ..., `RecordDispatched`): a frozen
+dataclass the drivers hand to `perform`, the one call into a store. A store written as methods
+answers it by the method; Cosmos DB and Table Storage build the step's SDK request.
 """
 
 from __future__ import annotations
@@ -170,8 +163,7 @@ class RecordStore(abc.ABC):
     name: str = "store"
 
     def perform(self, step: StoreStep) -> Any:
-        """Answer one store step by the method that makes its request (the drivers' one call
-        into a store; a backend that builds its requests from the steps overrides it)."""
+        """Answer one store step by the method that makes its request."""
         match step:
             case GetRecord(partition, record_id):
                 return self.get_record(partition, record_id)
@@ -201,15 +193,15 @@ class RecordStore(abc.ABC):
     def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
         """Delete when the stored etag equals `record.etag`; RecordChangedError otherwise."""
 
-    # Maintenance (the sweep in shared.triggers.maintenance), not the per-message flow.
+    # Maintenance (shared.triggers.maintenance), not the per-message flow.
     @abc.abstractmethod
     def iter_records(self, *, in_progress_before: float | None = None,
                      expired_before: float | None = None) -> Iterator[IdempotencyRecord]:
         """Records whose lease ran out before a time, or which expired before a time."""
 
     def purge_expired(self, now: float) -> int:
-        """Delete records that expired before `now`; return how many were deleted. Streams the
-        query (a deleted record does not disturb it), so memory stays flat."""
+        """Delete records that expired before `now`; return how many. Streams the query, so
+        memory stays flat."""
         return self._delete_each(self.iter_records(expired_before=now))
 
     def sweep(self, now: float, *, stale_before: float | None = None,
@@ -219,9 +211,8 @@ class RecordStore(abc.ABC):
         """Purge what expired before `now`, then hand each record in progress past
         `stale_before` to `on_stale`, stopping when `budget_seconds` run out.
 
-        This default runs the two filtered queries, which cost what they return on an
-        indexed store; handled claims leave the filter, so a stopped run simply resumes.
-        Table Storage overrides it with one bounded, resumable scan.
+        Two filtered queries, which cost what they return on an indexed store; handled claims
+        leave the filter, so a stopped run simply resumes.
         """
         deadline = Deadline(budget_seconds, timer=timer)
         report = SweepReport(purged=self.purge_expired(now))
@@ -259,11 +250,8 @@ class DocumentStore(abc.ABC):
 
     @abc.abstractmethod
     def write_documents(self, partition: str, operations: Sequence[WriteOp]) -> list[Document]:
-        """Apply `operations` atomically in one partition (no marker).
-
-        OperationFailedError (or StoreUnavailableError) names the failing one;
-        nothing is written then.
-        """
+        """Apply `operations` atomically in one partition (no marker). OperationFailedError (or
+        StoreUnavailableError) names the failing one; nothing is written then."""
 
     @abc.abstractmethod
     def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
@@ -271,35 +259,30 @@ class DocumentStore(abc.ABC):
                written: list[Document] | None = None) -> IdempotencyRecord:
         """Write the marker first and `operations` in one transaction in its partition.
 
-        The marker is created, or replaced when it carries an etag (taking over
-        an expired record). RecordExistsError / RecordChangedError when the
-        marker write fails; OperationFailedError when a business write fails.
-        Nothing is written in either case. `written`, when given, receives the
-        documents `operations` created or replaced, with their new etags
-        (`written_documents`), so a caller can write them again without a read.
+        The marker is created, or replaced when it carries an etag (a takeover).
+        RecordExistsError / RecordChangedError when the marker write fails, OperationFailedError
+        when a business write fails; nothing is written then. `written`, when given, receives
+        the documents created or replaced, with their new etags, so a caller can write them
+        again without a read.
         """
 
     def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
-        """Clear `marker`'s pending outgoing messages under its etag, keeping every other
-        property (a marker that is a business document keeps its body): one request.
-        Returns it with its new etag and no outbox; RecordChangedError when it changed."""
+        """Clear `marker`'s pending messages under its etag in one request (`RecordDispatched`)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no outgoing messages")
 
     def iter_pending(self, *, since_before: float) -> Iterator[IdempotencyRecord]:
         """Markers whose outgoing messages have been pending since before a time (the
-        sweeper's query: its cost grows with the pending markers, see each backend)."""
+        sweeper's query)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no outgoing messages")
 
     def commit_group(self, markers: Sequence[IdempotencyRecord], operations: Sequence[WriteOp], *,
                      written: list[Document] | None = None) -> list[IdempotencyRecord]:
         """Write several markers of one partition, in order, then `operations`, in one transaction.
 
-        All commit or nothing does. RecordExistsError / RecordChangedError say
-        which marker failed in their `index`; OperationFailedError's index
-        counts `operations` only. Built on `commit` (the further markers travel
-        as `WriteOp.marker` operations), so every backend, and any wrapper that
-        forwards `commit`, commits groups the same way. Returns the markers;
-        only the first carries its new etag. `written` as for `commit`.
+        All commit or nothing does. RecordExistsError / RecordChangedError name the failed marker
+        by `index`; OperationFailedError's index counts `operations` only. Built on `commit`, so
+        every backend and any wrapper that forwards `commit` commits groups the same way.
+        Returns the markers; only the first carries its new etag. `written` as for `commit`.
         """
         first, rest = group_commit(markers, operations)
         try:
@@ -331,8 +314,7 @@ def group_commit(markers: Sequence[IdempotencyRecord], operations: Sequence[Writ
 
 
 def without_etags(markers: Sequence[IdempotencyRecord]) -> list[IdempotencyRecord]:
-    """A group's further markers as committed: their new etags are unknown (a new marker has
-    none to drop, so it is kept as it is)."""
+    """A group's further markers as committed: their new etags are unknown."""
     return [marker if marker.etag is None else marker.evolve(etag=None) for marker in markers]
 
 
@@ -351,9 +333,17 @@ def group_commit_error(error: OperationFailedError, markers: Sequence[Idempotenc
     return None
 
 
+def _markers(committed: Committed, written: list[Document] | None
+             ) -> tuple[IdempotencyRecord, ...]:
+    """A `Committed` answer's markers, its written documents added to `written` when given."""
+    if written is not None:
+        written.extend(committed.written)
+    return committed.markers
+
+
 class AsyncIdempotencyStore(abc.ABC):
-    """The async stores' interface: `perform` awaits one store step; the record and document
-    operations are that step, by name (`IdempotencyStore`'s, awaited)."""
+    """The async stores' interface: implement `perform`; the record and document operations are
+    its steps, by name."""
 
     name: str = "store"
 
@@ -383,18 +373,12 @@ class AsyncIdempotencyStore(abc.ABC):
     async def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
                      marker_body: dict[str, Any] | None = None,
                      written: list[Document] | None = None) -> IdempotencyRecord:
-        committed: Committed = await self.perform(Commit(marker, operations, marker_body))
-        if written is not None:
-            written.extend(committed.written)
-        return committed.markers[0]
+        return _markers(await self.perform(Commit(marker, operations, marker_body)), written)[0]
 
     async def commit_group(self, markers: Sequence[IdempotencyRecord],
                            operations: Sequence[WriteOp], *,
                            written: list[Document] | None = None) -> list[IdempotencyRecord]:
-        committed: Committed = await self.perform(CommitGroup(tuple(markers), operations))
-        if written is not None:
-            written.extend(committed.written)
-        return list(committed.markers)
+        return list(_markers(await self.perform(CommitGroup(tuple(markers), operations)), written))
 
     async def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
         return await self.perform(RecordDispatched(marker))
@@ -428,8 +412,8 @@ class IdempotencyStore(RecordStore, DocumentStore, abc.ABC):
 
 
 class StepStore(IdempotencyStore):
-    """A sync store written as `perform` alone (a backend whose every step is one request, a
-    wrapper of another store): the record and document operations are their steps, by name."""
+    """A sync store written as `perform` alone: the record and document operations are its
+    steps, by name."""
 
     @abc.abstractmethod
     def perform(self, step: StoreStep) -> Any:
@@ -456,17 +440,11 @@ class StepStore(IdempotencyStore):
     def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
                marker_body: dict[str, Any] | None = None,
                written: list[Document] | None = None) -> IdempotencyRecord:
-        committed: Committed = self.perform(Commit(marker, operations, marker_body))
-        if written is not None:
-            written.extend(committed.written)
-        return committed.markers[0]
+        return _markers(self.perform(Commit(marker, operations, marker_body)), written)[0]
 
     def commit_group(self, markers: Sequence[IdempotencyRecord], operations: Sequence[WriteOp], *,
                      written: list[Document] | None = None) -> list[IdempotencyRecord]:
-        committed: Committed = self.perform(CommitGroup(tuple(markers), operations))
-        if written is not None:
-            written.extend(committed.written)
-        return list(committed.markers)
+        return list(_markers(self.perform(CommitGroup(tuple(markers), operations)), written))
 
     def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
         return self.perform(RecordDispatched(marker))
@@ -481,11 +459,9 @@ def check_transaction_size(count: int) -> None:
 
 def transaction_failure(index: int, status: int | None, *, marker_id: str | None,
                         detail: str = "") -> IdempotencyError:
-    """The store-contract error for a failed transaction (the marker, if any, at index 0).
-
-    Marker 409 = exists, marker 404/412 = changed, throttling or timeouts =
-    retriable, anything else = the business operation at that index failed.
-    """
+    """The store-contract error for a failed transaction (the marker, if any, at index 0):
+    marker 409 = exists, marker 404/412 = changed, a retriable status = unavailable, anything
+    else = the business operation at that index failed."""
     if marker_id is not None and index == 0:
         if status == 409:
             return RecordExistsError(marker_id)

@@ -1,57 +1,22 @@
 """OpenTelemetry metrics for every dedup outcome; log records only for what a person acts on.
 
-Every outcome is one point on each per-message metric, aggregated in process and exported once
-per interval (Application Insights `customMetrics`: one row per attribute set per interval,
-`valueSum` the count, `customDimensions` the attributes), so telemetry does not grow with the
-message rate:
+Every outcome is one point on the per-message metrics (`METRIC_*`), aggregated in process and
+exported once per interval, so telemetry does not grow with the message rate. `dedup.messages`
+counts messages by consumer, outcome, backend, source (`store` or `cache`) and, for duplicates,
+the cause where known (`redelivery`: the broker delivered it again; `producer_retry`: a second
+copy on its first delivery; `replay`: an Event Hubs replay; or the caller's `cause=`); the
+duplicate-rate alert reads it.
 
-* `dedup.messages` (counter): messages by consumer, outcome (processed,
-  duplicate, conflict, in_progress, taken_over, stale, lease_lost, parked,
-  dead_lettered; for a consumer that applies full-state events by version
-  without a dedup record, `stale_version` for an older version arriving late),
-  backend, source (`store` or `cache`) and, for duplicates, the cause where
-  known (`redelivery`: the broker delivered the same message again;
-  `producer_retry`: a second copy arrived on its first delivery, a producer
-  retry or a resubmission; `replay`: an Event Hubs replay; or what the caller
-  passed as `cause=`). The duplicate-rate alert reads this metric.
-* `dedup.store.latency` (histogram, ms): time the dedup flow spent on the
-  store for one message (the handler's own time is excluded).
-* `dedup.replay_skipped` (counter): Event Hubs events skipped under the
-  high-water mark, with no store request each.
-* `dedup.parked` (counter): messages parked for a person (the parking table).
-* `dedup.dead_lettered` (counter): messages the app itself dead-lettered.
-* `outbox.dispatched` / `outbox.dispatch_failures` (counters): outgoing messages
-  sent after their commit, and dispatch attempts that failed (by error type).
-* `outbox.oldest_pending_age` (gauge, s): the oldest outgoing message the
-  sweeper found still pending (0 when none); the Bicep alert watches it.
-* `dedup.clock_skew` (gauge, s): this instance's clock minus the store's (positive:
-  ahead), from the server time a record write answers anyway (Cosmos `_ts`, a Table
-  etag); sampled once a minute at most, by backend. Leases are judged on each instance's
-  own clock: above a fraction of the lease, a WARNING (`ClockSkewDetected`, at most one
-  per 15 minutes) says so.
+Log records are written only where someone acts: a conflict, a parked or dead-lettered message
+(ERROR), a stale claim or a lost lease (WARNING), a recovered claim and one summary per Event
+Hubs batch (INFO). Processed messages, duplicates and in-progress claims are DEBUG (duplicates
+at INFO with `log_duplicates=True`). Fields are built only when the level is enabled, and carry
+only what a person reads: nothing the metrics or the exporter's envelope already hold (latency,
+backend, trace ids), no empty values. Every record's message starts with a stable event name
+(`EVENT_*`); the Bicep alerts and the replay tool rely on these names, do not rename them.
 
-Log records, with the dedup key and the message and correlation ids as fields
-(`extra`, customDimensions in Application Insights), are written only where
-someone acts: a conflict (ERROR), a stale claim or a lost lease (WARNING), a
-parked or dead-lettered message (ERROR), a recovered claim (`taken_over`,
-INFO), and one summary per Event Hubs batch (`batch`, INFO). A processed
-message is logged at DEBUG, duplicates and in-progress claims at DEBUG too, or
-at INFO with `log_duplicates=True` (the app's `DEDUP_LOG_DUPLICATES` setting,
-for an investigation). Fields are built only when the record's level is
-enabled, so the hot path pays for the metric points alone. The message of
-every record starts with a stable event name; the Bicep alerts and the replay
-tool rely on these names, do not rename them.
-
-Every exported record costs about 700 bytes before its own fields (the
-exporter's tags and envelope), so records carry what a person reads and
-nothing the metrics or the envelope already hold: no latencies, backend or
-cache source (on the metrics), no trace or span ids (the exporter writes the
-record's trace context as `operation_Id` / `operation_ParentId`), no zero
-counts, no field derivable from another.
-
-Metrics go through the OpenTelemetry API: a no-op until the app configures a
-meter provider (`shared.core.observability.configure_observability`, Application
-Insights via azure-monitor-opentelemetry when its connection string is set).
+Metrics go through the OpenTelemetry API: a no-op until the app configures a meter provider
+(`shared.core.observability.configure_observability`).
 """
 
 from __future__ import annotations
@@ -75,8 +40,8 @@ EVENT_REPLAY_SKIPPED = "ReplaySkipped"
 EVENT_SEQUENCE_RESET = "SequenceReset"
 EVENT_BATCH = "EventBatchProcessed"
 
-# The `outcome` attribute on dedup.messages of a message set aside for a person, and of an
-# older version of a full-state event that was not applied.
+# `outcome` on dedup.messages of a message set aside for a person, and of an older version of a
+# full-state event that was not applied.
 OUTCOME_PARKED = "parked"
 OUTCOME_DEAD_LETTERED = "dead_lettered"
 OUTCOME_STALE_VERSION = "stale_version"
@@ -99,8 +64,8 @@ METRIC_SEQUENCE_RESET = "dedup.eventhubs.sequence_reset"
 METRIC_MARK_LAG = "dedup.eventhubs.mark_lag"
 METRIC_CLOCK_SKEW = "dedup.clock_skew"
 EVENT_CLOCK_SKEW = "ClockSkewDetected"
-#: At most one `dedup.clock_skew` point per this many seconds (per Telemetry), so the per-write
-#: cost is one clock read and a comparison; and at most one WARNING per `..._WARNING_SECONDS`.
+#: At most one `dedup.clock_skew` point per this many seconds (per Telemetry), and one WARNING
+#: per `..._WARNING_SECONDS`.
 CLOCK_SKEW_SAMPLE_SECONDS = 60.0
 CLOCK_SKEW_WARNING_SECONDS = 900.0
 
@@ -123,8 +88,7 @@ _LOG_AS: dict[OutcomeStatus, tuple[str, int | None]] = {
 
 
 def _present(fields: dict[str, Any]) -> dict[str, Any]:
-    """The fields that hold something: None, empty strings and empty collections are left out
-    (the exporter would write some of them as text, and an empty field tells nobody anything)."""
+    """The fields that hold something (no None, empty strings or empty collections)."""
     return {name: value for name, value in fields.items()
             if value is not None and not (isinstance(value, (str, dict, list, tuple)) and not value)}
 
@@ -136,7 +100,7 @@ def _safe_extra(fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def duplicate_cause(*, delivery_count: Any = None, cause: str | None = None) -> str | None:
-    """Why a duplicate arrived, where it can be told: explicit cause, else from the delivery count."""
+    """Why a duplicate arrived: the explicit cause, else one read from the delivery count."""
     if cause:
         return str(cause)
     try:
@@ -149,12 +113,10 @@ def duplicate_cause(*, delivery_count: Any = None, cause: str | None = None) -> 
 
 
 class Telemetry:
-    """One place that turns outcomes into metric points and, where someone acts, log events.
+    """Turns outcomes into metric points and, where someone acts, log records.
 
-    `meter_provider` defaults to the global one; tests pass an SDK provider
-    with an in-memory reader. `log_duplicates` raises duplicate and
-    in-progress records from DEBUG to INFO (an investigation; they are
-    always counted by cause in `dedup.messages`).
+    `meter_provider` defaults to the global one. `log_duplicates` raises duplicate and
+    in-progress records from DEBUG to INFO (an investigation).
     """
 
     def __init__(self, meter_name: str = "idempotent-consumer", *,
@@ -204,9 +166,8 @@ class Telemetry:
 
     def outcome(self, outcome: Outcome, *, latency: float, backend: str, source: str = "store",
                 context: Mapping[str, Any] | None = None) -> None:
-        """Record one dedup outcome. `latency` is the store time in seconds; `context` is the
-        caller's (message_id, correlation_id, delivery_count, cause, ...), logged as fields
-        when the outcome is logged at all."""
+        """Record one dedup outcome. `latency`: store time in seconds; `context`: the caller's
+        (message_id, correlation_id, delivery_count, cause, ...), logged as fields."""
         status = outcome.status
         consumer = outcome.key.consumer
         cause = None
@@ -249,22 +210,20 @@ class Telemetry:
     def parked(self, *, consumer: str, reason: str,
                context: Mapping[str, Any] | None = None) -> None:
         """A message that can never be applied was parked for a person: alert."""
-        self.parked_events.add(1, {"consumer": consumer, "reason": reason})
-        self.messages.add(1, {"consumer": consumer, "outcome": OUTCOME_PARKED, "reason": reason})
-        self._set_aside(EVENT_PARKED, consumer=consumer, reason=reason, context=context)
+        self._set_aside(self.parked_events, OUTCOME_PARKED, EVENT_PARKED, consumer=consumer,
+                        reason=reason, context=context)
 
     def dead_lettered(self, *, consumer: str, reason: str,
                       context: Mapping[str, Any] | None = None) -> None:
         """A message the app dead-lettered itself (invalid, refused by the store): alert."""
-        self.dead_lettered_messages.add(1, {"consumer": consumer, "reason": reason})
-        self.messages.add(1, {"consumer": consumer, "outcome": OUTCOME_DEAD_LETTERED,
-                              "reason": reason})
-        self._set_aside(EVENT_DEAD_LETTERED, consumer=consumer, reason=reason, context=context)
+        self._set_aside(self.dead_lettered_messages, OUTCOME_DEAD_LETTERED, EVENT_DEAD_LETTERED,
+                        consumer=consumer, reason=reason, context=context)
 
-    def _set_aside(self, event: str, *, consumer: str, reason: str,
-                   context: Mapping[str, Any] | None) -> None:
-        """The ERROR record of a parked or dead-lettered message: the caller's context (where
-        the message came from, the error) as fields, empty ones left out."""
+    def _set_aside(self, counter: metrics.Counter, outcome: str, event: str, *, consumer: str,
+                   reason: str, context: Mapping[str, Any] | None) -> None:
+        """Count a parked or dead-lettered message and write its ERROR record."""
+        counter.add(1, {"consumer": consumer, "reason": reason})
+        self.messages.add(1, {"consumer": consumer, "outcome": outcome, "reason": reason})
         fields = {**(context or {}), "event": event, "consumer": consumer, "reason": reason}
         logger.error("%s consumer=%s reason=%s", event, consumer, reason,
                      extra=_safe_extra(_present(fields)))
@@ -273,10 +232,8 @@ class Telemetry:
                   delivery_count: int | None = None,
                   context: Mapping[str, Any] | None = None) -> None:
         """One full-state event applied by version, without a dedup record: `result` is
-        "applied" (counted as processed), "unchanged" (the same version again: a duplicate, by
-        cause) or "stale" (an older version arriving late, not applied: outcome
-        `stale_version`). Reordering is expected, not an action: the stale event is logged at
-        DEBUG with `context` (the versions) as fields."""
+        "applied" (processed), "unchanged" (a duplicate, by cause) or "stale" (an older version
+        arriving late, outcome `stale_version`, logged at DEBUG only: reordering is expected)."""
         attributes = {"consumer": consumer, "backend": backend, "source": "store"}
         if result == "applied":
             self.messages.add(1, {**attributes, "outcome": OutcomeStatus.PROCESSED.value})
@@ -294,9 +251,8 @@ class Telemetry:
             raise ValueError(f"result={result!r} is not applied, unchanged or stale")
 
     def replay_skipped(self, count: int, *, consumer: str, partition_id: str) -> None:
-        """Events at or below the high-water mark, skipped without a store request each.
-
-        Counted; logged at DEBUG only (the batch summary carries the count)."""
+        """Events at or below the high-water mark, skipped without a store request each;
+        logged at DEBUG only (the batch summary carries the count)."""
         if count:
             self.replay_skipped_events.add(count, {"consumer": consumer, "partition_id": partition_id})
             if logger.isEnabledFor(logging.DEBUG):
@@ -320,10 +276,9 @@ class Telemetry:
         self.mark_lag.record(max(0.0, seconds), {"consumer": consumer, "partition": partition_id})
 
     def clock_skew(self, skew: float, *, backend: str, threshold: float) -> None:
-        """This instance's clock minus the store's (seconds, positive: ahead), seen at a
-        record write. Sampled: a point at most every `clock_skew_sample_seconds`, so calling
-        it on every write costs a clock read; a WARNING when beyond `threshold` either way,
-        at most every `clock_skew_warning_seconds`."""
+        """This instance's clock minus the store's (seconds, positive: ahead), seen at a record
+        write: a point at most every `clock_skew_sample_seconds` (so it is cheap on every
+        write), a WARNING beyond `threshold` at most every `clock_skew_warning_seconds`."""
         now = time.monotonic()
         if now < self._next_skew_sample:
             return
@@ -347,15 +302,9 @@ class Telemetry:
     def batch(self, *, consumer: str, partition_id: str, counts: Mapping[str, int],
               first_sequence: int | None, last_sequence: int | None, duration: float,
               context: Mapping[str, Any] | None = None) -> None:
-        """One INFO summary record per Event Hubs batch instead of one per event.
-
-        `counts` are the batch's events by outcome (processed, duplicate,
-        replay_skipped, parked, ...): each non-zero one is a field, and their
-        sum is in the message. `duration` is in seconds, logged in whole ms;
-        `context` adds fields (what was parked and why). The per-event points
-        are on the metrics, so the record carries only what a person reading
-        one batch needs: partition, sequence range, outcome counts, duration.
-        """
+        """One INFO summary record per Event Hubs batch instead of one per event: each non-zero
+        count of `counts` (events by outcome) a field, their sum in the message; `duration` in
+        seconds, logged in whole ms; `context` adds fields (what was parked and why)."""
         if not logger.isEnabledFor(logging.INFO):
             return
         fields = {**(context or {}), "event": EVENT_BATCH, "consumer": consumer,
