@@ -1,30 +1,9 @@
 """Record <-> flat property map (the marker format), shared by the backends.
 
-A marker carries only what the flows read, in short property names (it may live
-inside a business entity, such as the order document that is its own marker, so
-the names are reserved there: `check_flat`):
-
-=====  ==========================================================  ======================
-name   value                                                       written
-=====  ==========================================================  ======================
-iV     format version: 1                                           always
-iH     request hash (`shared.core.keys.request_hash`, 43 characters)    always
-iT     when written (updated), epoch milliseconds                  always
-iC     when first written, epoch milliseconds                      when it differs from iT
-iX     expiry, epoch milliseconds                                  when it expires
-iS     state "in_progress"                                         absent: completed
-iL     lease expiry, epoch milliseconds                            while in progress
-iN     attempts                                                    when not 1
-iR     result, JSON text (Table Storage)                           when not None
-iJ     result, as a JSON value (Cosmos DB)                         when not None
-iK     raw key, "consumer|key"                                     when the id is not the
-                                                                   key's readable encoding
-o0...  pending messages: JSON text in chunks (Table Storage),      while pending
-       one JSON array in o0 (Cosmos DB) (`shared.core.outbox`)
-oT     pending since, epoch milliseconds                           while pending (sweeper)
-oP     Event Hubs event position (`shared.core.outbox.EventPosition`):  on a batch's marker
-       JSON text (Table Storage) or array (Cosmos DB)
-=====  ==========================================================  ======================
+A marker carries only what the flows read, in short property names (the constants below; the
+table of what each holds and when it is written is docs/stores.md#the-marker). A marker may
+live inside a business entity (the order document that is its own marker), so the names are
+reserved there (`check_flat`). Times are epoch milliseconds; a default value is not written.
 
 On Cosmos DB the result, messages and position are JSON values (`native_json`), and iT is
 left out when iX and the item's `ttl` give it (iT = iX - 1000 * ttl).
@@ -58,17 +37,17 @@ from shared.core.outbox import (
 from shared.core.records import IdempotencyRecord, RecordState
 
 FORMAT_VERSION = 1
-VERSION = "iV"
-HASH = "iH"
-WRITTEN = "iT"
-CREATED = "iC"
+VERSION = "iV"  # always: what makes an entity a marker
+HASH = "iH"  # the request hash, always
+WRITTEN = "iT"  # when last written
+CREATED = "iC"  # when first written, if not iT
 EXPIRES = "iX"
-STATE = "iS"
-LEASE = "iL"
-ATTEMPTS = "iN"
-RESULT = "iR"
-RESULT_VALUE = "iJ"
-KEY = "iK"
+STATE = "iS"  # "in_progress"; absent: completed
+LEASE = "iL"  # while in progress
+ATTEMPTS = "iN"  # when not 1
+RESULT = "iR"  # JSON text (Table Storage)
+RESULT_VALUE = "iJ"  # the JSON value (Cosmos DB)
+KEY = "iK"  # "consumer|key", where the id cannot give it
 # Cosmos DB's per-item time to live, in seconds after the last write.
 NATIVE_TTL = "ttl"
 # The properties that hold epoch milliseconds (beyond Int32: Table Storage types them Int64).

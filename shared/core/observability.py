@@ -5,18 +5,10 @@ and logs to Application Insights) when `APPLICATIONINSIGHTS_CONNECTION_STRING` i
 nothing otherwise; call it once at import time of `function_app.py`. The distro is imported
 lazily: a missing package with a connection string set is logged as a warning, never raised.
 
-The trace sampler is always set explicitly: `sampling_ratio` (else `TRACE_SAMPLING_RATIO`, else
-`DEFAULT_SAMPLING_RATIO`) goes to the distro's fixed-percentage sampler, whose decision follows
-the trace id and whose items carry their sample rate; without it the distro would rate-limit, a
-share that changes with the load. Traces are examples of where a message's time went: the
-counts and latencies are exact on the metrics (`shared.core.telemetry`), and logs and metrics
-are never sampled. `OTEL_TRACES_SAMPLER` / `OTEL_TRACES_SAMPLER_ARG`, when set, still take
-precedence (the distro reads them first).
-
-`message_span()` continues the producer's trace from the message's `traceparent` /
-`Diagnostic-Id` property, `batch_span()` is one Event Hubs batch's span (its store calls and
-summary record share one trace), and `downstream_headers()` builds a downstream call's
-`Idempotency-Key` and W3C trace context headers.
+The trace sampler is always set explicitly (`sampling_ratio`, else `TRACE_SAMPLING_RATIO`, else
+`DEFAULT_SAMPLING_RATIO`, to the distro's fixed-percentage sampler): the distro's own default
+rate-limits, a share that changes with the load. Traces are only examples of where a message's
+time went; logs and metrics are never sampled. `OTEL_TRACES_SAMPLER` still takes precedence.
 """
 
 from __future__ import annotations
@@ -26,7 +18,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Generator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -115,10 +107,7 @@ def configure_observability(*, connection_string: str | None = None,
 def sdk_request() -> Generator[None]:
     """Around an Azure SDK request sent through a client's pipeline directly (the Table `$batch`
     codec): azure-core traces it, so HTTP instrumentation must record no second span of it."""
-    if suppress_http_instrumentation is None:
-        yield
-        return
-    with suppress_http_instrumentation():
+    with nullcontext() if suppress_http_instrumentation is None else suppress_http_instrumentation():
         yield
 
 

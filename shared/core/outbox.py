@@ -34,31 +34,26 @@ from shared.core.jsontext import compact_encoder
 from shared.core.keys import DedupKey
 from shared.core.observability import IDEMPOTENCY_KEY_HEADER, downstream_headers, idempotency_key_value
 
-# A Service Bus Standard message holds 256 KiB with its headers and properties;
-# 192 KiB of body leaves room for them.
+# A Service Bus Standard message holds 256 KiB with its headers and properties.
 MAX_BODY_BYTES = 192 * 1024
-# All pending messages of one key, raw bytes: encoded as base64 JSON they take
-# about 1.4x that in characters, inside the 1 MiB of a Table entity (2 bytes a
-# character) next to the marker's own fields and its result (16 KiB at most).
+# All pending messages of one key, raw bytes: as base64 JSON (about 1.4x that in characters) they
+# fit in a Table entity's 1 MiB (2 bytes a character) next to the marker's fields and result.
 MAX_PENDING_BYTES = 256 * 1024
 MAX_MESSAGES = 100
 MAX_MESSAGE_ID_LENGTH = 128  # Service Bus MessageId
 
 # A Table string property holds 64 KiB of UTF-16, 32,768 characters.
 TABLE_CHUNK_CHARS = 32_000
-# The marker's pending messages: JSON text in chunks "o0", "o1", ... (one on Cosmos DB), read
-# up to the first absent or empty one (Table Storage blanks what it cannot remove).
+# Chunks "o0", "o1", ... (one on Cosmos DB), read up to the first absent or empty one (Table
+# Storage blanks what it cannot remove).
 _PENDING_CHUNK = "o{}"
-# When the messages became pending (epoch milliseconds); present (> 0) only while some are:
-# the sweeper's query (an indexed path on Cosmos DB) finds pending markers by it.
+# When the messages became pending (epoch ms, > 0 only while some are): what the sweeper queries.
 PENDING_SINCE = "oT"
-# Instead of PENDING_SINCE on a marker of an Event Hubs batch: the position of its event; its
-# messages are pending while the partition's mark does not cover it.
+# Instead of PENDING_SINCE on a marker of an Event Hubs batch: its event's position.
 POSITION = "oP"
 _CONTENT_TYPE = "application/json"  # OutgoingMessage's default: not stored
 
-# Fixed namespace of the ids derived here (uuid5 of key, destination, ordinal).
-_ID_NAMESPACE = uuid.UUID("6f0e9a52-3c1d-5b7e-9a41-2d8c0f7b1e63")
+_ID_NAMESPACE = uuid.UUID("6f0e9a52-3c1d-5b7e-9a41-2d8c0f7b1e63")  # never change: the ids derive from it
 
 PropertyValue = str | int | float | bool
 
@@ -174,8 +169,7 @@ def outgoing(key: DedupKey, destination: str, body: bytes | str | Mapping[str, A
     else:
         data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
         default_type = "application/json"
-    propagated: dict[str, PropertyValue] = dict(
-        downstream_headers(key, correlation_id, operation=f"{destination}#{ordinal}"))
+    propagated = downstream_headers(key, correlation_id, operation=f"{destination}#{ordinal}")
     return OutgoingMessage(
         destination=destination, body=data,
         message_id=message_id or outgoing_message_id(key, destination, ordinal),

@@ -156,6 +156,7 @@ class RecordDispatched:
 StoreStep = (GetRecord | PutRecordIfAbsent | ReplaceRecordIfUnchanged | DeleteRecordIfUnchanged
              | ReadDocument | WriteDocuments | Commit | CommitGroup | RecordDispatched)
 
+
 class RecordStore(abc.ABC):
     """Dedup records by location (partition, id): the four operations the flow needs."""
 
@@ -257,14 +258,9 @@ class DocumentStore(abc.ABC):
     def commit(self, marker: IdempotencyRecord, operations: Sequence[WriteOp], *,
                marker_body: dict[str, Any] | None = None,
                written: list[Document] | None = None) -> IdempotencyRecord:
-        """Write the marker first and `operations` in one transaction in its partition.
-
-        The marker is created, or replaced when it carries an etag (a takeover).
-        RecordExistsError / RecordChangedError when the marker write fails, OperationFailedError
-        when a business write fails; nothing is written then. `written`, when given, receives
-        the documents created or replaced, with their new etags, so a caller can write them
-        again without a read.
-        """
+        """Write the marker (created, or replaced under its etag) first and `operations` in one
+        transaction in its partition; errors as for `Commit`, and nothing is written then.
+        `written`, when given, receives the documents created or replaced, with their new etags."""
 
     def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
         """Clear `marker`'s pending messages under its etag in one request (`RecordDispatched`)."""
@@ -279,10 +275,9 @@ class DocumentStore(abc.ABC):
                      written: list[Document] | None = None) -> list[IdempotencyRecord]:
         """Write several markers of one partition, in order, then `operations`, in one transaction.
 
-        All commit or nothing does. RecordExistsError / RecordChangedError name the failed marker
-        by `index`; OperationFailedError's index counts `operations` only. Built on `commit`, so
-        every backend and any wrapper that forwards `commit` commits groups the same way.
-        Returns the markers; only the first carries its new etag. `written` as for `commit`.
+        A marker's error names it by `index`; OperationFailedError's counts `operations` only.
+        Built on `commit`, so any wrapper that forwards `commit` commits groups the same way.
+        Returns the markers; only the first carries its new etag.
         """
         first, rest = group_commit(markers, operations)
         try:

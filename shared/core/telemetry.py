@@ -99,15 +99,21 @@ def _safe_extra(fields: dict[str, Any]) -> dict[str, Any]:
             for name, value in fields.items()}
 
 
+def _log(level: int, event: str, text: str, *args: object, fields: dict[str, Any]) -> None:
+    """One record: its message `event` then `text`, its fields `fields` with `event` set."""
+    logger.log(level, f"%s {text}", event, *args, extra=_safe_extra({**fields, "event": event}),
+               stacklevel=2)
+
+
 def duplicate_cause(*, delivery_count: Any = None, cause: str | None = None) -> str | None:
     """Why a duplicate arrived: the explicit cause, else one read from the delivery count."""
     if cause:
         return str(cause)
-    try:
-        count = int(delivery_count) if delivery_count is not None else None
-    except (TypeError, ValueError):
+    if delivery_count is None:
         return None
-    if count is None:
+    try:
+        count = int(delivery_count)
+    except (TypeError, ValueError):
         return None
     return CAUSE_REDELIVERY if count > 1 else CAUSE_PRODUCER_RETRY
 
@@ -139,8 +145,7 @@ class Telemetry:
         self.parked_events = meter.create_counter(
             METRIC_PARKED, unit="{message}", description="Messages parked for a person")
         self.dead_lettered_messages = meter.create_counter(
-            METRIC_DEAD_LETTERED, unit="{message}",
-            description="Messages the app dead-lettered itself")
+            METRIC_DEAD_LETTERED, unit="{message}", description="Messages the app dead-lettered itself")
         self.dispatched_messages = meter.create_counter(
             METRIC_DISPATCHED, unit="{message}",
             description="Outgoing messages dispatched after their commit")
@@ -191,7 +196,6 @@ class Telemetry:
         correlation_id = fields.pop("correlation_id", None)
         fields.pop("cause", None)
         fields.update({
-            "event": event,
             "consumer": consumer,
             "outcome": status.value,
             "dedup_key": outcome.key.key,
@@ -204,8 +208,7 @@ class Telemetry:
             "stored_hash": (outcome.stored_hash if outcome.stored_hash != outcome.request_hash
                             else None),
         })
-        logger.log(level, "%s consumer=%s outcome=%s", event, consumer, status.value,
-                   extra=_safe_extra(_present(fields)))
+        _log(level, event, "consumer=%s outcome=%s", consumer, status.value, fields=_present(fields))
 
     def parked(self, *, consumer: str, reason: str,
                context: Mapping[str, Any] | None = None) -> None:
@@ -224,9 +227,8 @@ class Telemetry:
         """Count a parked or dead-lettered message and write its ERROR record."""
         counter.add(1, {"consumer": consumer, "reason": reason})
         self.messages.add(1, {"consumer": consumer, "outcome": outcome, "reason": reason})
-        fields = {**(context or {}), "event": event, "consumer": consumer, "reason": reason}
-        logger.error("%s consumer=%s reason=%s", event, consumer, reason,
-                     extra=_safe_extra(_present(fields)))
+        fields = {**(context or {}), "consumer": consumer, "reason": reason}
+        _log(logging.ERROR, event, "consumer=%s reason=%s", consumer, reason, fields=_present(fields))
 
     def versioned(self, result: str, *, consumer: str, backend: str,
                   delivery_count: int | None = None,
@@ -244,9 +246,8 @@ class Telemetry:
         elif result == "stale":
             self.messages.add(1, {**attributes, "outcome": OUTCOME_STALE_VERSION})
             if logger.isEnabledFor(logging.DEBUG):
-                fields = {**(context or {}), "event": EVENT_STALE_VERSION, "consumer": consumer}
-                logger.debug("%s consumer=%s", EVENT_STALE_VERSION, consumer,
-                             extra=_safe_extra(_present(fields)))
+                _log(logging.DEBUG, EVENT_STALE_VERSION, "consumer=%s", consumer,
+                     fields=_present({**(context or {}), "consumer": consumer}))
         else:
             raise ValueError(f"result={result!r} is not applied, unchanged or stale")
 
@@ -256,20 +257,19 @@ class Telemetry:
         if count:
             self.replay_skipped_events.add(count, {"consumer": consumer, "partition_id": partition_id})
             if logger.isEnabledFor(logging.DEBUG):
-                logger.debug("%s consumer=%s partition=%s count=%d", EVENT_REPLAY_SKIPPED, consumer,
-                             partition_id, count,
-                             extra=_safe_extra({"event": EVENT_REPLAY_SKIPPED, "consumer": consumer,
-                                                "partition_id": partition_id, "count": count}))
+                _log(logging.DEBUG, EVENT_REPLAY_SKIPPED, "consumer=%s partition=%s count=%d",
+                     consumer, partition_id, count,
+                     fields={"consumer": consumer, "partition_id": partition_id, "count": count})
 
     def sequence_reset(self, *, consumer: str, partition_id: str, mark: int, first: int,
                        context: Mapping[str, Any] | None = None) -> None:
         """A partition's sequence numbers restarted (hub recreated, disaster-recovery failover):
         events below the mark were processed through their keys and the mark moved down. Alert."""
         self.sequence_resets.add(1, {"consumer": consumer, "partition_id": partition_id})
-        fields = {**(context or {}), "event": EVENT_SEQUENCE_RESET, "consumer": consumer,
-                  "partition_id": partition_id, "mark": mark, "first_sequence_number": first}
-        logger.warning("%s consumer=%s partition=%s mark=%d first=%d", EVENT_SEQUENCE_RESET,
-                       consumer, partition_id, mark, first, extra=_safe_extra(fields))
+        fields = {**(context or {}), "consumer": consumer, "partition_id": partition_id,
+                  "mark": mark, "first_sequence_number": first}
+        _log(logging.WARNING, EVENT_SEQUENCE_RESET, "consumer=%s partition=%s mark=%d first=%d",
+             consumer, partition_id, mark, first, fields=fields)
 
     def mark_lagging(self, seconds: float, *, consumer: str, partition_id: str) -> None:
         """How old the newest event of a batch was when the mark advanced past it."""
@@ -291,13 +291,12 @@ class Telemetry:
                            if skew > 0 else
                            ("behind", "the leases it writes end early for the other instances, "
                             "which may take them over while it still works"))
-        logger.warning("%s backend=%s skew=%.1fs threshold=%.1fs: this instance's clock is %.1f s "
-                       "%s the store's; leases are judged on each instance's own clock, so %s. "
-                       "Synchronise its clock (NTP)", EVENT_CLOCK_SKEW, backend, skew, threshold,
-                       abs(skew), direction, risk,
-                       extra=_safe_extra({"event": EVENT_CLOCK_SKEW, "backend": backend,
-                                          "clock_skew_s": round(skew, 3),
-                                          "threshold_s": round(threshold, 3)}))
+        _log(logging.WARNING, EVENT_CLOCK_SKEW,
+             "backend=%s skew=%.1fs threshold=%.1fs: this instance's clock is %.1f s %s the store's; "
+             "leases are judged on each instance's own clock, so %s. Synchronise its clock (NTP)",
+             backend, skew, threshold, abs(skew), direction, risk,
+             fields={"backend": backend, "clock_skew_s": round(skew, 3),
+                     "threshold_s": round(threshold, 3)})
 
     def batch(self, *, consumer: str, partition_id: str, counts: Mapping[str, int],
               first_sequence: int | None, last_sequence: int | None, duration: float,
@@ -307,13 +306,12 @@ class Telemetry:
         seconds, logged in whole ms; `context` adds fields (what was parked and why)."""
         if not logger.isEnabledFor(logging.INFO):
             return
-        fields = {**(context or {}), "event": EVENT_BATCH, "consumer": consumer,
-                  "partition_id": partition_id, "first_sequence": first_sequence,
-                  "last_sequence": last_sequence,
+        fields = {**(context or {}), "consumer": consumer, "partition_id": partition_id,
+                  "first_sequence": first_sequence, "last_sequence": last_sequence,
                   **{name: int(value) for name, value in counts.items() if value},
                   "duration_ms": round(duration * 1000.0)}
-        logger.info("%s consumer=%s partition=%s events=%d", EVENT_BATCH, consumer, partition_id,
-                    int(sum(counts.values())), extra=_safe_extra(_present(fields)))
+        _log(logging.INFO, EVENT_BATCH, "consumer=%s partition=%s events=%d", consumer, partition_id,
+             int(sum(counts.values())), fields=_present(fields))
 
     def dispatched(self, count: int, *, consumer: str) -> None:
         """Outgoing messages the broker took after their commit."""
@@ -322,17 +320,15 @@ class Telemetry:
     def dispatch_failed(self, count: int, *, consumer: str, error: BaseException) -> None:
         """A dispatch failed: its messages stay pending for a copy or the sweeper."""
         self.dispatch_failures.add(1, {"consumer": consumer, "error": type(error).__name__})
-        logger.warning("%s consumer=%s messages=%d error=%s", EVENT_DISPATCH_FAILED, consumer,
-                       count, type(error).__name__,
-                       extra=_safe_extra({"event": EVENT_DISPATCH_FAILED, "consumer": consumer,
-                                          "count": count, "error": str(error)}))
+        _log(logging.WARNING, EVENT_DISPATCH_FAILED, "consumer=%s messages=%d error=%s", consumer,
+             count, type(error).__name__,
+             fields={"consumer": consumer, "count": count, "error": str(error)})
 
     def outbox_swept(self, *, pending: int, dispatched: int, failed: int,
                      oldest_age: float) -> None:
         """One sweep: markers found pending past the age, dispatched, failed; the oldest age."""
         self.oldest_pending_age.set(max(0.0, oldest_age))
-        logger.info("%s pending=%d dispatched=%d failed=%d oldest_age=%.1f", EVENT_OUTBOX_SWEEP,
-                    pending, dispatched, failed, oldest_age,
-                    extra=_safe_extra({"event": EVENT_OUTBOX_SWEEP, "pending": pending,
-                                       "dispatched": dispatched, "failed": failed,
-                                       "oldest_pending_age_s": round(oldest_age, 3)}))
+        _log(logging.INFO, EVENT_OUTBOX_SWEEP, "pending=%d dispatched=%d failed=%d oldest_age=%.1f",
+             pending, dispatched, failed, oldest_age,
+             fields={"pending": pending, "dispatched": dispatched, "failed": failed,
+                     "oldest_pending_age_s": round(oldest_age, 3)})
