@@ -1,10 +1,7 @@
 """The two drivers of the step protocol (`shared.flows.steps`), and the variants they give a class.
 
-`run_sync` performs each step a flow yields on a sync store; `await run_async` on an async
-one. A class written as flows gets its sync and async variants from one definition: its
-methods are `@flowmethod`s (each returns a flow), and the variant it is mixed with (`Sync` or
-`Async`) decides how calling one runs it. `shared.aio` holds the async variants under the same
-names as the sync ones (as the Azure SDK does).
+`run_sync` performs each step a flow yields on a sync store; `await run_async` on an async one.
+A class of `@flowmethod`s mixed with `Sync` or `Async` gets both variants from one definition.
 """
 
 from __future__ import annotations
@@ -123,8 +120,8 @@ def _perform_sync(step: Step, store: SyncStore, sleep: Callable[[float], object]
 
 async def run_async[T](flow: Flow[T], store: Any, *,
                        sleep: Callable[[float], object] = asyncio.sleep) -> T:
-    """Run `flow` to its value on an async store: each step awaited, its error thrown in.
-    `sleep` may be sync or async."""
+    """Run `flow` to its value on an async store: each step awaited, its error thrown in
+    (`sleep` may be sync or async)."""
     answer: Any = None
     error: BaseException | None = None
     while True:
@@ -177,7 +174,7 @@ async def _perform_async(step: Step, store: AsyncStore, sleep: Callable[[float],
 
 
 def _outcome(run: Callable[[Flow[Any]], Any], flow: Flow[Any]) -> Any:
-    """A gathered flow's value, or the error it raised (as a value: the others finish)."""
+    """A gathered flow's value, or the error it raised as a value (the others finish)."""
     try:
         return run(flow)
     except BaseException as error:
@@ -198,8 +195,7 @@ def _in_order(results: list[Any]) -> list[Any]:
 
 
 def _commits(store: object) -> None:
-    """A build is always followed by its commit: refuse before running it on a store that
-    holds no documents (a records-only store serves the two-phase flow alone)."""
+    """Refuse a build (always followed by its commit) on a store that holds no documents."""
     if not hasattr(store, "commit"):
         raise TypeError(f"the atomic path needs a DocumentStore; {type(store).__name__} is not one")
 
@@ -210,11 +206,8 @@ def _close(value: object) -> None:
 
 
 class _LeaseRenewal:
-    """Runs the handler while a thread renews its lease, the way the host renews a lock.
-
-    A lost renewal (someone took the key over) stops renewing; the completion then
-    reports LEASE_LOST. A store outage is retried at the next tick.
-    """
+    """Runs the handler while a thread renews its lease. A lost renewal stops renewing (the
+    completion then reports LEASE_LOST); a store outage is retried at the next tick."""
 
     def __init__(self, step: RunHandler, store: SyncStore) -> None:
         self._step = step
@@ -301,7 +294,7 @@ def _lease_lost(held: IdempotencyRecord) -> None:
 # -- variants: one flow definition, a sync and an async way to call it ---------------------------
 class Sync:
     """Mixed into a class of `@flowmethod`s: calling one runs its flow with `run_sync` on
-    `self.store` (sleeping with `self.sleep`, when the class sets one)."""
+    `self.store`, sleeping with `self.sleep`."""
 
     store: Any
     sleep: Callable[[float], object] = staticmethod(time.sleep)
@@ -329,7 +322,7 @@ class BoundFlow[**P, T]:
 
 
 class SyncMethod[**P, T](BoundFlow[P, T]):
-    """A flow method of a `Sync` object: call it to run the flow; `.flow(...)` is the flow."""
+    """A flow method of a `Sync` object: calling it runs the flow."""
 
     __slots__ = ()
     _owner: Sync
@@ -340,7 +333,7 @@ class SyncMethod[**P, T](BoundFlow[P, T]):
 
 
 class AsyncMethod[**P, T](BoundFlow[P, T]):
-    """A flow method of an `Async` object: call it for a coroutine; `.flow(...)` is the flow."""
+    """A flow method of an `Async` object: calling it returns a coroutine."""
 
     __slots__ = ()
     _owner: Async
@@ -352,7 +345,7 @@ class AsyncMethod[**P, T](BoundFlow[P, T]):
 
 class flowmethod[**P, T]:
     """Marks a method that returns a flow: on a `Sync` object calling it runs the flow, on an
-    `Async` one it returns a coroutine that does. One definition, two variants."""
+    `Async` one it returns a coroutine that does."""
 
     def __init__(self, fn: Callable[Concatenate[Any, P], Flow[T]]) -> None:
         self._fn = fn
@@ -380,8 +373,7 @@ class flowmethod[**P, T]:
 
 # -- the transaction a build fills --------------------------------------------------------------
 class BaseTransaction(Writes):
-    """What a build receives: the commit's writes (`Writes`: they join the marker's
-    transaction, in its partition) and `read`, written once as a flow."""
+    """What a build receives: the commit's `Writes` (in the marker's transaction) and `read`."""
 
     def __init__(self, store: Any, partition: str, reads: Reads | None = None, *,
                  key: DedupKey | None = None, correlation_id: str | None = None) -> None:
@@ -391,8 +383,8 @@ class BaseTransaction(Writes):
 
     @flowmethod
     def read(self, document_id: str) -> Flow[Document | None]:
-        """The current document (None: there is none), from what this commit already read
-        when it can be (the commit's etag condition checks it)."""
+        """The current document or None, from what this commit already read when it can be
+        (the commit's etag condition checks it)."""
         if self._reads is not None:
             hit, document = self._reads.known(document_id)
             if hit:
@@ -414,9 +406,8 @@ class AsyncTransaction(BaseTransaction, Async):
 def update_document(store: Any, partition: str, document_id: str,
                     change: Callable[[Document | None], dict[str, Any] | None], *,
                     attempts: int = 10) -> tuple[Document | None, Document | None]:
-    """Create or replace one document under its etag, as `change` decides from the current one
-    (None: leave it): the naturally idempotent path, no dedup record. A lost race re-reads.
-    Returns (the written document or None, the document `change` last saw)."""
+    """`shared.flows.steps.update_document` run on a sync store: the naturally idempotent path,
+    no dedup record. Returns (the written document or None, the document `change` last saw)."""
     return run_sync(steps.update_document(partition, document_id, change, attempts=attempts), store)
 
 
