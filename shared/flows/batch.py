@@ -1,22 +1,14 @@
 """One Event Hubs partition's batch, each event's effect exactly once.
 
-`PartitionBatchProcessor` skips events the partition's high-water mark covers (a checkpoint
-replay), parks bad input with its reason, groups the rest by the user's partition key and
-commits each group in one transaction (`Idempotency.run_atomic_group`), groups concurrently up
-to a bound; it retries a group that failed for a transient reason, parks what can never
-succeed (a reused key, an event the build refuses or trips on), and advances the mark once
-every group committed or was parked.
-
-Outbox: the groups commit their messages on a marker with the event's position; once every
-group committed, the batch dispatches them all (one `Dispatch`) and only then advances the
-mark, whose covering a position is the record of the dispatch (no store request per group).
-A duplicate whose marker holds messages the mark does not cover sends them again; a dispatch
-failure raises and the mark stays. `apply` (one event) dispatches and records per commit.
+`PartitionBatchProcessor` skips events the partition's high-water mark covers, parks bad input
+and what can never succeed, commits each group of events (by the user's partition key) in one
+transaction (`Idempotency.run_atomic_group`), groups concurrently, and advances the mark once
+every group committed or was parked. The messages the groups send are dispatched in one
+`Dispatch` before the mark moves: the mark covering a marker's position records the dispatch.
 
 Transient is never poison: an outage, throttling or lost races never park a valid event. A
-group that still fails after its tries makes the batch raise once every group finished, so
-the host's retry policy runs it again; the mark and the keys absorb what was done. Each try
-waits out at most `max_retry_after`; longer waits belong to the host's retry policy.
+group still failing after its tries makes the batch raise, once every group finished, so the
+host's retry policy runs it again; the mark and the keys absorb what was done.
 """
 
 from __future__ import annotations
@@ -167,7 +159,7 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency[Any, Any,
             tuple(self._group_flow(group, partition_id) for group in groups),
             limit=self.max_concurrency)
         failure: Exception | None = None
-        holding: list[_Held] = []  # what the markers of the outcomes hold, with their positions
+        holding: list[_Held] = []
         for group, outcomes in zip(groups, results, strict=True):
             if isinstance(outcomes, Exception):
                 failure = failure or outcomes
@@ -185,7 +177,10 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency[Any, Any,
             raise failure
         pending = yield from self._not_covered(holding, partition_id, mark)
         if pending:
-            yield from self._dispatch(pending)
+            if self.ledger.dispatcher is None:
+                raise TypeError(f"{len(pending)} message(s) to dispatch but the processor's "
+                                "Idempotency has no dispatcher")
+            yield from self.ledger.dispatch_messages(tuple(pending), consumer=self.consumer)
             report.dispatched = len(pending)
         if fresh:
             newest = fresh[-1]
@@ -217,13 +212,12 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency[Any, Any,
         covered (sent again: the ids make that harmless)."""
         pending: dict[str, OutgoingMessage] = {}
         marks: dict[str, Mark | None] = {partition_id: mark}
-        watermark = self.watermark
         for position, messages in holding:
             covered = False
             if position.event_hub == self.event_hub:
                 if position.partition_id not in marks:
                     marks[position.partition_id] = yield OnStore(
-                        watermark.store, watermark.read.flow(position.partition_id))
+                        self.watermark.store, self.watermark.read.flow(position.partition_id))
                 other = marks[position.partition_id]
                 covered = other is not None and other.covers(position.sequence_number,
                                                              position.enqueued_time)
@@ -231,13 +225,6 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency[Any, Any,
                 for message in messages:
                     pending.setdefault(message.message_id, message)
         return list(pending.values())
-
-    def _dispatch(self, messages: list[OutgoingMessage]) -> Flow[None]:
-        """Send the batch's pending messages in one dispatch; a failure raises."""
-        if self.ledger.dispatcher is None:
-            raise TypeError(f"{len(messages)} message(s) to dispatch but the processor's "
-                            "Idempotency has no dispatcher")
-        yield from self.ledger.dispatch_messages(tuple(messages), consumer=self.consumer)
 
     @flowmethod
     def apply(self, item: I, context: Mapping[str, Any] | None = None) -> Flow[Outcome]:
