@@ -86,11 +86,7 @@ def _perform_sync(step: Step, store: SyncStore, sleep: Callable[[float], object]
         case RunBuild(build, partition, args, reads, key, correlation_id):
             _commits(store)
             tx = Transaction(store, partition, reads, key=key, correlation_id=correlation_id)
-            value = build(tx, *args)
-            if inspect.isawaitable(value):
-                _close(value)
-                raise TypeError("an async build needs the async variant (shared.aio)")
-            return BuildResult(value, tx)
+            return BuildResult(_not_awaitable(build(tx, *args), "build"), tx)
         case RunHandler():
             return _LeaseRenewal(step, store).run()
         case Sleep(seconds):
@@ -109,10 +105,7 @@ def _perform_sync(step: Step, store: SyncStore, sleep: Callable[[float], object]
         case OnStore(other, flow):
             return run_sync(flow, other, sleep=sleep)
         case Dispatch(dispatcher, messages):
-            sent = dispatcher.dispatch(messages)
-            if inspect.isawaitable(sent):
-                _close(sent)
-                raise TypeError("an async dispatcher needs the async variant (shared.aio)")
+            _not_awaitable(dispatcher.dispatch(messages), "dispatcher")
             return None
         case _:
             raise TypeError(f"not a step: {step!r}")
@@ -200,9 +193,13 @@ def _commits(store: object) -> None:
         raise TypeError(f"the atomic path needs a DocumentStore; {type(store).__name__} is not one")
 
 
-def _close(value: object) -> None:
-    if inspect.iscoroutine(value):
-        value.close()  # never awaited: no "was never awaited" warning
+def _not_awaitable[V](value: V, what: str) -> V:
+    """`value`; TypeError when it is awaitable (closed first: no "never awaited" warning)."""
+    if inspect.isawaitable(value):
+        if inspect.iscoroutine(value):
+            value.close()
+        raise TypeError(f"an async {what} needs the async variant (shared.aio)")
+    return value
 
 
 class _LeaseRenewal:
