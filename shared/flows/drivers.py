@@ -88,7 +88,7 @@ def _perform_sync(step: Step, store: SyncStore, sleep: Callable[[float], object]
             tx = Transaction(store, partition, reads, key=key, correlation_id=correlation_id)
             return BuildResult(_not_awaitable(build(tx, *args), "build"), tx)
         case RunHandler():
-            return _LeaseRenewal(step, store).run()
+            return _run_renewing(step, store)
         case Sleep(seconds):
             sleep(seconds)
             return None
@@ -138,7 +138,7 @@ async def _perform_async(step: Step, store: AsyncStore, sleep: Callable[[float],
             value = build(tx, *args)
             return BuildResult(await value if inspect.isawaitable(value) else value, tx)
         case RunHandler():
-            return await _AsyncLeaseRenewal(step, store).run()
+            return await _run_renewing_async(step, store)
         case Sleep(seconds):
             slept = sleep(seconds)
             if inspect.isawaitable(slept):
@@ -202,85 +202,75 @@ def _not_awaitable[V](value: V, what: str) -> V:
     return value
 
 
-class _LeaseRenewal:
-    """Runs the handler while a thread renews its lease. A lost renewal stops renewing (the
+def _run_renewing(step: RunHandler, store: SyncStore) -> HandlerResult:
+    """Run the handler while a thread renews its lease. A lost renewal stops renewing (the
     completion then reports LEASE_LOST); a store outage is retried at the next tick."""
+    lock = threading.Lock()
+    done = threading.Event()
+    held = step.held
 
-    def __init__(self, step: RunHandler, store: SyncStore) -> None:
-        self._step = step
-        self._store = store
-        self._lock = threading.Lock()
-        self._held = step.held
-        self._done = threading.Event()
-
-    def run(self) -> HandlerResult:
-        thread = threading.Thread(target=self._renew, name="lease-renewal", daemon=True)
-        thread.start()
-        try:
-            result = self._step.handler()
-        except BaseException as error:  # the flow decides: release or keep
-            return HandlerResult(self._stop(thread), error=error)
-        return HandlerResult(self._stop(thread), result)
-
-    def _stop(self, thread: threading.Thread) -> IdempotencyRecord:
-        self._done.set()
-        thread.join()
-        with self._lock:
-            return self._held
-
-    def _renew(self) -> None:
-        step = self._step
-        while not self._done.wait(step.every) and step.clock() < step.until:
-            with self._lock:
-                if self._done.is_set():
+    def renew() -> None:
+        nonlocal held
+        while not done.wait(step.every) and step.clock() < step.until:
+            with lock:
+                if done.is_set():
                     return
                 try:
-                    self._held = run_sync(step.renew(self._held), self._store)
+                    held = run_sync(step.renew(held), store)
                 except RecordChangedError:
-                    _lease_lost(self._held)
+                    _lease_lost(held)
                     return
                 except StoreUnavailableError as error:
                     logger.warning("could not renew lease: %s", error)
 
+    def stop() -> IdempotencyRecord:
+        done.set()
+        thread.join()
+        with lock:
+            return held
 
-class _AsyncLeaseRenewal:
-    """`_LeaseRenewal` for an async handler: a task renews, not a thread."""
+    thread = threading.Thread(target=renew, name="lease-renewal", daemon=True)
+    thread.start()
+    try:
+        result = step.handler()
+    except BaseException as error:  # the flow decides: release or keep
+        return HandlerResult(stop(), error=error)
+    return HandlerResult(stop(), result)
 
-    def __init__(self, step: RunHandler, store: AsyncStore) -> None:
-        self._step = step
-        self._store = store
-        self._held = step.held
-        self._done = asyncio.Event()
 
-    async def run(self) -> HandlerResult:
-        task = asyncio.get_running_loop().create_task(self._renew())
-        try:
-            result = self._step.handler()
-            if inspect.isawaitable(result):
-                result = await result
-        except BaseException as error:  # the flow decides: release or keep
-            return HandlerResult(await self._stop(task), error=error)
-        return HandlerResult(await self._stop(task), result)
+async def _run_renewing_async(step: RunHandler, store: AsyncStore) -> HandlerResult:
+    """`_run_renewing` for an async handler: a task renews, not a thread."""
+    done = asyncio.Event()
+    held = step.held
 
-    async def _stop(self, task: asyncio.Task[None]) -> IdempotencyRecord:
-        self._done.set()
-        await task  # a renewal in flight lands first
-        return self._held
-
-    async def _renew(self) -> None:
-        step = self._step
+    async def renew() -> None:
+        nonlocal held
         while step.clock() < step.until:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._done.wait(), step.every)
-            if self._done.is_set():
+                await asyncio.wait_for(done.wait(), step.every)
+            if done.is_set():
                 return
             try:
-                self._held = await run_async(step.renew(self._held), self._store)
+                held = await run_async(step.renew(held), store)
             except RecordChangedError:
-                _lease_lost(self._held)
+                _lease_lost(held)
                 return
             except StoreUnavailableError as error:
                 logger.warning("could not renew lease: %s", error)
+
+    async def stop() -> IdempotencyRecord:
+        done.set()
+        await task  # a renewal in flight lands first
+        return held
+
+    task = asyncio.get_running_loop().create_task(renew())
+    try:
+        result = step.handler()
+        if inspect.isawaitable(result):
+            result = await result
+    except BaseException as error:  # the flow decides: release or keep
+        return HandlerResult(await stop(), error=error)
+    return HandlerResult(await stop(), result)
 
 
 def _lease_lost(held: IdempotencyRecord) -> None:
