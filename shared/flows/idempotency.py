@@ -6,11 +6,10 @@ and the business documents in one transaction; `run_atomic_group` commits many m
 partition at once. The store arbitrates concurrent copies with conditional writes.
 
 Outbox: messages a build sends (`tx.send`) are written on the marker in the same transaction,
-dispatched after the commit, then cleared under the marker's etag before the flow returns, so
-the incoming message is acknowledged only after they are out. A copy that finds messages still
-on the marker dispatches them first; a dispatch failure raises, leaving them for the next copy
-or the sweeper. A group commit of Event Hubs events leaves its messages to the caller, whose
-partition mark records the dispatch (`shared.flows.batch`).
+dispatched after the commit and cleared under the marker's etag before the flow returns, so the
+incoming message is acknowledged only after they are out. A copy that finds messages still on
+the marker dispatches them first; a dispatch failure raises, leaving them for the next copy or
+the sweeper.
 """
 
 from __future__ import annotations

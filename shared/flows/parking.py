@@ -114,8 +114,7 @@ def _without_claim(body: Mapping[str, Any]) -> dict[str, Any]:
 
 def _open_entry(current: Document | None, consumer: str, entry_id: str
                 ) -> tuple[ParkedEntry, dict[str, Any]]:
-    """The entry to act on and a copy of its body; KeyError when there is none,
-    EntryResolvedError when it is resolved."""
+    """The entry to act on and a copy of its body; KeyError or EntryResolvedError otherwise."""
     if current is None:
         raise KeyError(f"no parked entry {entry_id!r} for {consumer!r}")
     entry = ParkedEntry.from_document(current)

@@ -6,11 +6,9 @@ enqueued time and offset. Events it covers are skipped with no per-event store r
 replayed batch costs one read.
 
 A recreated or failed-over hub restarts sequence numbers at 0, so the mark covers an event only
-when its sequence number is at or below the mark's AND it was not enqueued after the marked
-event; one below the mark but newer is a reset (`is_reset`), processed through its key. The
-mark moves to newer events only, in (enqueued time, sequence number) order, with writes that
-are create-if-absent or etag-conditional on the mark as read. A mark or event without a time
-compares by sequence number alone.
+when it is at or below the mark AND not enqueued after the marked event (`Mark.covers`). The
+mark moves to newer events only, in (enqueued time, sequence number) order, by create-if-absent
+or etag-conditional writes. A mark or event without a time compares by sequence number alone.
 """
 
 from __future__ import annotations
