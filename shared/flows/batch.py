@@ -1,43 +1,14 @@
 """One Event Hubs partition's batch, each event's effect exactly once.
 
-`PartitionBatchProcessor` owns what any Event Hubs consumer of the library
-needs around its business rule: read the partition's high-water mark and skip
-what is at or below it (a checkpoint replay); parse each new event (bad input
-is parked with its reason, never retried); group the events by the user's
-partition key; commit each group's markers and business writes in one
-transaction per group (`Idempotency.run_atomic_group`), groups concurrently up
-to a bound; retry a group that failed for a transient reason, waiting out a
-Retry-After; park what can never succeed (a key reused for other content, an
-event the build refuses or trips on); and advance the mark once every group
-committed or was parked.
+`PartitionBatchProcessor` skips events the partition's high-water mark covers, parks bad input
+and what can never succeed, commits each group of events (by the user's partition key) in one
+transaction (`Idempotency.run_atomic_group`), groups concurrently, and advances the mark once
+every group committed or was parked. The messages the groups send are dispatched in one
+`Dispatch` before the mark moves: the mark covering a marker's position records the dispatch.
 
-The outbox (`tx.send` in the build): the groups' transactions commit their
-messages on a marker with the event's position; once every group committed,
-the batch dispatches them all (one `Dispatch`), and only then advances the
-mark. The mark covering a marker's position is the record of its dispatch:
-no store request per group. A duplicate above the mark whose marker holds
-messages the mark does not cover (a retried batch, a replay after a crash
-between commit and dispatch) dispatches them again before the mark moves; a
-copy of an event the mark covers sends nothing. A dispatch failure is
-transient: the batch raises and the mark stays. `apply` (one event: an HTTP
-request, a replayed entry) dispatches and records per commit instead.
-
-Transient is never poison: an outage, throttling or lost races never park a
-valid event. When a group still fails after its tries, the batch raises once
-every group finished, so the host's retry policy runs it again before the
-checkpoint; the mark and the keys absorb what was already done. The wait
-before it raises is bounded: each try of a group spends at most the store
-SDKs' own retries (the app sizes that budget) and waits out at most
-`max_retry_after`; longer waits belong to the host's retry policy, which holds
-nothing while it backs off.
-
-A sequence number alone does not identify an event (a recreated hub or a
-failover restarts them): the mark covers an event only when it is at or below
-it and not enqueued after it (`Mark.covers`); an event below the mark but
-newer is a sequence reset, processed through its key and reported.
-
-Written once as flows: `PartitionBatchProcessor` runs groups on threads,
-`shared.aio.PartitionBatchProcessor` as tasks on one event loop.
+Transient is never poison: an outage, throttling or lost races never park a valid event. A
+group still failing after its tries makes the batch raise, once every group finished, so the
+host's retry policy runs it again; the mark and the keys absorb what was done.
 """
 
 from __future__ import annotations
@@ -62,13 +33,7 @@ from shared.core.settlement import TRANSIENT_ERRORS, decision_for_exception, ref
 from shared.flows.drivers import Async, AsyncTransaction, BaseTransaction, Sync, Transaction, flowmethod
 from shared.flows.idempotency import AsyncIdempotency, BaseIdempotency, GroupMessage, Idempotency
 from shared.flows.parking import AsyncParkingLot, BaseParkingLot, ParkingLot
-from shared.flows.steps import (
-    Dispatch,
-    Flow,
-    Gather,
-    OnStore,
-    Sleep,
-)
+from shared.flows.steps import Flow, Gather, OnStore, Sleep
 from shared.flows.watermark import (
     AsyncPartitionWatermark,
     BasePartitionWatermark,
@@ -77,8 +42,7 @@ from shared.flows.watermark import (
     event_time,
 )
 
-# The longest Retry-After a group waits out before its next try (and the batch before it raises):
-# longer waits belong to the host's retry policy, which holds nothing while it backs off.
+#: The longest Retry-After a group (or the batch, before it raises) waits out.
 MAX_RETRY_AFTER_SECONDS = 5.0
 #: Outcomes after which an event needs nothing more (applied now or before, or refused).
 SETTLED = frozenset({OutcomeStatus.PROCESSED, OutcomeStatus.TAKEN_OVER, OutcomeStatus.DUPLICATE,
@@ -103,7 +67,7 @@ class BatchEvent(Protocol):
 
 @dataclass
 class BatchReport:
-    """What one batch did, for logs, tests and the simulator."""
+    """What one batch did."""
 
     applied: int = 0
     duplicates: int = 0
@@ -132,10 +96,9 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency[Any, Any,
 
     * `parse(event, partition_id)`: the event's item; InvalidPayloadError for bad input;
     * `identify(item)`: its dedup key and request hash;
-    * `group(item)`: the store partition its effect lives in (events of one group commit
-      together, in sequence order);
-    * `build(tx, items)`: add the items' writes to the transaction and return one result
-      per item (kept on its marker); InvalidPayloadError refuses an item (parked).
+    * `group(item)`: the store partition its effect lives in (a group commits together);
+    * `build(tx, items)`: add the items' writes, return one result per item; InvalidPayloadError
+      refuses an item (parked).
     """
 
     def __init__(self, ledger: L, watermark: W, parking: P, *, consumer: str, event_hub: str,
@@ -173,13 +136,9 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency[Any, Any,
 
     @flowmethod
     def process_batch(self, events: Sequence[E], partition_id: str) -> Flow[BatchReport]:
-        """Apply a batch from one partition: one group per partition key, groups concurrently.
-
-        The mark moves only after every group committed or was parked and the messages their
-        markers hold, and the mark does not cover yet, were dispatched. When a group failed
-        for a transient reason, the batch raises once every group has finished (after
-        waiting out a Retry-After) so the host retries it; a failed dispatch raises too.
-        """
+        """Apply a batch from one partition. The mark moves only after every group committed
+        or was parked and their uncovered messages were dispatched; a group's transient
+        failure or a failed dispatch raises once every group has finished."""
         report = BatchReport()
         watermark = self.watermark
         mark = yield OnStore(watermark.store, watermark.read.flow(partition_id))
@@ -200,7 +159,7 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency[Any, Any,
             tuple(self._group_flow(group, partition_id) for group in groups),
             limit=self.max_concurrency)
         failure: Exception | None = None
-        holding: list[_Held] = []  # what the markers of the outcomes hold, with their positions
+        holding: list[_Held] = []
         for group, outcomes in zip(groups, results, strict=True):
             if isinstance(outcomes, Exception):
                 failure = failure or outcomes
@@ -218,7 +177,10 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency[Any, Any,
             raise failure
         pending = yield from self._not_covered(holding, partition_id, mark)
         if pending:
-            yield from self._dispatch(pending)
+            if self.ledger.dispatcher is None:
+                raise TypeError(f"{len(pending)} message(s) to dispatch but the processor's "
+                                "Idempotency has no dispatcher")
+            yield from self.ledger.dispatch_messages(tuple(pending), consumer=self.consumer)
             report.dispatched = len(pending)
         if fresh:
             newest = fresh[-1]
@@ -232,7 +194,7 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency[Any, Any,
 
     def _marked(self, events: Sequence[E], partition_id: str, mark: Mark | None,
                 reset: E | None) -> None:
-        """Telemetry of a mark that advanced: its lag, and a sequence reset if it moved down."""
+        """Telemetry of an advanced mark: its lag, and a sequence reset if it moved down."""
         telemetry = self.ledger.telemetry
         if mark is not None and reset is not None:
             telemetry.sequence_reset(consumer=self.consumer, partition_id=partition_id,
@@ -245,22 +207,17 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency[Any, Any,
 
     def _not_covered(self, holding: Sequence[_Held], partition_id: str, mark: Mark | None
                      ) -> Flow[list[OutgoingMessage]]:
-        """The messages held on markers whose positions the marks do not cover, each id once.
-
-        A marker just committed holds this batch's event: never covered. A duplicate's may
-        hold another partition's event (a producer's copy sent to another partition): that
-        partition's mark decides, read for it. A position of another hub is never covered
-        (sent again: the ids make that harmless).
-        """
+        """The held messages whose positions the marks do not cover, each id once. A position
+        in another partition is judged by that partition's mark; another hub's is never
+        covered (sent again: the ids make that harmless)."""
         pending: dict[str, OutgoingMessage] = {}
         marks: dict[str, Mark | None] = {partition_id: mark}
-        watermark = self.watermark
         for position, messages in holding:
             covered = False
             if position.event_hub == self.event_hub:
                 if position.partition_id not in marks:
                     marks[position.partition_id] = yield OnStore(
-                        watermark.store, watermark.read.flow(position.partition_id))
+                        self.watermark.store, self.watermark.read.flow(position.partition_id))
                 other = marks[position.partition_id]
                 covered = other is not None and other.covers(position.sequence_number,
                                                              position.enqueued_time)
@@ -269,26 +226,10 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency[Any, Any,
                     pending.setdefault(message.message_id, message)
         return list(pending.values())
 
-    def _dispatch(self, messages: list[OutgoingMessage]) -> Flow[None]:
-        """Send the batch's pending messages in one dispatch; a failure raises (transient:
-        the host's retry runs the batch again, the mark stays where it is)."""
-        dispatcher = self.ledger.dispatcher
-        if dispatcher is None:
-            raise TypeError(f"{len(messages)} message(s) to dispatch but the processor's "
-                            "Idempotency has no dispatcher")
-        telemetry = self.ledger.telemetry
-        try:
-            yield Dispatch(dispatcher, tuple(messages))
-        except Exception as error:
-            telemetry.dispatch_failed(len(messages), consumer=self.consumer, error=error)
-            raise
-        telemetry.dispatched(len(messages), consumer=self.consumer)
-
     @flowmethod
     def apply(self, item: I, context: Mapping[str, Any] | None = None) -> Flow[Outcome]:
-        """One item on its own: its marker and writes in one transaction (the single-event
-        entry point: an HTTP request, a replayed entry). What its build sends is dispatched
-        and recorded as dispatched before this returns (no partition mark records it)."""
+        """One item on its own (an HTTP request, a replayed entry): its marker and writes in one
+        transaction; what its build sends is dispatched and recorded before this returns."""
         key, request_hash = self.identify(item)
         outcomes = yield from self._commit([GroupMessage(key, request_hash, context)], [item])
         return outcomes[0]
@@ -330,9 +271,8 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency[Any, Any,
 
     def _group_flow(self, group: list[_Parsed[E, I]], partition_id: str
                     ) -> Flow[list[Outcome | Exception] | Exception]:
-        """The group's per-event results (an Exception: a bug for that event), or the transient
-        error it still failed with after `max_attempts` tries (returned, not raised, so the
-        other groups finish first)."""
+        """The group's per-event results (an Exception: that event's bug), or the transient error
+        it still failed with after `max_attempts` tries (returned: the other groups finish)."""
         attempt = 1
         while True:
             try:
@@ -346,28 +286,26 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency[Any, Any,
 
     def _attempt(self, group: list[_Parsed[E, I]], partition_id: str, attempt: int
                  ) -> Flow[list[Outcome | Exception]]:
-        contexts = [{**self._context(p.event, partition_id), "attempt": attempt} for p in group]
-        items = [p.item for p in group]
+        messages = [GroupMessage(p.key, p.request_hash,
+                                 {**self._context(p.event, partition_id), "attempt": attempt}, p.position)
+                    for p in group]
         try:
             results: list[Outcome | Exception] = list((yield from self._commit(
-                [GroupMessage(p.key, p.request_hash, c, p.position)
-                 for p, c in zip(group, contexts, strict=True)], items)))
+                messages, [p.item for p in group])))
         except TRANSIENT_ERRORS:
             raise
         except Exception:  # not the store's availability: find the event it is about
             logger.exception("%s: group failed; applying its events one by one", self.consumer,
-                             extra=contexts[0])
+                             extra=messages[0].context)
             results = []
-            for parsed, context in zip(group, contexts, strict=True):
+            for parsed, message in zip(group, messages, strict=True):
                 try:
-                    outcomes = yield from self._commit([GroupMessage(
-                        parsed.key, parsed.request_hash, context, parsed.position)], [parsed.item])
-                    results.append(outcomes[0])
+                    results.append((yield from self._commit([message], [parsed.item]))[0])
                 except TRANSIENT_ERRORS:
                     raise
                 except Exception as error:  # refused or a bug for this event: park it, go on
                     if not isinstance(error, PoisonMessageError):
-                        logger.exception("%s: unexpected error", self.consumer, extra=context)
+                        logger.exception("%s: unexpected error", self.consumer, extra=message.context)
                     results.append(error)
         held = [r for r in results if isinstance(r, Outcome) and r.status not in SETTLED]
         if held:  # a live claim by someone else (not a ledger marker): retry the batch later
@@ -378,8 +316,8 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency[Any, Any,
     def _count(parsed: _Parsed[E, I], result: Outcome | Exception,
                report: BatchReport) -> tuple[str, str] | None:
         """Count the result; the reason and detail to park the event with, if it must be."""
-        if isinstance(result, Exception):  # the one rule's reason; parked, never retried here
-            decision = decision_for_exception(result)  # so that the partition never stalls
+        if isinstance(result, Exception):  # parked, never retried: the partition never stalls
+            decision = decision_for_exception(result)
             return decision.reason or "UnexpectedError", decision.description or repr(result)
         if result.status is OutcomeStatus.CONFLICT:
             return "IdempotencyKeyConflict", f"{parsed.key.key} was applied with different content"
@@ -390,8 +328,8 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency[Any, Any,
         return None
 
     def _context(self, event: E, partition_id: str) -> dict[str, Any]:
-        """The event's log context; with its correlation id when the producer set one (the
-        `X-Correlation-Id` application property): the messages its group sends carry it on."""
+        """The event's log context, with the producer's correlation id (which sent messages
+        carry on) when it set one."""
         context: dict[str, Any] = {"partition_id": partition_id,
                                    "sequence_number": event.sequence_number,
                                    "event_hub": self.event_hub}
@@ -406,9 +344,8 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency[Any, Any,
         parking = self.parking
         entry_id = f"{self.event_hub}/{partition_id}/{event.sequence_number}"
         identity = _time_text(event.enqueued_time)
-        # The sequence number alone does not identify an event across a hub's lifetime (it
-        # restarts when the hub is recreated or fails over): the enqueued time keeps a new
-        # incarnation's parked event from replacing an old one's.
+        # Sequence numbers restart with a recreated or failed-over hub: the enqueued time keeps
+        # a new incarnation's parked event from replacing an old one's.
         yield OnStore(parking.store, parking.park.flow(
             consumer=self.consumer, entry_id=entry_id, reason=reason, payload=event.body,
             error=detail, identity=identity, context={
@@ -419,7 +356,7 @@ class BasePartitionBatchProcessor[E: BatchEvent, I, L: BaseIdempotency[Any, Any,
 
 
 def _time_text(enqueued: datetime | str | None) -> str | None:
-    """An enqueued time as text (as the trigger sends it), to store."""
+    """An enqueued time as text, as the trigger sends it."""
     return None if enqueued is None else (
         enqueued.isoformat() if isinstance(enqueued, datetime) else str(enqueued))
 
@@ -428,9 +365,8 @@ type _Held = tuple[EventPosition, tuple[OutgoingMessage, ...]]
 
 
 def _held(outcome: Outcome) -> _Held | None:
-    """The messages the outcome's marker holds for a partition mark to record (a batch's
-    marker: with its event's position); None when there are none (or they are the ledger's
-    to record: no position)."""
+    """The position and messages the outcome's marker holds for a partition mark to record;
+    None when there are none, or no position (the ledger records them)."""
     record = outcome.record
     if (outcome.status is OutcomeStatus.CONFLICT or record is None or not record.outbox
             or record.outbox_position is None):
@@ -441,12 +377,11 @@ def _held(outcome: Outcome) -> _Held | None:
 class PartitionBatchProcessor[E: BatchEvent, I](
         BasePartitionBatchProcessor[E, I, Idempotency, PartitionWatermark, ParkingLot, Transaction],
         Sync):
-    """Runs a partition's batches on sync stores; groups commit on a bounded thread pool, each
-    thread in a copy of the caller's context (trace, the worker's invocation id)."""
+    """Runs a partition's batches on sync stores; groups commit on a bounded thread pool."""
 
 
 class AsyncPartitionBatchProcessor[E: BatchEvent, I](
         BasePartitionBatchProcessor[E, I, AsyncIdempotency, AsyncPartitionWatermark, AsyncParkingLot,
                                     AsyncTransaction], Async):
     """`PartitionBatchProcessor` on async stores (`shared.aio.PartitionBatchProcessor`): groups
-    are tasks on one event loop, at most `max_concurrency` in flight; builds may be async."""
+    are tasks on one event loop; builds may be async."""

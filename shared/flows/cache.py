@@ -1,20 +1,12 @@
-"""A per-process, bounded LRU of *completed* dedup records.
+"""Per-process bounded LRUs: completed dedup records, and the documents this process wrote last.
 
-Hot duplicates (a producer retry seconds after the original, a redelivery that
-lands on the same instance, a replayed Event Hubs batch) are answered from
-memory without a store request. Only completed records are kept: an
-in-progress record can still be released, taken over or turned into a
-different result, so it is always re-read from the store.
-
-Correctness does not depend on the cache. It is consulted before the store and
-filled after the store answered; a miss (cold, evicted, too old, disabled)
-falls through to the store, which stays the arbiter of concurrent copies. Each
-entry keeps the stored request hash, so a reused key with different content is
-still reported as a conflict from the cache. An entry is dropped when it is
-older than `max_age` (measured on the cache's own monotonic clock) or when the
-record itself has expired (on the flow's clock), whichever comes first; keep
-`max_age` well below the record TTL. If an operator deletes a record so a
-message can be processed again, call `invalidate` (or wait `max_age`).
+Hot duplicates are answered from memory without a store request. Only completed records are
+kept (an in-progress one can still be released or taken over, so it is always re-read).
+Correctness does not depend on the cache: a miss falls through to the store, which stays the
+arbiter; each entry keeps the stored request hash, so a reused key is still a conflict. An
+entry is dropped once older than `max_age` (the cache's monotonic clock) or when the record
+expired (the flow's clock); keep `max_age` well below the record TTL. After an operator deletes
+a record so a message can be processed again, call `invalidate` (or wait `max_age`).
 """
 
 from __future__ import annotations
@@ -44,11 +36,8 @@ class CacheStats:
 
 
 class CompletedKeyCache:
-    """Thread-safe LRU of completed records, keyed by (consumer, key).
-
-    `max_entries` bounds memory (0 disables the cache); `max_age` bounds how
-    long an entry answers without the store.
-    """
+    """Thread-safe LRU of completed records, keyed by (consumer, key); `max_entries` 0 disables
+    it, `max_age` bounds how long an entry answers without the store."""
 
     def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES, *,
                  max_age: timedelta | float = DEFAULT_MAX_AGE,
@@ -123,15 +112,11 @@ class CompletedKeyCache:
 class DocumentCache:
     """Business documents this process wrote last, with their etags: a bounded LRU.
 
-    A group commit (`Idempotency(..., documents=DocumentCache())`) takes a
-    document from here instead of reading it when this process wrote it last,
-    as an Event Hubs consumer does with the balances of the accounts its
-    partition carries. The commit's etag condition is the check: when someone
-    else changed the document since, the transaction fails as a lost race,
-    nothing is written, the entry is dropped and the document read again. So
-    an entry is only ever used for a document the build writes back under the
-    etag it read (read-modify-write); for any other read the flow goes to the
-    store. Only documents the store answered with an etag are kept.
+    A group commit (`Idempotency(..., documents=DocumentCache())`) takes a document from here
+    instead of reading it. The commit's etag condition is the check: when someone else changed
+    it since, the transaction fails as a lost race, the entry is dropped and the document read
+    again. So an entry is only used for a document the build writes back under the etag it
+    read; any other read goes to the store. Only documents with an etag are kept.
     """
 
     def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:

@@ -1,7 +1,6 @@
-"""The steps every dedup flow shares (`shared.flows.idempotency` composes them into its flows): a
-record made, a record someone wrote first judged, the completed-key cache consulted, an
-outcome's telemetry, and a committed marker's outgoing messages dispatched and recorded. Each
-is a plain call, or a flow of steps (`shared.flows.steps`) a driver runs."""
+"""The steps the dedup flows of `shared.flows.idempotency` share: a record made, a record
+someone wrote first judged, the completed-key cache, an outcome's telemetry, and a committed
+marker's outgoing messages dispatched and recorded."""
 
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ from typing import Any
 from shared.core.config import IdempotencyConfig
 from shared.core.exceptions import ConcurrencyRetriesExhaustedError, ConfigurationError, RecordChangedError
 from shared.core.keys import DedupKey
+from shared.core.outbox import OutgoingMessage
 from shared.core.records import IdempotencyRecord, Outcome, OutcomeStatus, RecordState
 from shared.core.store import GetRecord, RecordDispatched
 from shared.core.telemetry import Telemetry
@@ -22,41 +22,33 @@ from shared.flows.steps import Dispatch, Flow, Writes
 
 Context = Mapping[str, Any]
 
-#: Leases are judged on each instance's clock. A renewal lands every lease/3, so the expiry
-#: another instance reads is at least 2/3 of a lease ahead of the holder's clock: two clocks may
-#: differ by less than 2/3 of the lease (minus a renewal's round trip), i.e. each may be off the
-#: store's by less than 1/3. `dedup.clock_skew` warns at half that, 1/6 of the lease, while the
-#: pair still has room for the renewal latency and the 1-second resolution of Cosmos's `_ts`.
+#: Leases are judged on each instance's clock. A renewal every lease/3 keeps the expiry others read
+#: 2/3 of a lease ahead, so each clock may be off the store's by less than 1/3 of the lease;
+#: `dedup.clock_skew` warns at half that, leaving room for renewal latency and Cosmos's 1-second `_ts`.
 CLOCK_SKEW_WARNING_FRACTION = 1 / 6
 
 
 class DedupSteps[S: (SyncStore, AsyncStore), D]:
-    """The state of the dedup flow over one store (the store, its dispatcher, config,
-    telemetry and caches) and the steps its flows share; `shared.flows.idempotency.BaseIdempotency`
-    holds the flows."""
+    """The state of the dedup flow over one store (store, dispatcher, config, telemetry,
+    caches) and the steps its flows share."""
 
     def __init__(self, store: S, *, config: IdempotencyConfig | None = None,
                  telemetry: Telemetry | None = None, cache: CompletedKeyCache | None = None,
                  documents: DocumentCache | None = None, dispatcher: D | None = None) -> None:
         check_sync_or_async(self, store, dispatcher)
         self.store = store  # the atomic paths also need it to hold documents
-        # Sends what builds record with `tx.send` (shared.backends.dispatch; on the async variant, a
-        # shared.backends.dispatch_aio one, or a sync one that never blocks). None: a build that
-        # sends fails before committing (a consumer that names its destinations fails at
-        # construction instead).
-        self.dispatcher = dispatcher
+        self.dispatcher = dispatcher  # None: a build that sends fails before committing
         self.config = config or IdempotencyConfig()
         self.telemetry = telemetry or Telemetry()
         self.cache = cache  # completed keys only; consulted by run/run_atomic before the store
         self.documents = documents  # what group commits wrote last; see DocumentCache
 
-    # -- helpers -------------------------------------------------------------------
     def _now(self) -> float:
         return self.config.clock()
 
     def _clock_seen(self, written: IdempotencyRecord) -> None:
-        """Compare this instance's clock (the record's `updated_at`) with the store's, where the
-        write answered it (`server_time`); telemetry samples it. No request, a subtraction."""
+        """Report this instance's clock skew against the store's `server_time`, where the write
+        answered it (no request)."""
         if written.server_time is not None:
             self.telemetry.clock_skew(
                 written.updated_at - written.server_time, backend=self.store.name,
@@ -85,8 +77,7 @@ class DedupSteps[S: (SyncStore, AsyncStore), D]:
     def _marker(self, key: DedupKey, request_hash: str, *, partition: str | None,
                 record_id: str | None = None, expires: bool = True,
                 over: IdempotencyRecord | None = None, result: Any = None) -> IdempotencyRecord:
-        """A completed marker to commit, holding `result`; `over` is an expired one it replaces
-        under its etag."""
+        """A completed marker holding `result`; `over` is an expired one it replaces under its etag."""
         marker = self._new_record(key, request_hash, RecordState.COMPLETED, partition=partition,
                                   record_id=record_id, expires=expires, result=result)
         if over is None:
@@ -95,11 +86,11 @@ class DedupSteps[S: (SyncStore, AsyncStore), D]:
 
     def _after_failed_marker(self, marker: IdempotencyRecord, request_hash: str
                              ) -> Flow[Outcome | IdempotencyRecord]:
-        """After a marker write failed: the outcome the live record there decides, or the
-        expired record to take over. RecordChangedError when it vanished meanwhile."""
+        """After a failed marker write: the live record's outcome, or the expired record to take
+        over. RecordChangedError when it vanished meanwhile."""
         existing: IdempotencyRecord | None = yield GetRecord(marker.partition_key, marker.id)
         if existing is None:
-            raise RecordChangedError(marker.id)  # deleted meanwhile: commit again
+            raise RecordChangedError(marker.id)
         if existing.is_expired(self._now()):
             return existing
         return self._outcome_of_found(existing, request_hash, marker.key)
@@ -128,13 +119,12 @@ class DedupSteps[S: (SyncStore, AsyncStore), D]:
 
     @flowmethod
     def dispatch_pending(self, marker: IdempotencyRecord) -> Flow[IdempotencyRecord]:
-        """Send a committed marker's pending messages, then clear them under its etag.
+        """Send a committed marker's pending messages, then clear them under its etag; returns
+        the marker as stored after that.
 
-        Returns the marker as stored after that (nothing pending). A dispatch failure
-        propagates (DispatchUnavailableError: retry later) and leaves them pending. When the
-        marker changed meanwhile (a business write on a marker that is a document, or
-        someone else recorded the dispatch), it is read again: cleared already = done,
-        still pending = those are cleared (they were just sent).
+        A dispatch failure propagates and leaves them pending. When the marker changed
+        meanwhile it is read again: cleared already = done, still pending the same messages =
+        cleared (they were just sent), other messages = returned as found.
         """
         if not marker.outbox:
             return marker
@@ -142,13 +132,7 @@ class DedupSteps[S: (SyncStore, AsyncStore), D]:
             raise ConfigurationError(f"{marker.key.encoded} has {len(marker.outbox)} pending "
                                      "message(s) but this Idempotency has no dispatcher: pass "
                                      "dispatcher=... to Idempotency")
-        consumer = marker.key.consumer
-        try:
-            yield Dispatch(self.dispatcher, marker.outbox)
-        except Exception as error:
-            self.telemetry.dispatch_failed(len(marker.outbox), consumer=consumer, error=error)
-            raise
-        self.telemetry.dispatched(len(marker.outbox), consumer=consumer)
+        yield from self.dispatch_messages(marker.outbox, consumer=marker.key.consumer)
         sent = {message.message_id for message in marker.outbox}
         current = marker
         for _ in range(self.config.max_commit_attempts):
@@ -159,9 +143,18 @@ class DedupSteps[S: (SyncStore, AsyncStore), D]:
                 if found is None or not found.outbox:
                     return found or marker.evolve(outbox=())
                 if not {m.message_id for m in found.outbox} <= sent:
-                    return found  # other messages pending now: theirs to send
+                    return found  # other messages pending: theirs to send
                 current = found
         raise ConcurrencyRetriesExhaustedError(f"recording the dispatch of {marker.key.encoded}")
+
+    def dispatch_messages(self, messages: tuple[OutgoingMessage, ...], *, consumer: str) -> Flow[None]:
+        """Send `messages` with the dispatcher, with telemetry either way; a failure propagates."""
+        try:
+            yield Dispatch(self.dispatcher, messages)
+        except Exception as error:
+            self.telemetry.dispatch_failed(len(messages), consumer=consumer, error=error)
+            raise
+        self.telemetry.dispatched(len(messages), consumer=consumer)
 
     def _with_outbox_sent(self, outcome: Outcome) -> Flow[Outcome]:
         """The outcome once the marker's pending messages (if any) are dispatched and recorded."""
@@ -174,9 +167,8 @@ class DedupSteps[S: (SyncStore, AsyncStore), D]:
 
 
 def check_sync_or_async(owner: object, store: object, dispatcher: object = None) -> None:
-    """Refuse, at construction, a store or dispatcher of the other variant: a sync variant would
-    hand an async store's coroutines to its steps unawaited; an async variant would block its
-    event loop on every request of a sync store."""
+    """ConfigurationError for a store or dispatcher of the other variant: a sync variant would
+    leave an async store's coroutines unawaited, an async one block its loop on a sync store."""
     kind = type(owner).__name__.removeprefix("Async")  # the name an app imports it by
     store_is_async = inspect.iscoroutinefunction(getattr(store, "get_record", None)) or \
         inspect.iscoroutinefunction(getattr(store, "read_document", None))

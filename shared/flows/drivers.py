@@ -1,10 +1,7 @@
 """The two drivers of the step protocol (`shared.flows.steps`), and the variants they give a class.
 
-`run_sync` performs each step a flow yields on a sync store; `await run_async` on an async
-one. A class written as flows gets its sync and async variants from one definition: its
-methods are `@flowmethod`s (each returns a flow), and the variant it is mixed with (`Sync` or
-`Async`) decides how calling one runs it. `shared.aio` holds the async variants under the same
-names as the sync ones (as the Azure SDK does).
+`run_sync` performs each step a flow yields on a sync store; `await run_async` on an async one.
+A class of `@flowmethod`s mixed with `Sync` or `Async` gets both variants from one definition.
 """
 
 from __future__ import annotations
@@ -89,13 +86,9 @@ def _perform_sync(step: Step, store: SyncStore, sleep: Callable[[float], object]
         case RunBuild(build, partition, args, reads, key, correlation_id):
             _commits(store)
             tx = Transaction(store, partition, reads, key=key, correlation_id=correlation_id)
-            value = build(tx, *args)
-            if inspect.isawaitable(value):
-                _close(value)
-                raise TypeError("an async build needs the async variant (shared.aio)")
-            return BuildResult(value, tx)
+            return BuildResult(_not_awaitable(build(tx, *args), "build"), tx)
         case RunHandler():
-            return _LeaseRenewal(step, store).run()
+            return _run_renewing(step, store)
         case Sleep(seconds):
             sleep(seconds)
             return None
@@ -112,10 +105,7 @@ def _perform_sync(step: Step, store: SyncStore, sleep: Callable[[float], object]
         case OnStore(other, flow):
             return run_sync(flow, other, sleep=sleep)
         case Dispatch(dispatcher, messages):
-            sent = dispatcher.dispatch(messages)
-            if inspect.isawaitable(sent):
-                _close(sent)
-                raise TypeError("an async dispatcher needs the async variant (shared.aio)")
+            _not_awaitable(dispatcher.dispatch(messages), "dispatcher")
             return None
         case _:
             raise TypeError(f"not a step: {step!r}")
@@ -123,8 +113,8 @@ def _perform_sync(step: Step, store: SyncStore, sleep: Callable[[float], object]
 
 async def run_async[T](flow: Flow[T], store: Any, *,
                        sleep: Callable[[float], object] = asyncio.sleep) -> T:
-    """Run `flow` to its value on an async store: each step awaited, its error thrown in.
-    `sleep` may be sync or async."""
+    """Run `flow` to its value on an async store: each step awaited, its error thrown in
+    (`sleep` may be sync or async)."""
     answer: Any = None
     error: BaseException | None = None
     while True:
@@ -148,7 +138,7 @@ async def _perform_async(step: Step, store: AsyncStore, sleep: Callable[[float],
             value = build(tx, *args)
             return BuildResult(await value if inspect.isawaitable(value) else value, tx)
         case RunHandler():
-            return await _AsyncLeaseRenewal(step, store).run()
+            return await _run_renewing_async(step, store)
         case Sleep(seconds):
             slept = sleep(seconds)
             if inspect.isawaitable(slept):
@@ -177,7 +167,7 @@ async def _perform_async(step: Step, store: AsyncStore, sleep: Callable[[float],
 
 
 def _outcome(run: Callable[[Flow[Any]], Any], flow: Flow[Any]) -> Any:
-    """A gathered flow's value, or the error it raised (as a value: the others finish)."""
+    """A gathered flow's value, or the error it raised as a value (the others finish)."""
     try:
         return run(flow)
     except BaseException as error:
@@ -198,99 +188,89 @@ def _in_order(results: list[Any]) -> list[Any]:
 
 
 def _commits(store: object) -> None:
-    """A build is always followed by its commit: refuse before running it on a store that
-    holds no documents (a records-only store serves the two-phase flow alone)."""
+    """Refuse a build (always followed by its commit) on a store that holds no documents."""
     if not hasattr(store, "commit"):
         raise TypeError(f"the atomic path needs a DocumentStore; {type(store).__name__} is not one")
 
 
-def _close(value: object) -> None:
-    if inspect.iscoroutine(value):
-        value.close()  # never awaited: no "was never awaited" warning
+def _not_awaitable[V](value: V, what: str) -> V:
+    """`value`; TypeError when it is awaitable (closed first: no "never awaited" warning)."""
+    if inspect.isawaitable(value):
+        if inspect.iscoroutine(value):
+            value.close()
+        raise TypeError(f"an async {what} needs the async variant (shared.aio)")
+    return value
 
 
-class _LeaseRenewal:
-    """Runs the handler while a thread renews its lease, the way the host renews a lock.
+def _run_renewing(step: RunHandler, store: SyncStore) -> HandlerResult:
+    """Run the handler while a thread renews its lease. A lost renewal stops renewing (the
+    completion then reports LEASE_LOST); a store outage is retried at the next tick."""
+    lock = threading.Lock()
+    done = threading.Event()
+    held = step.held
 
-    A lost renewal (someone took the key over) stops renewing; the completion then
-    reports LEASE_LOST. A store outage is retried at the next tick.
-    """
-
-    def __init__(self, step: RunHandler, store: SyncStore) -> None:
-        self._step = step
-        self._store = store
-        self._lock = threading.Lock()
-        self._held = step.held
-        self._done = threading.Event()
-
-    def run(self) -> HandlerResult:
-        thread = threading.Thread(target=self._renew, name="lease-renewal", daemon=True)
-        thread.start()
-        try:
-            result = self._step.handler()
-        except BaseException as error:  # the flow decides: release or keep
-            return HandlerResult(self._stop(thread), error=error)
-        return HandlerResult(self._stop(thread), result)
-
-    def _stop(self, thread: threading.Thread) -> IdempotencyRecord:
-        self._done.set()
-        thread.join()
-        with self._lock:
-            return self._held
-
-    def _renew(self) -> None:
-        step = self._step
-        while not self._done.wait(step.every) and step.clock() < step.until:
-            with self._lock:
-                if self._done.is_set():
+    def renew() -> None:
+        nonlocal held
+        while not done.wait(step.every) and step.clock() < step.until:
+            with lock:
+                if done.is_set():
                     return
                 try:
-                    self._held = run_sync(step.renew(self._held), self._store)
+                    held = run_sync(step.renew(held), store)
                 except RecordChangedError:
-                    _lease_lost(self._held)
+                    _lease_lost(held)
                     return
                 except StoreUnavailableError as error:
                     logger.warning("could not renew lease: %s", error)
 
+    def stop() -> IdempotencyRecord:
+        done.set()
+        thread.join()
+        with lock:
+            return held
 
-class _AsyncLeaseRenewal:
-    """`_LeaseRenewal` for an async handler: a task renews, not a thread."""
+    thread = threading.Thread(target=renew, name="lease-renewal", daemon=True)
+    thread.start()
+    try:
+        result = step.handler()
+    except BaseException as error:  # the flow decides: release or keep
+        return HandlerResult(stop(), error=error)
+    return HandlerResult(stop(), result)
 
-    def __init__(self, step: RunHandler, store: AsyncStore) -> None:
-        self._step = step
-        self._store = store
-        self._held = step.held
-        self._done = asyncio.Event()
 
-    async def run(self) -> HandlerResult:
-        task = asyncio.get_running_loop().create_task(self._renew())
-        try:
-            result = self._step.handler()
-            if inspect.isawaitable(result):
-                result = await result
-        except BaseException as error:  # the flow decides: release or keep
-            return HandlerResult(await self._stop(task), error=error)
-        return HandlerResult(await self._stop(task), result)
+async def _run_renewing_async(step: RunHandler, store: AsyncStore) -> HandlerResult:
+    """`_run_renewing` for an async handler: a task renews, not a thread."""
+    done = asyncio.Event()
+    held = step.held
 
-    async def _stop(self, task: asyncio.Task[None]) -> IdempotencyRecord:
-        self._done.set()
-        await task  # a renewal in flight lands first
-        return self._held
-
-    async def _renew(self) -> None:
-        step = self._step
+    async def renew() -> None:
+        nonlocal held
         while step.clock() < step.until:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._done.wait(), step.every)
-            if self._done.is_set():
+                await asyncio.wait_for(done.wait(), step.every)
+            if done.is_set():
                 return
             try:
-                self._held = await run_async(step.renew(self._held), self._store)
+                held = await run_async(step.renew(held), store)
             except RecordChangedError:
-                _lease_lost(self._held)
+                _lease_lost(held)
                 return
             except StoreUnavailableError as error:
                 logger.warning("could not renew lease: %s", error)
+
+    async def stop() -> IdempotencyRecord:
+        done.set()
+        await task  # a renewal in flight lands first
+        return held
+
+    task = asyncio.get_running_loop().create_task(renew())
+    try:
+        result = step.handler()
+        if inspect.isawaitable(result):
+            result = await result
+    except BaseException as error:  # the flow decides: release or keep
+        return HandlerResult(await stop(), error=error)
+    return HandlerResult(await stop(), result)
 
 
 def _lease_lost(held: IdempotencyRecord) -> None:
@@ -301,7 +281,7 @@ def _lease_lost(held: IdempotencyRecord) -> None:
 # -- variants: one flow definition, a sync and an async way to call it ---------------------------
 class Sync:
     """Mixed into a class of `@flowmethod`s: calling one runs its flow with `run_sync` on
-    `self.store` (sleeping with `self.sleep`, when the class sets one)."""
+    `self.store`, sleeping with `self.sleep`."""
 
     store: Any
     sleep: Callable[[float], object] = staticmethod(time.sleep)
@@ -329,7 +309,7 @@ class BoundFlow[**P, T]:
 
 
 class SyncMethod[**P, T](BoundFlow[P, T]):
-    """A flow method of a `Sync` object: call it to run the flow; `.flow(...)` is the flow."""
+    """A flow method of a `Sync` object: calling it runs the flow."""
 
     __slots__ = ()
     _owner: Sync
@@ -340,7 +320,7 @@ class SyncMethod[**P, T](BoundFlow[P, T]):
 
 
 class AsyncMethod[**P, T](BoundFlow[P, T]):
-    """A flow method of an `Async` object: call it for a coroutine; `.flow(...)` is the flow."""
+    """A flow method of an `Async` object: calling it returns a coroutine."""
 
     __slots__ = ()
     _owner: Async
@@ -352,7 +332,7 @@ class AsyncMethod[**P, T](BoundFlow[P, T]):
 
 class flowmethod[**P, T]:
     """Marks a method that returns a flow: on a `Sync` object calling it runs the flow, on an
-    `Async` one it returns a coroutine that does. One definition, two variants."""
+    `Async` one it returns a coroutine that does."""
 
     def __init__(self, fn: Callable[Concatenate[Any, P], Flow[T]]) -> None:
         self._fn = fn
@@ -380,8 +360,7 @@ class flowmethod[**P, T]:
 
 # -- the transaction a build fills --------------------------------------------------------------
 class BaseTransaction(Writes):
-    """What a build receives: the commit's writes (`Writes`: they join the marker's
-    transaction, in its partition) and `read`, written once as a flow."""
+    """What a build receives: the commit's `Writes` (in the marker's transaction) and `read`."""
 
     def __init__(self, store: Any, partition: str, reads: Reads | None = None, *,
                  key: DedupKey | None = None, correlation_id: str | None = None) -> None:
@@ -391,8 +370,8 @@ class BaseTransaction(Writes):
 
     @flowmethod
     def read(self, document_id: str) -> Flow[Document | None]:
-        """The current document (None: there is none), from what this commit already read
-        when it can be (the commit's etag condition checks it)."""
+        """The current document or None, from what this commit already read when it can be
+        (the commit's etag condition checks it)."""
         if self._reads is not None:
             hit, document = self._reads.known(document_id)
             if hit:
@@ -414,9 +393,8 @@ class AsyncTransaction(BaseTransaction, Async):
 def update_document(store: Any, partition: str, document_id: str,
                     change: Callable[[Document | None], dict[str, Any] | None], *,
                     attempts: int = 10) -> tuple[Document | None, Document | None]:
-    """Create or replace one document under its etag, as `change` decides from the current one
-    (None: leave it): the naturally idempotent path, no dedup record. A lost race re-reads.
-    Returns (the written document or None, the document `change` last saw)."""
+    """`shared.flows.steps.update_document` run on a sync store: the naturally idempotent path,
+    no dedup record. Returns (the written document or None, the document `change` last saw)."""
     return run_sync(steps.update_document(partition, document_id, change, attempts=attempts), store)
 
 

@@ -1,22 +1,15 @@
 """The dedup flow: claim, process, complete; or commit marker and effect at once.
 
-`run` is the two-phase flow for effects that cannot join a store transaction:
-claim the key (a create that fails on conflict, a takeover under the etag of an
-expired or abandoned claim), run the handler once under a renewed lease, record
-its result. `run_atomic` writes the marker and the business documents in one
-transaction; `run_atomic_group` commits many messages of one partition at once.
-The store arbitrates concurrent copies with conditional writes.
+`run` is the two-phase flow for effects that cannot join a store transaction: claim the key,
+run the handler once under a renewed lease, record its result. `run_atomic` writes the marker
+and the business documents in one transaction; `run_atomic_group` commits many messages of one
+partition at once. The store arbitrates concurrent copies with conditional writes.
 
-The outbox: messages a build sends (`tx.send`) are written on the marker in the same
-transaction, dispatched after the commit, then cleared under the marker's etag; only then
-does the flow return, so the incoming message is acknowledged after they are out. A copy
-that finds messages still on the marker dispatches them first; a dispatch failure raises,
-leaving them for the next copy or the sweeper. A group commit of Event Hubs events leaves
-its messages to the caller: their partition's mark records the dispatch (`shared.flows.batch`).
-
-Each method is written once, as a flow (`shared.flows.steps`, `shared.flows.drivers`): `Idempotency` runs it
-on a sync store, `shared.aio.Idempotency` awaits it on an async one. The steps the flows share
-(records made and judged, the cache, telemetry, the outbox's dispatch) are `shared.flows.dedup_steps`.
+Outbox: messages a build sends (`tx.send`) are written on the marker in the same transaction,
+dispatched after the commit and cleared under the marker's etag before the flow returns, so the
+incoming message is acknowledged only after they are out. A copy that finds messages still on
+the marker dispatches them first; a dispatch failure raises, leaving them for the next copy or
+the sweeper.
 """
 
 from __future__ import annotations
@@ -95,10 +88,8 @@ LEASE_RENEWALS = 3
 class GroupMessage:
     """One message of a group commit: its key, request hash and log context.
 
-    `position`: the Event Hubs event it is, when the caller's partition mark records the
-    dispatch (`shared.flows.batch`): the messages its transaction sends are committed with that
-    position and left for the caller to dispatch, and a duplicate whose marker carries such
-    messages is returned as found (the caller judges them against its mark).
+    `position` (its Event Hubs event) means the caller's partition mark records the dispatch:
+    the messages sent are committed with it and left for the caller, as are a duplicate's.
     """
 
     key: DedupKey
@@ -116,20 +107,16 @@ def identify(key: Callable[..., DedupKey], payload: Callable[..., Any] | None,
 
 
 class BaseIdempotency[S: (SyncStore, AsyncStore), D, X: BaseTransaction](DedupSteps[S, D]):
-    """The dedup flow over one store; `Idempotency` and `shared.aio.Idempotency` are its variants,
-    each on a store `S`, with a dispatcher `D` and handing builds a transaction `X` of its own
-    variant (the state and the shared steps are `DedupSteps`')."""
+    """The dedup flow over a store `S`, with a dispatcher `D`, handing builds a transaction `X`;
+    `Idempotency` and `shared.aio.Idempotency` are its variants."""
 
     # -- two-phase -------------------------------------------------------------------
     @flowmethod
     def claim(self, key: DedupKey, request_hash: str, *, takeover_stale: bool = True,
               partition: str | None = None) -> Flow[tuple[Outcome, IdempotencyRecord | None]]:
-        """Phase one: hold the key in progress, or say why not.
-
-        Returns (PROCESSED or TAKEN_OVER, the held record) when this caller now owns the
-        key, else (outcome, None). The store arbitrates: a create that fails on conflict,
-        then a takeover under the etag of what it found.
-        """
+        """Phase one: hold the key in progress (a create, else a takeover of an expired or
+        stale record under its etag). Returns (PROCESSED or TAKEN_OVER, the held record) when
+        this caller now owns the key, else (outcome, None)."""
         fresh = self._new_record(key, request_hash, RecordState.IN_PROGRESS, partition=partition)
 
         def attempt() -> Flow[tuple[Outcome, IdempotencyRecord | None]]:
@@ -168,11 +155,8 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D, X: BaseTransaction](DedupSt
 
     @flowmethod
     def complete(self, held: IdempotencyRecord, result: Any) -> Flow[IdempotencyRecord]:
-        """Phase two: mark the held record completed with the handler's result.
-
-        LeaseLostError when the lease ran out and another consumer took the key over
-        meanwhile: the store keeps the other consumer's record.
-        """
+        """Phase two: mark the held record completed with the handler's result. LeaseLostError
+        when another consumer took the key over meanwhile (its record is kept)."""
         too_large: ResultTooLargeError | None = None
         try:
             encode_result(result, self.config.max_result_bytes)
@@ -215,10 +199,7 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D, X: BaseTransaction](DedupSt
             takeover_stale: bool = True, partition: str | None = None,
             context: Context | None = None) -> Flow[Outcome]:
         """Claim, run `handler` once, record its result; duplicates get the first result.
-
-        `context` (message id, correlation id, delivery count...) goes to logs and metrics.
-        The handler may be async on the async variant.
-        """
+        `context` goes to logs and metrics. The handler may be async on the async variant."""
         started = time.perf_counter()
         cached = self._cached(key, request_hash)
         if cached is not None:
@@ -259,15 +240,11 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D, X: BaseTransaction](DedupSt
                    context: Context | None = None, read_first: bool = False) -> Flow[Outcome]:
         """Commit the marker and the writes `build(tx)` adds in one transaction.
 
-        `build` may read current state through the transaction; it is called again when a
-        concurrent writer changed what it read (etag mismatch). With `marker_id` /
-        `marker_body` the marker is the business document itself (an order whose id is the
-        order id); `expires=False` keeps it. On the async variant `build` may be async.
-
-        Messages `build` sends with `tx.send` are committed on the marker, then dispatched
-        and recorded before this returns; a duplicate dispatches what its marker still
-        carries. `read_first` reads the marker before building (a redelivery, most likely
-        a duplicate: one request instead of a failed commit and a read).
+        `build` may read through `tx`; it runs again when a concurrent writer changed what it
+        read. With `marker_id` / `marker_body` the marker is the business document itself;
+        `expires=False` keeps it. Messages sent with `tx.send` are dispatched and recorded
+        before this returns. `read_first` reads the marker before building (for a likely
+        duplicate: one request instead of a failed commit and a read).
         """
         started = time.perf_counter()
         cached = self._cached(key, request_hash)
@@ -315,22 +292,15 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D, X: BaseTransaction](DedupSt
     @flowmethod
     def run_atomic_group(self, messages: Sequence[GroupMessage], build: Callable[[X, list[int]], Any], *,
                          partition: str) -> Flow[list[Outcome]]:
-        """Commit many messages of one partition: their markers and the writes `build` adds.
+        """Commit many messages of one partition: their markers, in order, and the writes
+        `build(tx, indexes)` adds, returning one result per index (kept on its marker).
 
-        One transaction holds the markers (in message order) and then the writes
-        `build(tx, indexes)` adds for the messages at `indexes`; it returns one result per
-        index, kept on that message's marker. A group larger than a transaction is split in
-        order. A marker that fails names its message (the error's `index`): it is judged as
-        in `run_atomic` (duplicate, conflict, or an expired record taken over) and the others
-        are committed again, without reading what `tx` already read. A key twice in the group
-        is judged against its first copy's record. Returns one outcome per message, in order.
-
-        Messages `build` sends go on the first marker of their transaction (their ids derive
-        from its key) and are dispatched and recorded after that transaction commits; a
-        duplicate whose marker still carries messages dispatches them. When that first
-        message has a `position`, they are committed with it and neither dispatched nor
-        recorded here: the caller dispatches them before its mark covers the position (so
-        is a duplicate's marker holding such messages, returned with them).
+        A group larger than a transaction is split in order. A failed marker (the error's
+        `index`) is judged as in `run_atomic` and the others are committed again without
+        re-reading; a key twice in the group is judged against its first copy's record.
+        Messages sent go on the first marker of their transaction and are dispatched after it
+        commits, unless that message has a `position` (see `GroupMessage`). Returns one
+        outcome per message, in order.
         """
         started = time.perf_counter()
         decided: dict[int, tuple[Outcome, str]] = {}  # message index -> (outcome, source)
@@ -439,8 +409,8 @@ class BaseIdempotency[S: (SyncStore, AsyncStore), D, X: BaseTransaction](DedupSt
 
 
 def _result(outcome: Outcome) -> Any:
-    """What a decorated handler's caller gets: the handler's result (now, or stored by the
-    first call for a duplicate); a reused key or a key held by another attempt raises."""
+    """A decorated handler's result (now, or stored for a duplicate); KeyReusedError or
+    KeyInProgressError otherwise."""
     if outcome.status is OutcomeStatus.CONFLICT:
         raise KeyReusedError(
             f"{outcome.key.encoded} was processed with other content (request hash "
@@ -452,7 +422,6 @@ def _result(outcome: Outcome) -> Any:
     return outcome.result
 
 
-
 class Idempotency(BaseIdempotency[SyncStore, SyncDispatcher, Transaction], Sync):
     """Runs messages through the dedup flow against one (sync) store."""
 
@@ -462,12 +431,10 @@ class Idempotency(BaseIdempotency[SyncStore, SyncDispatcher, Transaction], Sync)
                            ) -> Callable[[Callable[A, R]], Callable[A, R]]:
         """Decorate a handler so each call runs once per key (the two-phase flow).
 
-        The decorated handler returns what the handler returned, or for a duplicate what
-        its first call returned (stored); a key reused with other content raises
-        KeyReusedError, a key another attempt holds raises KeyInProgressError. `key` and
-        `payload` receive the handler's arguments; the payload (default: the first
-        argument) is hashed to tell a duplicate from a reused key. Code that wants to
-        branch on the outcome calls `run` instead.
+        A duplicate returns the first call's stored result; a key reused with other content
+        raises KeyReusedError, a key another attempt holds KeyInProgressError. `key` and
+        `payload` receive the handler's arguments; the payload (default: the first argument)
+        is hashed to tell a duplicate from a reused key.
         """
         def decorate(function: Callable[A, R]) -> Callable[A, R]:
             @functools.wraps(function)
@@ -480,16 +447,14 @@ class Idempotency(BaseIdempotency[SyncStore, SyncDispatcher, Transaction], Sync)
 
 class AsyncIdempotency(BaseIdempotency[AsyncStore, AsyncDispatcher | SyncDispatcher, AsyncTransaction],
                        Async):
-    """The dedup flow on an async store (`shared.aio.Idempotency`): the same methods, awaited;
-    builds and handlers may be sync or async. Its dispatcher is a `shared.backends.dispatch_aio` one,
-    or a sync one that never blocks (the in-memory dispatcher of tests)."""
+    """The dedup flow on an async store (`shared.aio.Idempotency`); builds and handlers may be
+    sync or async, the dispatcher async or a sync one that never blocks."""
 
     def idempotent[**A, R](self, *, key: Callable[..., DedupKey],
                            payload: Callable[..., Any] | None = None,
                            fields: tuple[str, ...] | None = None
                            ) -> Callable[[Callable[A, Awaitable[R]]], Callable[A, Awaitable[R]]]:
-        """`Idempotency.idempotent` for an async handler: the decorated handler is a
-        coroutine function returning the handler's result (or the stored one)."""
+        """`Idempotency.idempotent` for an async handler."""
         def decorate(function: Callable[A, Awaitable[R]]) -> Callable[A, Awaitable[R]]:
             @functools.wraps(function)
             async def wrapper(*args: A.args, **kwargs: A.kwargs) -> R:

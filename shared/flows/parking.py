@@ -1,19 +1,12 @@
 """A durable place for messages that must not be retried blindly nor dropped.
 
-Parked entries are keyed deterministically (a replay parks the same entry
-again, not a second one) and hold the payload, the reason and where the
-message came from, so a person can resolve and resubmit it.
-
-Resolving is recorded on the entry itself: `mark` appends who did what, when
-and with which outcome to the entry's history and, for a final decision
-(replayed, discarded), closes it. A closed entry's outcome is never
-overwritten (`EntryResolvedError`). Whoever acts on an entry first `claim`s it
-under its etag: an in-progress mark with who and when that expires like a
-lease, so two people (or two runs of a tool) never act on the same entry at
-once (`EntryClaimedError` names the holder), and a holder that died frees it
-when the claim expires. Listing needs a way to enumerate documents,
-which the store interfaces leave to each backend: pass `lister` (a function
-returning the documents of one partition, or of all when given None).
+Entries are keyed deterministically (a replay parks the same entry again, not a second one)
+and hold the payload, the reason and where the message came from, so a person can resolve and
+resubmit it. `mark` appends who did what, when and with which outcome to the entry's history
+and, for a final decision, closes it; a closed entry's outcome is never overwritten
+(`EntryResolvedError`). Whoever acts on an entry first `claim`s it under its etag, a claim that
+expires like a lease, so two people never act on it at once (`EntryClaimedError`). Listing needs
+a `lister` (the documents of one partition, or of all when given None).
 """
 
 from __future__ import annotations
@@ -41,8 +34,7 @@ EntryLister = Callable[[str | None], Iterable[Document]]
 
 
 def _same_message(body: Mapping[str, Any], identity: str, payload: bytes | str) -> bool:
-    """Whether a stored entry is this message's: same identity, or (an entry parked without one)
-    the same payload."""
+    """Whether a stored entry is this message's: same identity, or (parked without one) payload."""
     stored = body.get("identity")
     if stored is not None:
         return stored == identity
@@ -72,13 +64,13 @@ class ParkedEntry:
     note: str | None = None
     history: tuple[dict[str, Any], ...] = field(default_factory=tuple)
     etag: str | None = None
-    claimed_by: str | None = None  # who is acting on it right now (see ParkingLot.claim)
+    claimed_by: str | None = None  # who is acting on it right now
     claimed_at: float | None = None
     claim_expires_at: float | None = None
     claim_token: str | None = None  # one per claim: two runs by the same person stay apart
 
     def claimed(self, now: float) -> bool:
-        """Someone holds a claim on the entry that has not expired."""
+        """Someone holds an unexpired claim on the entry."""
         return self.claim_token is not None and (self.claim_expires_at or 0.0) > now
 
     @property
@@ -116,6 +108,21 @@ class ParkedEntry:
 _CLAIM_FIELDS = ("claimedBy", "claimedAt", "claimExpiresAt", "claimToken")
 
 
+def _without_claim(body: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k not in _CLAIM_FIELDS}
+
+
+def _open_entry(current: Document | None, consumer: str, entry_id: str
+                ) -> tuple[ParkedEntry, dict[str, Any]]:
+    """The entry to act on and a copy of its body; KeyError or EntryResolvedError otherwise."""
+    if current is None:
+        raise KeyError(f"no parked entry {entry_id!r} for {consumer!r}")
+    entry = ParkedEntry.from_document(current)
+    if entry.resolved:
+        raise EntryResolvedError(f"{entry_id} is already {entry.resolution}", entry)
+    return entry, dict(current.body)
+
+
 class ParkedEntryError(IdempotencyError):
     """An action on a parked entry cannot go ahead; `entry` is the entry as found."""
 
@@ -149,14 +156,10 @@ class BaseParkingLot:
              identity: str | None = None) -> Flow[str]:
         """Upsert the entry and raise an alert event; returns the stored id.
 
-        `context` (where the message came from: partition, sequence number,
-        properties, message id) is kept on the entry for the person resolving it.
-        `identity` tells apart two messages that can share `entry_id` (an event
-        hub's sequence numbers restart when it is recreated or fails over): when
-        the entry under `entry_id` is another message's (another identity, or
-        without one, another payload), it is kept and this one is parked as
-        `entry_id@identity`; the same message parked again replaces its own entry.
-        That costs one read, for parked messages only.
+        `context` (where the message came from) is kept on the entry. `identity` tells apart
+        two messages that can share `entry_id`: when the entry there is another message's, it
+        is kept and this one is parked as `entry_id@identity`; the same message parked again
+        replaces its own entry. That costs one read.
         """
         if identity is not None:
             existing = yield ReadDocument(store_safe_id(consumer), store_safe_id(entry_id))
@@ -197,13 +200,9 @@ class BaseParkingLot:
     def park_record(self, store: Any, record: IdempotencyRecord, *, reason: str,
                     payload: bytes | str, error: str, now: float,
                     context: Mapping[str, Any] | None = None) -> Flow[IdempotencyRecord]:
-        """Park an in-progress record nobody can resolve automatically, then close it in
-        `store` (the record's).
-
-        Closed = completed with result {"parked": reason}, so no redelivery repeats
-        its effect; a person decides from the parked entry. Raises the store's
-        error when the record changed meanwhile or the store is down.
-        """
+        """Park an in-progress record nobody can resolve automatically, then close it in `store`
+        (completed with result {"parked": reason}, so no redelivery repeats its effect). Raises
+        the store's error when the record changed meanwhile or the store is down."""
         yield from self.park.flow(consumer=record.key.consumer, entry_id=record.key.key,
                                   reason=reason, payload=payload, error=error,
                                   context={**(context or {}), "attempts": record.attempts})
@@ -232,10 +231,7 @@ class BaseParkingLot:
                        payload: bytes | str, error: str = "",
                        context: Mapping[str, Any] | None = None) -> Flow[ParkedEntry]:
         """Create the entry unless it exists (no alert); returns the stored entry either way.
-
-        Unlike `park`, an existing entry is left as it is: its marks, resolution and
-        claim stay (two writers racing to record the same message keep one entry).
-        """
+        Unlike `park`, an existing entry keeps its marks, resolution and claim."""
         _, write = self._entry(consumer, entry_id, reason, payload, error, context)
         while True:
             written, current = yield from update_document(
@@ -250,29 +246,21 @@ class BaseParkingLot:
               token: str | None = None) -> Flow[ParkedEntry]:
         """Take the entry for acting on it (who, when, until when) under its etag.
 
-        Raises EntryResolvedError when it is resolved, EntryClaimedError while someone
-        else's claim runs, KeyError when there is no such entry. The returned entry's
-        `claim_token` identifies this claim for `mark` and `release`; claiming again with
-        it extends the claim.
+        Raises EntryResolvedError when it is resolved, EntryClaimedError while someone else's
+        claim runs, KeyError when there is no such entry. The returned `claim_token` names
+        this claim for `mark` and `release`; claiming again with it extends the claim.
         """
         now = float(self._clock())
         token = token or uuid.uuid4().hex
 
         def change(current: Document | None) -> dict[str, Any]:
-            if current is None:
-                raise KeyError(f"no parked entry {entry_id!r} for {consumer!r}")
-            entry = ParkedEntry.from_document(current)
-            if entry.resolved:
-                raise EntryResolvedError(f"{entry_id} is already {entry.resolution}", entry)
+            entry, body = _open_entry(current, consumer, entry_id)
             if entry.claimed(now) and entry.claim_token != token:
                 raise EntryClaimedError(f"{entry_id} is claimed by {entry.claimed_by}", entry)
-            return {**current.body, "claimedBy": by, "claimedAt": now,
+            return {**body, "claimedBy": by, "claimedAt": now,
                     "claimExpiresAt": now + lease_seconds, "claimToken": token}
 
-        written, _ = yield from update_document(store_safe_id(consumer), store_safe_id(entry_id),
-                                                change)
-        assert written is not None  # change() always writes
-        return ParkedEntry.from_document(written)
+        return (yield from self._rewrite(consumer, entry_id, change))
 
     @flowmethod
     def release(self, consumer: str, entry_id: str, token: str) -> Flow[None]:
@@ -282,7 +270,7 @@ class BaseParkingLot:
         def change(current: Document | None) -> dict[str, Any] | None:
             if current is None or current.body.get("claimToken") != token:
                 return None
-            return {k: v for k, v in current.body.items() if k not in _CLAIM_FIELDS}
+            return _without_claim(current.body)
 
         yield from update_document(store_safe_id(consumer), store_safe_id(entry_id), change)
 
@@ -291,24 +279,18 @@ class BaseParkingLot:
              note: str = "", resolved: bool, claim: str | None = None) -> Flow[ParkedEntry]:
         """Record an action on the entry (who, when, outcome, note) under its etag.
 
-        `resolved=True` closes the entry with `action` as its resolution; False
-        keeps it open (a failed attempt). `claim`, the token of the caller's claim,
-        is dropped with the mark (a resolution drops any claim). Raises KeyError when
-        there is no such entry, EntryResolvedError when it is resolved already (the
-        first resolution stands); retried when someone else changed it meanwhile.
+        `resolved=True` closes the entry with `action` as its resolution; False keeps it open.
+        `claim`, the caller's claim token, is dropped with the mark (a resolution drops any
+        claim). Raises KeyError when there is no such entry, EntryResolvedError when it is
+        resolved already; retried when someone else changed it meanwhile.
         """
         now = float(self._clock())
         step = {"action": action, "by": by, "at": now, "outcome": outcome[:2000], "note": note[:2000]}
 
         def change(current: Document | None) -> dict[str, Any]:
-            if current is None:
-                raise KeyError(f"no parked entry {entry_id!r} for {consumer!r}")
-            entry = ParkedEntry.from_document(current)
-            if entry.resolved:
-                raise EntryResolvedError(f"{entry_id} is already {entry.resolution}", entry)
-            body = dict(current.body)
+            entry, body = _open_entry(current, consumer, entry_id)
             if resolved or (claim is not None and body.get("claimToken") == claim):
-                body = {k: v for k, v in body.items() if k not in _CLAIM_FIELDS}
+                body = _without_claim(body)
             body["history"] = json.dumps([*entry.history, step][-MAX_HISTORY:], default=str)
             body["outcome"] = step["outcome"]
             if note:
@@ -317,9 +299,14 @@ class BaseParkingLot:
                 body.update(resolved=True, resolution=action, resolvedBy=by, resolvedAt=now)
             return body
 
+        return (yield from self._rewrite(consumer, entry_id, change))
+
+    def _rewrite(self, consumer: str, entry_id: str,
+                 change: Callable[[Document | None], dict[str, Any]]) -> Flow[ParkedEntry]:
+        """The entry as `change` (which always writes) leaves it, under its etag."""
         written, _ = yield from update_document(store_safe_id(consumer), store_safe_id(entry_id),
                                                 change)
-        assert written is not None  # change() never leaves the entry as it is
+        assert written is not None
         return ParkedEntry.from_document(written)
 
 

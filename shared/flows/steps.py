@@ -1,11 +1,9 @@
 """The step protocol every flow of the library speaks: what a flow yields and is answered.
 
-A flow is a generator: it yields a step (a frozen dataclass of the closed
-union `Step`), receives the step's answer, or has the step's error thrown in,
-and returns its value. It performs no I/O, so one flow serves a sync caller and
-an async one (the two drivers of `shared.flows.drivers`), and a test can step it by
-hand, feeding answers and errors with no store at all (as h11's tests feed its
-connection events).
+A flow is a generator: it yields a step (a frozen dataclass of the closed union `Step`),
+receives the step's answer or has its error thrown in, and returns its value. It performs no
+I/O, so one flow serves the sync and the async driver (`shared.flows.drivers`), and a test can
+step it by hand with no store at all.
 """
 
 from __future__ import annotations
@@ -39,12 +37,10 @@ from shared.flows.cache import DocumentCache
 # -- what the steps carry --------------------------------------------------------------------
 class Writes:
     """What one atomic commit writes besides its markers: business writes, in order, in the
-    markers' partition (a transaction; what else a commit may carry joins here), and the
-    messages it sends (`send`: recorded on the marker, dispatched after the commit).
+    markers' partition, and the messages it sends (recorded on the marker, dispatched after).
 
-    `key` is the dedup key the messages' default ids derive from (in a group commit, the
-    first message's: the marker that carries them); `correlation_id` the incoming
-    message's, propagated unless `send` is given another.
+    `key` is the dedup key the messages' default ids derive from (the marker carrying them);
+    `correlation_id` the incoming message's, propagated unless `send` is given another.
     """
 
     def __init__(self, partition: str, *, key: DedupKey | None = None,
@@ -62,13 +58,12 @@ class Writes:
              correlation_id: str | None = None, session_id: str | None = None,
              partition_key: str | None = None,
              scheduled_enqueue_time: datetime.datetime | None = None) -> OutgoingMessage:
-        """Record a message to send once this transaction has committed (see `shared.core.outbox`):
-        written on the marker in the same transaction, dispatched after the commit, re-sent
-        until recorded as dispatched.
+        """Record a message to send once this transaction has committed (re-sent until
+        recorded as dispatched).
 
         Its id defaults to one derived from the key, the destination and its ordinal there,
-        so a rebuilt transaction yields the same ids. Too large a body, or too many bytes
-        for one marker, raises OutgoingMessageTooLargeError here, before anything commits.
+        so a rebuilt transaction yields the same ids. Too large a body, or too many bytes for
+        one marker, raises OutgoingMessageTooLargeError here, before anything commits.
         """
         if self._key is None:
             raise TypeError("this transaction has no dedup key to send for (use an atomic commit)")
@@ -102,9 +97,9 @@ class Writes:
 
 
 class Reads:
-    """What one group commit read, across its attempts and chunks, so it reads each document
-    once and again only after losing a race on it; and, with a `DocumentCache`, documents
-    this process wrote last, taken instead of a read (the commit's etag checks them)."""
+    """What one group commit read, across attempts and chunks, so it reads each document once
+    (again only after losing a race on it); with a `DocumentCache`, documents this process wrote
+    last are taken instead of a read (the commit's etag checks them)."""
 
     def __init__(self, partition: str, cache: DocumentCache | None = None) -> None:
         self.partition = partition
@@ -166,10 +161,8 @@ class BuildResult:
 
 @dataclass(frozen=True, slots=True)
 class RunBuild:
-    """Run the user's `build(tx, *args)` on a fresh transaction of `partition` (its reads
-    answered from `reads` first). The driver awaits an async build. Answer: `BuildResult`.
-    `key` and `correlation_id` are what the messages `tx.send` records derive their ids
-    from and propagate (no key: the transaction cannot send)."""
+    """Run the user's `build(tx, *args)` on a fresh transaction of `partition` (reads answered
+    from `reads` first; `key` and `correlation_id` go to `tx.send`). Answer: `BuildResult`."""
 
     build: Callable[..., Any]
     partition: str
@@ -181,8 +174,8 @@ class RunBuild:
 
 @dataclass(frozen=True, slots=True)
 class HandlerResult:
-    """The answer to `RunHandler`: the handler's result or error, and the last held record
-    (renewals replace it). Never raised: the flow decides what the error means."""
+    """The answer to `RunHandler`: the handler's result or error (never raised: the flow
+    decides), and the last held record (renewals replace it)."""
 
     held: IdempotencyRecord
     result: Any = None
@@ -204,9 +197,8 @@ class RunHandler:
 
 @dataclass(frozen=True, slots=True)
 class Dispatch:
-    """Send committed outgoing messages with `dispatcher` (a `shared.core.outbox.Dispatcher`, or an
-    async one under `run_async`). Answer: None; DispatchUnavailableError (transient) or
-    DispatchRejectedError: the messages stay pending on their marker either way."""
+    """Send committed outgoing messages with `dispatcher` (async allowed under `run_async`).
+    Answer: None; DispatchUnavailableError or DispatchRejectedError leave them pending."""
 
     dispatcher: Any
     messages: tuple[OutgoingMessage, ...]
@@ -231,8 +223,8 @@ class Gather:
 
 @dataclass(frozen=True, slots=True)
 class OnStore:
-    """Run `flow` with its store steps going to `store` (a flow that spans stores: a batch
-    reads a mark in one, commits in another). Answer: the flow's value."""
+    """Run `flow` with its store steps going to `store` (a flow that spans stores). Answer:
+    the flow's value."""
 
     store: Any
     flow: Flow[Any]
@@ -244,12 +236,9 @@ type Flow[T] = Generator[Step, Any, T]
 
 # -- composing flows ---------------------------------------------------------------------
 def retry_on_race[T](attempt: Callable[[], Flow[T]], *, attempts: int, what: str) -> Flow[T]:
-    """Run an optimistic read-then-conditional-write attempt until it does not lose a race.
-
-    An attempt raises RecordChangedError / RecordExistsError, or OperationFailedError with
-    a race status, when a concurrent writer got there first; it is run again, re-reading
-    what it depends on. Any other error propagates.
-    """
+    """Run an optimistic read-then-conditional-write attempt until it does not lose a race
+    (RecordChangedError, RecordExistsError, or OperationFailedError with a race status);
+    ConcurrencyRetriesExhaustedError after `attempts`. Any other error propagates."""
     for _ in range(attempts):
         try:
             return (yield from attempt())
@@ -272,12 +261,9 @@ def update_document(partition: str, document_id: str,
                     change: Callable[[Document | None], dict[str, Any] | None], *,
                     known: Document | Unread | None = UNREAD, attempts: int = 10
                     ) -> Flow[tuple[Document | None, Document | None]]:
-    """Create or replace one document under its etag, as `change` decides from the current one.
-
-    `change` returns the new body, or None to leave the document as it is. `known` is the
-    document as the caller already read it (saves the first read); a lost race re-reads.
-    Returns (the written document or None, the document `change` last saw).
-    """
+    """Create or replace one document under its etag, as `change` decides from the current one
+    (None: leave it). `known` is the document as already read (saves the first read); a lost
+    race re-reads. Returns (the written document or None, the document `change` last saw)."""
     hint = known
 
     def attempt() -> Flow[tuple[Document | None, Document | None]]:

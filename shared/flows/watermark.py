@@ -1,27 +1,14 @@
 """Event Hubs checkpoint-replay absorption: a per-partition high-water mark.
 
-The mark is the newest event whose effects, and those of every event before
-it, are all committed (or durably parked) for one (consumer, hub, consumer
-group, partition): its sequence number, and its enqueued time and offset.
-Events it covers are skipped with no per-event store request, so a replayed,
-already-processed batch costs one read. Other events go through the per-event
-dedup claim.
+The mark is the newest event whose effects, and those of every event before it, are committed
+(or durably parked) for one (consumer, hub, consumer group, partition): its sequence number,
+enqueued time and offset. Events it covers are skipped with no per-event store request, so a
+replayed batch costs one read.
 
-A sequence number alone does not identify an event: a recreated hub, or a
-failover to a disaster-recovery namespace, restarts a partition's sequence
-numbers at 0. So the mark covers an event only when its sequence number is at
-or below the mark's AND it was not enqueued after the marked event; an event
-"below" the mark but newer means the numbers restarted (`is_reset`), and it is
-processed through its key. The mark moves to newer events only, in (enqueued
-time, sequence number) order: up within one incarnation of the hub, DOWN to
-the new sequence after a restart. Every write is create-if-absent or
-etag-conditional on the mark as read, so two instances never fight over it.
-A mark stored without a time (written before times were kept) or an event
-without one compares by sequence number alone, as before, until the next
-write records the time.
-
-Written once as flows: `PartitionWatermark` runs them on a sync document store,
-`shared.aio.PartitionWatermark` awaits them on an async one.
+A recreated or failed-over hub restarts sequence numbers at 0, so the mark covers an event only
+when it is at or below the mark AND not enqueued after the marked event (`Mark.covers`). The
+mark moves to newer events only, in (enqueued time, sequence number) order, by create-if-absent
+or etag-conditional writes. A mark or event without a time compares by sequence number alone.
 """
 
 from __future__ import annotations
@@ -57,11 +44,8 @@ class Mark:
 
 
 def event_time(value: datetime | str | None) -> datetime | None:
-    """An enqueued time as an aware UTC datetime (ISO text as the trigger sends it; naive is UTC).
-
-    Unreadable text is no time (sequence numbers only) rather than an error that would stall
-    the partition in the host's retries.
-    """
+    """An enqueued time as an aware UTC datetime (naive is UTC). Unreadable text is no time,
+    not an error that would stall the partition in the host's retries."""
     if value is None or value == "":
         return None
     try:
@@ -72,9 +56,9 @@ def event_time(value: datetime | str | None) -> datetime | None:
 
 
 def _newer(sequence_number: int, enqueued_time: datetime | None, current: Document) -> bool:
-    """Whether a mark at this event would be newer than the stored one (so may replace it)."""
+    """Whether a mark at this event would be newer than the stored one."""
     stored = event_time(current.body.get("enqueuedTime"))
-    if enqueued_time is None or stored is None:  # no time on one side: sequence numbers only
+    if enqueued_time is None or stored is None:
         return sequence_number > int(current.body["sequenceNumber"])
     return (enqueued_time, sequence_number) > (stored, int(current.body["sequenceNumber"]))
 
@@ -82,13 +66,10 @@ def _newer(sequence_number: int, enqueued_time: datetime | None, current: Docume
 class BasePartitionWatermark:
     """Reads and advances high-water marks kept as documents in a document store.
 
-    With `remember=True` the mark this instance last read or wrote is answered
-    from memory, which saves a read per batch while the instance owns the
-    partition. That is safe because a mark only moves to newer events: a
-    remembered mark is never newer than the stored one, so at worst events
-    between the two are processed again and absorbed by their keys; and the
-    next advance is etag-conditional, so a mark another instance moved
-    meanwhile is re-read.
+    With `remember=True` the mark this instance last read or wrote is answered from memory (a
+    read saved per batch). Safe because a mark only moves to newer events: a remembered one is
+    never newer than the stored one (events between are absorbed by their keys), and the next
+    advance is etag-conditional, so a mark another instance moved is re-read.
     """
 
     def __init__(self, store: Any, *, consumer: str, event_hub: str, consumer_group: str,
@@ -111,12 +92,8 @@ class BasePartitionWatermark:
                 known: Mark | Unread | None = UNREAD, enqueued_time: datetime | str | None = None,
                 offset: str | None = None) -> Flow[int]:
         """Move the mark to the event at `sequence_number` if it is newer; return the stored mark.
-
-        Newer: enqueued later (or at the same time with a higher sequence number);
-        without times, a higher sequence number. `known` is the mark the caller
-        read for this batch (None: none yet), which saves a read; the write is
-        conditional on its etag, and a lost race re-reads and decides again.
-        """
+        `known` is the mark the caller read for this batch (None: none yet), which saves a read;
+        the write is conditional on its etag, and a lost race re-reads and decides again."""
         when = event_time(enqueued_time)
 
         def change(current: Document | None) -> dict[str, Any] | None:
