@@ -423,8 +423,7 @@ class CosmosIdempotencyStore(CosmosMapping, StepStore):
         query = "SELECT * FROM c WHERE " + " AND ".join(clauses)  # noqa: S608 - fixed clauses, values bound
         pages = store_call(BACKEND, lambda: self._container.query_items(
             query, parameters=params, enable_cross_partition_query=True))
-        for document in store_items(BACKEND, pages):
-            yield self._to_record(document)
+        yield from map(self._to_record, store_items(BACKEND, pages))
 
     def purge_expired(self, now: float) -> int:
         """Nothing to do where the container expires markers by TTL (a purge query would read

@@ -198,23 +198,19 @@ class RequestMapping(abc.ABC):
         """A commit of one marker or of a group (the further markers travel as operations);
         a further marker's failure names it by index (`group_commit_error`)."""
         written: list[Document] = []
-        if len(markers) == 1:
-            commit = self._commit(markers[0], operations, marker_body, written)
-            return Request(commit.send, lambda result: Committed((commit.answer(result),),
-                                                                 tuple(written)),
-                           commit.on_status, commit.none_if_missing, commit.refine)
-        first, rest = group_commit(markers, operations)
-        group = self._commit(first, rest, marker_body, written)
+        first, rest = (markers[0], operations) if len(markers) == 1 else group_commit(markers, operations)
+        commit = self._commit(first, rest, marker_body, written)
+        further = without_etags(markers[1:])
 
         def refine(error: Exception) -> Exception | None:
-            refined = group.refine(error) if group.refine is not None else None
-            if isinstance(refined, OperationFailedError):
+            refined = commit.refine(error) if commit.refine is not None else None
+            if len(markers) > 1 and isinstance(refined, OperationFailedError):
                 return group_commit_error(refined, markers) or refined
             return refined
 
-        return Request(group.send, lambda result: Committed(
-            (group.answer(result), *without_etags(markers[1:])), tuple(written)),
-            group.on_status, group.none_if_missing, refine)
+        return Request(commit.send, lambda result: Committed((commit.answer(result), *further),
+                                                             tuple(written)),
+                       commit.on_status, commit.none_if_missing, refine)
 
     @abc.abstractmethod
     def _get_record(self, partition: str, record_id: str) -> Request[IdempotencyRecord | None]: ...
