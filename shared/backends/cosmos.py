@@ -245,7 +245,7 @@ def cached_account(connection: Any) -> Any | None:
 
 def write_regions(account: Any) -> tuple[bool, tuple[str, ...]]:
     """(enableMultipleWriteLocations, the names of the writable locations) of an account."""
-    # azure-cosmos 4.x reads `enableMultipleWriteLocations` into a private attribute only.
+    # The SDK keeps `enableMultipleWriteLocations` in a private attribute only.
     multiple = bool(getattr(account, "_EnableMultipleWritableLocations", False))
     locations: list[dict[str, Any]] = list(getattr(account, "WritableLocations", None) or [])
     return multiple, tuple(str(location.get("name", "?")) for location in locations)

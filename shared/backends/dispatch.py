@@ -13,15 +13,12 @@ large, not authorised: retrying will not fix it; alert). Either way the messages
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Self
 
 from shared.core.exceptions import DispatchRejectedError, DispatchUnavailableError
 from shared.core.outbox import OutgoingMessage
-
-logger = logging.getLogger(__name__)
 
 
 def grouped[K](messages: Sequence[OutgoingMessage], key: Callable[[OutgoingMessage], K]
@@ -216,7 +213,7 @@ def translate_event_hub_error(error: BaseException, destination: str) -> Excepti
 class EventHubProducers:
     """What the sync and the async Event Hubs dispatchers share: a producer per hub, created
     on first use by the `producer` factory (`(event_hub_name) -> EventHubProducerClient`, the
-    caller's) or by the store (then owned and closed with it)."""
+    caller's) or by the dispatcher (then closed with it)."""
 
     def __init__(self, fully_qualified_namespace: str, credential: Any = None, *,
                  producer: Callable[[str], Any] | None = None, **client_options: Any) -> None:
