@@ -333,14 +333,11 @@ def batch_failure(error: CosmosBatchOperationError, marker_id: str | None) -> Ex
 class CosmosIdempotencyStore(CosmosMapping, StepStore):
     """Dedup records and business documents in one Cosmos DB container.
 
-    Build it from the account endpoint and a credential, from a connection string, or around
-    an existing container. `native_ttl`: whether the container expires markers itself (a
-    default TTL is set), so `purge_expired` need not query; None (default) asks the container
-    once. `minimal_responses=False` has writes echo the item, as the SDK does by default.
-
-    An account with more than one write region is refused here (MultiRegionWritesError), from
-    the properties the SDK client read when it was built: no request of the store's own.
-    `accept_duplicates_across_write_regions=True` runs on it anyway, with a WARNING.
+    `native_ttl`: whether the container expires markers itself (a default TTL is set), so
+    `purge_expired` need not query; None asks the container once. `minimal_responses=False`
+    has writes echo the item. A multi-write account is refused here (MultiRegionWritesError),
+    from what the SDK client read when it was built, unless
+    `accept_duplicates_across_write_regions=True` (then with a WARNING).
     """
 
     name = "cosmos"

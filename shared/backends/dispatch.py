@@ -125,12 +125,11 @@ class ServiceBusSenders:
 
 
 class ServiceBusDispatcher(ServiceBusSenders):
-    """Sends to Service Bus queues and topics of one namespace.
+    """Sends to Service Bus queues and topics of one namespace (`<name>.servicebus.windows.net`).
 
-    Build it from the namespace (`<name>.servicebus.windows.net`) and a credential, from a
-    connection string, or around a `ServiceBusClient` the caller owns. `topics` names the
-    destinations that are topics (the rest are queues). A destination's messages go in as few
-    sends as fit (`send_plan`); sessions, partition keys and scheduled enqueue are honoured.
+    `topics` names the destinations that are topics (the rest are queues). A destination's
+    messages go in as few sends as fit (`send_plan`); sessions, partition keys and scheduled
+    enqueue are honoured.
     """
 
     @staticmethod
@@ -248,9 +247,8 @@ class EventHubProducers:
 
 
 class EventHubDispatcher(EventHubProducers):
-    """Sends to event hubs of one namespace. Build it from the namespace and a credential, from
-    a connection string, or with a `producer` factory. The messages of one partition key go in
-    one `send_batch` (an event hub batch is one partition's), so they stay in order."""
+    """Sends to event hubs of one namespace. The messages of one partition key go in one
+    `send_batch` (an event hub batch is one partition's), so they stay in order."""
 
     @staticmethod
     def _producer_class() -> Any:

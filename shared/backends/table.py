@@ -56,12 +56,10 @@ logger = logging.getLogger(__name__)
 class TableIdempotencyStore(TableMapping, StepStore):
     """Dedup records and business entities in one Azure Table.
 
-    Build it from the table endpoint and a credential, from a connection string, or around an
-    existing `TableClient`. A client the store creates is its own and `close` closes it; a
-    client passed in (`table_client=`, `from_table_client`) stays its caller's.
-    `batch_codec`: "lean" (default) sends transactions through `table_batch`'s codec, which
-    falls back to the SDK's path by itself when the installed SDK does not fit; "sdk" always
-    takes the SDK's path.
+    `close` closes a client the store created; a client passed in (`table_client=`,
+    `from_table_client`) stays its caller's. `batch_codec`: "lean" (default) sends
+    transactions through `table_batch`'s codec (which falls back to the SDK's path by itself
+    when the installed SDK does not fit); "sdk" always takes the SDK's path.
     """
 
     name = "table"

@@ -1,17 +1,14 @@
 """Entity-group transactions with a lean multipart codec.
 
 The SDK's `submit_transaction` builds and parses the `multipart/mixed` body with the `email`
-package, which costs a transaction several times the client CPU of a single write. This codec
-writes and reads the body with plain byte operations and keeps the rest of the SDK's work: the
-client's pipeline (authentication, retries, tracing), the SDK's errors (`TableTransactionError`
-with the index and message the SDK gives), and `TableBatchOperations` for every part
-`lean_part` does not write byte for byte as the SDK does (a test holds it to that).
+package, at several times the client CPU of a single write. This codec does it with plain
+byte operations and keeps the rest: the client's pipeline, the SDK's errors, and
+`TableBatchOperations` for every part `lean_part` does not write byte for byte as it does.
 
-Because it uses private SDK parts, at first use per client type it checks the installed
-azure-data-tables against `SUPPORTED_SDK`, imports the internals, checks their signatures and
-builds a probe transaction; on any failure every transaction goes through the SDK's public
-`submit_transaction`, with one warning saying why. `codec="sdk"` (`batch_codec`,
-`TABLE_BATCH_CODEC`) takes that path outright.
+It uses private SDK parts, so at first use per client type it checks the installed version
+against `SUPPORTED_SDK`, the internals' signatures and a probe transaction; on any failure
+every transaction goes through the SDK's `submit_transaction`, with one warning saying why.
+`codec="sdk"` (`batch_codec`, `TABLE_BATCH_CODEC`) takes that path outright.
 """
 
 # The SDK's private helpers, used on purpose (checked once, see `problem`), are untyped.
