@@ -1,16 +1,12 @@
 """Cosmos DB for NoSQL backend (`azure-cosmos`).
 
-Claim = `create_item` (409 = exists). Atomic path = one transactional batch
-(`execute_item_batch`) with the marker first and the business operations
-after it, all in the marker's logical partition: all commit or none do, and a
-409 at index 0 identifies the duplicate. Markers carry a native `ttl`
-(container default TTL -1 turns per-item TTL on) and their expiry (`codec.EXPIRES`),
-which every read checks, since expiry runs in the background.
+Claim = `create_item` (409 = exists). Atomic path = one transactional batch with the marker
+first and the business operations after it, in the marker's logical partition: all commit or
+none do, and a 409 at index 0 identifies the duplicate. Markers carry a native `ttl` and their
+expiry (`codec.EXPIRES`), which every read checks, since the service expires in the background.
 
-A store refuses an account with more than one write region (`check_write_regions`):
-the conditional create is then arbitrated per region, so two regions can each accept a
-copy's marker. It reads what the SDK client already read when it was set up (the sync
-client in its constructor, the async one in `__aenter__`): no request of its own.
+A store refuses an account with more than one write region (`check_write_regions`): each
+region arbitrates the conditional create, so two regions can each accept a copy's marker.
 """
 
 from __future__ import annotations
@@ -33,6 +29,7 @@ from shared.backends.sdk_requests import (
     changed_statuses,
     send_request,
     store_call,
+    store_items,
 )
 from shared.core.codec import (
     EXPIRES,
@@ -62,8 +59,7 @@ from shared.core.store import (
 )
 
 BACKEND = "Cosmos DB"
-#: The WARNING record of a store that runs, by the caller's choice, on an account with several
-#: write regions.
+#: The WARNING record of a store that runs, by the caller's choice, on a multi-write account.
 EVENT_MULTI_REGION_WRITES = "CosmosMultiRegionWrites"
 #: The keyword (of every Cosmos store's constructor) that accepts such an account.
 ACCEPT_MULTI_REGION = "accept_duplicates_across_write_regions"
@@ -79,13 +75,15 @@ class CosmosMapping(RequestMapping):
 
     _pk_field: str
     _container: Any  # a container proxy of the sync or the async SDK
-    # Every write asks for `Prefer: return=minimal` (the SDK's `no_response`): the service then
-    # answers with status and headers (the etag among them; in a batch, each operation's
-    # `eTag`) but not the item, which nothing here reads.
+    # Writes ask for `Prefer: return=minimal`: the answer has the etag in its headers (in a
+    # batch, each operation's `eTag`) but not the item, which nothing here reads.
     _write_options: Mapping[str, Any] = _MINIMAL
 
-    def _minimal_responses(self, minimal: bool) -> None:
-        self._write_options = _MINIMAL if minimal else _ECHOED
+    def _configure(self, partition_key_path: str, minimal_responses: bool) -> None:
+        if not partition_key_path.startswith("/") or "/" in partition_key_path[1:]:
+            raise ValueError("partition_key_path must be a top-level path such as '/pk'")
+        self._pk_field = partition_key_path[1:]
+        self._write_options = _MINIMAL if minimal_responses else _ECHOED
 
     @classmethod
     def from_container(cls, container: Any, partition_key_path: str = "/pk",
@@ -106,8 +104,8 @@ class CosmosMapping(RequestMapping):
 
     def _record_document(self, record: IdempotencyRecord, body: dict[str, Any] | None = None,
                          *, written_id: str | None = None) -> dict[str, Any]:
-        # JSON values, not text (Cosmos DB keeps JSON); pending messages in one property, so
-        # recording them as dispatched is one patch of at most two operations.
+        # JSON values, not text; pending messages in one property, so recording them as
+        # dispatched is one patch of at most two operations.
         document = record_fields(record, native_json=True, written_id=written_id)  # ours
         if body:
             document = {**body, **document}
@@ -135,10 +133,8 @@ class CosmosMapping(RequestMapping):
 
     def _batch_op(self, partition: str, op: WriteOp) -> tuple[Any, ...]:
         condition = {"if_match_etag": op.etag} if op.etag else {}
-        if op.kind == "create":
-            return ("create", (self._business_document(partition, op),))
-        if op.kind == "upsert":
-            return ("upsert", (self._business_document(partition, op),))
+        if op.kind in ("create", "upsert"):
+            return (op.kind, (self._business_document(partition, op),))
         if op.kind == "replace":
             return ("replace", (op.id, self._business_document(partition, op)), condition)
         if op.kind == "patch":
@@ -182,7 +178,6 @@ class CosmosMapping(RequestMapping):
         body = {k: v for k, v in item.items() if k not in _SYSTEM and k not in hidden}
         return Document(document_id, partition, body, item.get("_etag"))
 
-    # -- the requests, built once for the sync and the async store (`Request`) -------------
     def _get_record(self, partition: str, record_id: str) -> Request[IdempotencyRecord | None]:
         return Request(lambda container: container.read_item(record_id, partition),
                        lambda item: self._to_record(item)
@@ -236,23 +231,21 @@ class CosmosMapping(RequestMapping):
 
 
 def written_etag(answer: Any) -> str | None:
-    """A point write's new etag: its `etag` response header (sent with or without the item,
-    `Prefer: return=minimal`), else the echoed item's `_etag`."""
+    """A point write's new etag: its `etag` response header, else the echoed item's `_etag`."""
     headers: Any = answer.get_response_headers() if isinstance(answer, CosmosDict) else {}
     return headers.get("etag") or answer.get("_etag")
 
 
 def cached_account(connection: Any) -> Any | None:
-    """The account properties (`azure.cosmos.DatabaseAccount`) an SDK client connection read
-    when it was set up and keeps for endpoint discovery, or None when it has none (an async
-    client not entered yet, or an SDK that keeps them elsewhere)."""
+    """The account properties an SDK client connection read when it was set up, or None (an
+    async client not entered yet, or an SDK that keeps them elsewhere)."""
     manager = getattr(connection, "_global_endpoint_manager", None)
     return getattr(manager, "_database_account_cache", None)
 
 
 def write_regions(account: Any) -> tuple[bool, tuple[str, ...]]:
     """(enableMultipleWriteLocations, the names of the writable locations) of an account."""
-    # azure-cosmos 4.x reads `enableMultipleWriteLocations` into a private attribute only.
+    # The SDK keeps `enableMultipleWriteLocations` in a private attribute only.
     multiple = bool(getattr(account, "_EnableMultipleWritableLocations", False))
     locations: list[dict[str, Any]] = list(getattr(account, "WritableLocations", None) or [])
     return multiple, tuple(str(location.get("name", "?")) for location in locations)
@@ -261,9 +254,7 @@ def write_regions(account: Any) -> tuple[bool, tuple[str, ...]]:
 def check_write_regions(account: Any, *, endpoint: str, accept: bool) -> None:
     """Refuse an account that accepts writes in more than one region (MultiRegionWritesError),
     unless the caller accepted it (`accept`): then one WARNING record says what that costs.
-
-    The flag alone refuses too: on such an account, adding a region makes it multi-write
-    without a restart of this process, so a single region today is no guarantee.
+    The flag alone refuses too: adding a region makes such an account multi-write at once.
     """
     multiple, regions = write_regions(account)
     if not multiple and len(regions) <= 1:
@@ -291,10 +282,8 @@ def check_write_regions(account: Any, *, endpoint: str, accept: bool) -> None:
 
 
 def server_time(answer: Any) -> float | None:
-    """When the service answered a write: its `Date` response header (whole seconds: the
-    middle of that second is the estimate, within half a second), else an echoed item's
-    `_ts`; None when neither is there. With `Prefer: return=minimal` the service echoes no
-    item, so the header is what tells."""
+    """When the service answered a write: the middle of the second its `Date` header names,
+    else of an echoed item's `_ts`; None when neither is there."""
     get_headers = getattr(answer, "get_response_headers", None)  # CosmosDict, CosmosList
     headers: Any = get_headers() if callable(get_headers) else {}
     date = headers.get("date") or headers.get("Date")
@@ -308,7 +297,7 @@ def server_time(answer: Any) -> float | None:
 @functools.lru_cache(maxsize=16)
 def _http_date(value: str) -> float | None:
     """The middle of the second an HTTP `Date` names, or None. Cached: every write in the same
-    second answers the same text, and parsing it is most of `server_time`'s cost."""
+    second answers the same text."""
     try:
         return email.utils.parsedate_to_datetime(value).timestamp() + 0.5
     except (TypeError, ValueError, IndexError):
@@ -316,8 +305,8 @@ def _http_date(value: str) -> float | None:
 
 
 def _etag_in(result: dict[str, Any]) -> str | None:
-    """An operation's new etag in a transactional batch answer: its `eTag` (with or without
-    the item, `Prefer: return=minimal`), else the echoed item's `_etag`."""
+    """An operation's new etag in a transactional batch answer: its `eTag`, else the echoed
+    item's `_etag`."""
     body: dict[str, Any] = result.get("resourceBody") or {}
     return result.get("eTag") or body.get("_etag")
 
@@ -344,17 +333,11 @@ def batch_failure(error: CosmosBatchOperationError, marker_id: str | None) -> Ex
 class CosmosIdempotencyStore(CosmosMapping, StepStore):
     """Dedup records and business documents in one Cosmos DB container.
 
-    Build it from the account endpoint and a credential (identity in Azure),
-    from a connection string (local runs), or around an existing container.
-    `native_ttl`: whether the container expires markers itself (a default TTL is
-    set, so the markers' `ttl` applies) and `purge_expired` need not query; None
-    (default) asks the container once. `minimal_responses` (default True): writes
-    ask the service not to echo the item (`Prefer: return=minimal`); False has it
-    echoed, as the SDK does by default.
-
-    An account with more than one write region is refused here (MultiRegionWritesError),
-    from the properties the SDK client read when it was built: no request of the store's
-    own. `accept_duplicates_across_write_regions=True` runs on it anyway, with a WARNING.
+    `native_ttl`: whether the container expires markers itself (a default TTL is set), so
+    `purge_expired` need not query; None asks the container once. `minimal_responses=False`
+    has writes echo the item. A multi-write account is refused here (MultiRegionWritesError),
+    from what the SDK client read when it was built, unless
+    `accept_duplicates_across_write_regions=True` (then with a WARNING).
     """
 
     name = "cosmos"
@@ -365,10 +348,7 @@ class CosmosIdempotencyStore(CosmosMapping, StepStore):
                  accept_duplicates_across_write_regions: bool = False,
                  **client_options: Any) -> None:
         self._native_ttl = native_ttl
-        self._minimal_responses(minimal_responses)
-        if not partition_key_path.startswith("/") or "/" in partition_key_path[1:]:
-            raise ValueError("partition_key_path must be a top-level path such as '/pk'")
-        self._pk_field = partition_key_path[1:]
+        self._configure(partition_key_path, minimal_responses)
         self._cosmos: CosmosClient | None = None
         if container_client is None:
             self._cosmos = store_call(BACKEND, lambda: CosmosClient(endpoint, credential,
@@ -383,9 +363,8 @@ class CosmosIdempotencyStore(CosmosMapping, StepStore):
             raise
 
     def _check_account(self, *, accept: bool) -> None:
-        """Refuse a multi-write account, from what the client read when it was built (the
-        sync client reads the account in its constructor); an SDK that keeps it elsewhere
-        costs one account read here."""
+        """Refuse a multi-write account, from what the client read in its constructor (an SDK
+        that keeps it elsewhere costs one account read here)."""
         connection: Any = getattr(self._container, "client_connection", None)
         if connection is None:
             return  # not an SDK container (a test's stand-in): no account to check
@@ -417,19 +396,13 @@ class CosmosIdempotencyStore(CosmosMapping, StepStore):
         return send_request(BACKEND, self._container, self.request_for(step))
 
     def iter_pending(self, *, since_before: float) -> Iterator[IdempotencyRecord]:
-        """A range query on `PENDING_SINCE`: the field exists only while messages are
-        pending and is a range-indexed path (infra/core/cosmos.bicep), so the query reads the
-        index entries of pending markers only, whatever the number of markers."""
+        """A range query on `PENDING_SINCE`, an indexed field that exists only while messages
+        are pending: it reads the index entries of pending markers only."""
         pages = store_call(BACKEND, lambda: self._container.query_items(
             self._PENDING_QUERY,
             parameters=[{"name": "@before", "value": bound_millis(since_before)}],
             enable_cross_partition_query=True))
-        iterator = iter(pages)
-        while True:
-            try:
-                document = store_call(BACKEND, lambda: next(iterator))
-            except StopIteration:
-                return
+        for document in store_items(BACKEND, pages):
             if is_record(document):
                 yield self._to_record(document)
 
@@ -447,19 +420,11 @@ class CosmosIdempotencyStore(CosmosMapping, StepStore):
         query = "SELECT * FROM c WHERE " + " AND ".join(clauses)  # noqa: S608 - fixed clauses, values bound
         pages = store_call(BACKEND, lambda: self._container.query_items(
             query, parameters=params, enable_cross_partition_query=True))
-        iterator: Iterator[dict[str, Any]] = iter(pages)
-        while True:
-            try:
-                document = store_call(BACKEND, lambda: next(iterator))
-            except StopIteration:
-                return
-            yield self._to_record(document)
+        yield from map(self._to_record, store_items(BACKEND, pages))
 
     def purge_expired(self, now: float) -> int:
-        """Nothing to do where the container expires markers by TTL (the service deletes
-        them in the background with spare RUs: a purge query would read them all again);
-        otherwise the query purge. Reads check the marker's expiry either way, so a marker
-        the service has not yet deleted is never taken for live."""
+        """Nothing to do where the container expires markers by TTL (a purge query would read
+        them all again); otherwise the query purge. Reads check the expiry either way."""
         if self._native_ttl is None:
             properties: dict[str, Any] = store_call(BACKEND, self._container.read) or {}
             self._native_ttl = properties.get("defaultTtl") is not None

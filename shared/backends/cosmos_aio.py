@@ -1,8 +1,6 @@
 """Cosmos DB backend on `azure.cosmos.aio`: the async variant of `CosmosIdempotencyStore`.
 
-Every request is built once, by the mapping it shares with the sync store
-(`CosmosMapping`: items, batches, the store-contract errors); only sending it
-differs (`send_request_async`, awaited on a ready client).
+The requests are the sync store's (`CosmosMapping`); only sending them differs.
 """
 
 from __future__ import annotations
@@ -21,21 +19,12 @@ from shared.core.store import AsyncIdempotencyStore, StoreStep
 class AsyncCosmosIdempotencyStore(CosmosMapping, AsyncIdempotencyStore):
     """Dedup records and business documents in one Cosmos container, through the async SDK.
 
-    Build it like the sync store: from the account endpoint and a credential
-    (an `AsyncTokenCredential` in Azure, or the account key), from a
-    connection string, or around an existing `azure.cosmos.aio` container.
-    A client the store creates is its own: it is initialized (the SDK's
-    `__aenter__`, which reads the account) on the first request, not in
-    `__init__`, and `close` closes it. A container passed to `from_container`
-    stays its caller's, who initializes (`async with CosmosClient(...)`) and
-    closes it. `async with store:` initializes and closes an owned client.
-    `minimal_responses` as for the sync store.
-
-    The account is checked on that first request (or `async with`), not in `__init__`,
-    which makes no request: one with more than one write region is refused then
-    (MultiRegionWritesError, on every request until the account changes), from the
-    properties the client read when it was entered; `accept_duplicates_across_write_regions`
-    as for the sync store.
+    Built like the sync store. `__init__` makes no request: a client the store creates is
+    initialized (the SDK's `__aenter__`) on the first request or `async with store:`, and
+    `close` closes it; a container passed to `from_container` stays its caller's, to enter
+    and close. The account is checked then too: a multi-write one is refused
+    (MultiRegionWritesError, on every request until the account changes) unless
+    `accept_duplicates_across_write_regions`.
     """
 
     name = "cosmos"
@@ -45,10 +34,7 @@ class AsyncCosmosIdempotencyStore(CosmosMapping, AsyncIdempotencyStore):
                  minimal_responses: bool = True,
                  accept_duplicates_across_write_regions: bool = False,
                  **client_options: Any) -> None:
-        self._minimal_responses(minimal_responses)
-        if not partition_key_path.startswith("/") or "/" in partition_key_path[1:]:
-            raise ValueError("partition_key_path must be a top-level path such as '/pk'")
-        self._pk_field = partition_key_path[1:]
+        self._configure(partition_key_path, minimal_responses)
         self._cosmos: CosmosClient | None = None  # the client this store owns, if any
         self._accept_multi_region = accept_duplicates_across_write_regions
         self._entered = False  # an owned client initialized
@@ -74,9 +60,8 @@ class AsyncCosmosIdempotencyStore(CosmosMapping, AsyncIdempotencyStore):
         return store
 
     async def _ready(self) -> None:
-        """Once: initialize an owned client (account read, session consistency), as
-        `async with CosmosClient(...)` would (a caller's client is the caller's to initialize),
-        then check the account it read (`check_write_regions`)."""
+        """Once: enter an owned client, as `async with CosmosClient(...)` would, then check the
+        account it read (`check_write_regions`)."""
         if self._initialized:
             return
         async with self._initializing:
@@ -95,7 +80,6 @@ class AsyncCosmosIdempotencyStore(CosmosMapping, AsyncIdempotencyStore):
                 self._initialized = True
 
     async def perform(self, step: StoreStep) -> Any:
-        """One step's request on a ready client; its failure translated by `translate_error`."""
         await self._ready()
         return await send_request_async(BACKEND, self._container, self.request_for(step))
 

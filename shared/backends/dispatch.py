@@ -1,36 +1,24 @@
 """Dispatchers: send a committed key's outgoing messages to their broker.
 
-A dispatcher is called after the transaction that recorded the messages has
-committed, and again for whatever is still pending when a copy of the
-incoming message arrives or the sweeper finds it, so sending the same message
-twice must be harmless: every message keeps the id it was recorded with, which
-Service Bus duplicate detection drops within its window and the next
-consumer's dedup absorbs beyond it.
+A dispatcher runs after the transaction that recorded the messages committed, and again for
+whatever is still pending when a copy arrives or the sweeper finds it, so a message can be
+sent twice: it keeps the id it was recorded with, which Service Bus duplicate detection drops
+within its window and the next consumer's dedup absorbs beyond it.
 
-Errors are the library's two kinds: `DispatchUnavailableError` (throttled,
-unreachable, timed out: the broker may or may not have the message; retry,
-never park) and `DispatchRejectedError` (no such entity, too large, not
-authorised: retrying will not fix it; alert). Either way the messages stay
-pending.
-
-* `ServiceBusDispatcher`: azure-servicebus; queues and topics by name, sessions,
-  partition keys and scheduled enqueue honoured.
-* `EventHubDispatcher`: azure-eventhub; one producer per event hub, a batch
-  per partition key.
+Errors: `DispatchUnavailableError` (throttled, unreachable, timed out: the broker may or may
+not have the message; retry, never park) or `DispatchRejectedError` (no such entity, too
+large, not authorised: retrying will not fix it; alert). Either way the messages stay pending.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Self
 
 from shared.core.exceptions import DispatchRejectedError, DispatchUnavailableError
 from shared.core.outbox import OutgoingMessage
-
-logger = logging.getLogger(__name__)
 
 
 def grouped[K](messages: Sequence[OutgoingMessage], key: Callable[[OutgoingMessage], K]
@@ -87,13 +75,9 @@ def translate_service_bus_error(error: BaseException, destination: str) -> Excep
 class ServiceBusSenders:
     """What the sync and the async Service Bus dispatchers share: the client and its senders.
 
-    A sender is an AMQP link: opening one costs round trips to the broker (attach and,
-    with a token credential, its authorisation), so senders are kept and reused, each by
-    one dispatch at a time (a sender is not safe to share between concurrent sends). A
-    dispatch takes an idle sender of its destination or opens one, and gives it back when
-    its sends succeeded; a sender whose send failed is closed and dropped, since its link
-    may be the broken part. Subclasses name the SDK client class (`_client_class`); the
-    sends are theirs.
+    Opening a sender (an AMQP link) costs round trips, so senders are kept and reused, each
+    by one dispatch at a time (a sender is not safe for concurrent sends); a sender whose
+    send failed is closed and dropped, since its link may be the broken part.
     """
 
     def __init__(self, fully_qualified_namespace: str, credential: Any = None, *,
@@ -141,14 +125,11 @@ class ServiceBusSenders:
 
 
 class ServiceBusDispatcher(ServiceBusSenders):
-    """Sends to Service Bus queues and topics of one namespace.
+    """Sends to Service Bus queues and topics of one namespace (`<name>.servicebus.windows.net`).
 
-    Build it from the namespace (`<name>.servicebus.windows.net`) and a
-    credential (a managed identity in Azure, with Azure Service Bus Data
-    Sender on exactly the destination entities), from a connection string
-    (the emulator), or around a `ServiceBusClient` the caller owns. `topics`
-    names the destinations that are topics (the rest are queues). The
-    messages of one destination go in as few send calls as fit its batches.
+    `topics` names the destinations that are topics (the rest are queues). A destination's
+    messages go in as few sends as fit (`send_plan`); sessions, partition keys and scheduled
+    enqueue are honoured.
     """
 
     @staticmethod
@@ -187,11 +168,8 @@ _HEADER_ALLOWANCE = 1024
 
 
 def send_plan(group: list[OutgoingMessage], *, limit: int = SEND_BYTES) -> list[list[OutgoingMessage]]:
-    """One destination's messages cut into sends that fit one batch, in recorded order.
-
-    A single message over the limit goes alone; the broker is then the judge
-    (a Premium namespace takes up to 100 MB).
-    """
+    """One destination's messages cut into sends that fit one batch, in recorded order; a
+    message over the limit goes alone (a Premium namespace takes more)."""
     plan: list[list[OutgoingMessage]] = []
     size = 0
     for message in group:
@@ -231,35 +209,32 @@ def translate_event_hub_error(error: BaseException, destination: str) -> Excepti
     return DispatchUnavailableError(text, error=error)
 
 
-class EventHubDispatcher:
-    """Sends to event hubs of one namespace, a producer per hub created on first use.
-
-    Build it from the namespace and a credential (Azure Event Hubs Data Sender
-    on the destination hubs), from a connection string, or with a `producer`
-    factory `(event_hub_name) -> EventHubProducerClient` the caller owns. The
-    messages of one partition key go in one `send_batch` (an event hub batch
-    is one partition's), so they stay in order.
-    """
+class EventHubProducers:
+    """What the sync and the async Event Hubs dispatchers share: a producer per hub, created
+    on first use by the `producer` factory (`(event_hub_name) -> EventHubProducerClient`, the
+    caller's) or by the dispatcher (then closed with it)."""
 
     def __init__(self, fully_qualified_namespace: str, credential: Any = None, *,
                  producer: Callable[[str], Any] | None = None, **client_options: Any) -> None:
         self._owned = producer is None
         if producer is None:
-            from azure.eventhub import EventHubProducerClient
+            producer_class = self._producer_class()
 
             def owned(name: str) -> Any:
-                return EventHubProducerClient(fully_qualified_namespace, name, credential,
-                                              **client_options)
+                return producer_class(fully_qualified_namespace, name, credential, **client_options)
             producer = owned
         self._factory = producer
         self._producers: dict[str, Any] = {}
         self._lock = threading.Lock()
 
-    @classmethod
-    def from_connection_string(cls, conn_str: str, **client_options: Any) -> EventHubDispatcher:
-        from azure.eventhub import EventHubProducerClient
+    @staticmethod
+    def _producer_class() -> Any:
+        raise NotImplementedError
 
-        dispatcher = cls("", producer=lambda name: EventHubProducerClient.from_connection_string(
+    @classmethod
+    def from_connection_string(cls, conn_str: str, **client_options: Any) -> Self:
+        producer_class = cls._producer_class()
+        dispatcher = cls("", producer=lambda name: producer_class.from_connection_string(
             conn_str, eventhub_name=name, **client_options))
         dispatcher._owned = True
         return dispatcher
@@ -269,6 +244,17 @@ class EventHubDispatcher:
             if name not in self._producers:
                 self._producers[name] = self._factory(name)
             return self._producers[name]
+
+
+class EventHubDispatcher(EventHubProducers):
+    """Sends to event hubs of one namespace. The messages of one partition key go in one
+    `send_batch` (an event hub batch is one partition's), so they stay in order."""
+
+    @staticmethod
+    def _producer_class() -> Any:
+        from azure.eventhub import EventHubProducerClient
+
+        return EventHubProducerClient
 
     def dispatch(self, messages: Sequence[OutgoingMessage]) -> None:
         for destination, group in by_destination(messages):

@@ -1,17 +1,17 @@
 """Async dispatchers (`azure.servicebus.aio`, `azure.eventhub.aio`): the same names, awaited.
 
-Message building, grouping and error translation are `shared.backends.dispatch`'s;
-only the sends are awaited.
+Message building, grouping and error translation are `shared.backends.dispatch`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from shared.backends.dispatch import (
+    EventHubProducers,
     ServiceBusSenders,
     by_destination,
     by_partition_key,
@@ -57,37 +57,19 @@ class ServiceBusDispatcher(ServiceBusSenders):
             await self._client.close()
 
 
-class EventHubDispatcher:
+class EventHubDispatcher(EventHubProducers):
     """`shared.backends.dispatch.EventHubDispatcher` on `azure.eventhub.aio`."""
 
-    def __init__(self, fully_qualified_namespace: str, credential: Any = None, *,
-                 producer: Callable[[str], Any] | None = None, **client_options: Any) -> None:
-        self._owned = producer is None
-        if producer is None:
-            from azure.eventhub.aio import EventHubProducerClient
-
-            def owned(name: str) -> Any:
-                return EventHubProducerClient(fully_qualified_namespace, name, credential,
-                                              **client_options)
-            producer = owned
-        self._factory = producer
-        self._producers: dict[str, Any] = {}
-
-    @classmethod
-    def from_connection_string(cls, conn_str: str, **client_options: Any) -> EventHubDispatcher:
+    @staticmethod
+    def _producer_class() -> Any:
         from azure.eventhub.aio import EventHubProducerClient
 
-        dispatcher = cls("", producer=lambda name: EventHubProducerClient.from_connection_string(
-            conn_str, eventhub_name=name, **client_options))
-        dispatcher._owned = True
-        return dispatcher
+        return EventHubProducerClient
 
     async def dispatch(self, messages: Sequence[OutgoingMessage]) -> None:
         for destination, group in by_destination(messages):
             try:
-                producer = self._producers.get(destination)
-                if producer is None:
-                    producer = self._producers[destination] = self._factory(destination)
+                producer = self._producer(destination)
                 for partition_key, part in by_partition_key(group):
                     await producer.send_batch([event_data(m) for m in part], partition_key=partition_key)
             except Exception as error:

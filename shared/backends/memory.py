@@ -1,10 +1,8 @@
 """An in-process store: the fast test double, and the contract written out plainly.
 
-It passes the same conformance suite as the Cosmos and Table backends
-(`tests/store/test_conformance.py`): conditional creates, etag-conditional
-replace/delete, atomic all-or-nothing transactions with the marker first,
-flat business bodies. Use it for unit tests of handlers and flows in
-milliseconds; prove the real thing against Azurite and the Cosmos server.
+It passes the Cosmos and Table backends' conformance suite (conditional creates,
+etag-conditional replace/delete, all-or-nothing transactions with the marker first, flat
+business bodies); prove the real thing against Azurite and the Cosmos server.
 """
 
 from __future__ import annotations
@@ -12,7 +10,7 @@ from __future__ import annotations
 import copy
 import itertools
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -26,7 +24,7 @@ from shared.core.codec import (
 )
 from shared.core.exceptions import RecordChangedError
 from shared.core.outbox import PENDING_SINCE
-from shared.core.records import IdempotencyRecord, RecordState
+from shared.core.records import IdempotencyRecord
 from shared.core.store import (
     Document,
     IdempotencyStore,
@@ -35,6 +33,7 @@ from shared.core.store import (
     transaction_failure,
     written_documents,
 )
+from shared.core.sweep import is_expired, is_stale
 
 Row = tuple[dict[str, Any], str]  # (properties, etag)
 
@@ -52,7 +51,21 @@ class InMemoryIdempotencyStore(IdempotencyStore):
     def _etag(self) -> str:
         return f'W/"{next(self._etags)}"'
 
-    # -- records ----------------------------------------------------------------
+    def _unchanged(self, location: tuple[str, str], record: IdempotencyRecord) -> Row:
+        """The row at `location` if its etag is `record`'s (call under the lock)."""
+        row = self._rows.get(location)
+        if row is None or row[1] != record.etag:
+            raise RecordChangedError(record.id)
+        return row
+
+    def _records(self, keep: Callable[[dict[str, Any]], bool]) -> Iterator[IdempotencyRecord]:
+        """A snapshot of the records whose properties `keep` accepts."""
+        with self._lock:
+            rows = [(location, copy.deepcopy(row)) for location, row in self._rows.items()
+                    if is_record(row[0]) and keep(row[0])]
+        for (partition, record_id), (properties, etag) in rows:
+            yield record_from_fields(properties, record_id=record_id, partition=partition, etag=etag)
+
     def get_record(self, partition: str, record_id: str) -> IdempotencyRecord | None:
         with self._lock:
             row = self._rows.get((partition, record_id))
@@ -72,17 +85,13 @@ class InMemoryIdempotencyStore(IdempotencyStore):
     def delete_record_if_unchanged(self, record: IdempotencyRecord) -> None:
         location = (record.partition_key, record.id)
         with self._lock:
-            row = self._rows.get(location)
-            if row is None or row[1] != record.etag:
-                raise RecordChangedError(record.id)
+            self._unchanged(location, record)
             del self._rows[location]
 
     def record_dispatched(self, marker: IdempotencyRecord) -> IdempotencyRecord:
         location = (marker.partition_key, marker.id)
         with self._lock:
-            row = self._rows.get(location)
-            if row is None or row[1] != marker.etag:
-                raise RecordChangedError(marker.id)
+            row = self._unchanged(location, marker)
             drop = set(pending_names(marker))
             body = {name: value for name, value in row[0].items() if name not in drop}
             etag = self._etag()
@@ -91,30 +100,15 @@ class InMemoryIdempotencyStore(IdempotencyStore):
 
     def iter_pending(self, *, since_before: float) -> Iterator[IdempotencyRecord]:
         before = bound_millis(since_before)
-        with self._lock:
-            rows = [(location, copy.deepcopy(row)) for location, row in self._rows.items()
-                    if is_record(row[0]) and 0 < int(row[0].get(PENDING_SINCE) or 0) < before]
-        for (partition, record_id), (properties, etag) in rows:
-            yield record_from_fields(properties, record_id=record_id, partition=partition, etag=etag)
+        yield from self._records(lambda row: 0 < int(row.get(PENDING_SINCE) or 0) < before)
 
     def iter_records(self, *, in_progress_before: float | None = None,
                      expired_before: float | None = None) -> Iterator[IdempotencyRecord]:
-        with self._lock:
-            rows = [(location, copy.deepcopy(row)) for location, row in self._rows.items()
-                    if is_record(row[0])]
-        for (partition, record_id), (properties, etag) in rows:
-            record = record_from_fields(properties, record_id=record_id, partition=partition,
-                                        etag=etag)
-            if in_progress_before is not None and not (
-                    record.state is RecordState.IN_PROGRESS and record.lease_expires_at is not None
-                    and record.lease_expires_at < in_progress_before):
-                continue
-            if expired_before is not None and not (
-                    record.expires_at is not None and record.expires_at < expired_before):
-                continue
-            yield record
+        for record in self._records(lambda _: True):
+            if ((in_progress_before is None or is_stale(record, in_progress_before))
+                    and (expired_before is None or is_expired(record, expired_before))):
+                yield record
 
-    # -- documents --------------------------------------------------------------
     def read_document(self, partition: str, document_id: str) -> Document | None:
         with self._lock:
             row = self._rows.get((partition, document_id))

@@ -1,28 +1,14 @@
 """One retry budget: explicit SDK retry options, and the worst-case wait they allow.
 
-Three layers retry a throttled store request, and their defaults multiply:
-azure-cosmos retries a 429 up to 9 times, waiting what the service asks, for up
-to 30 s per request; azure-data-tables (azure-core) retries a status up to 3
-times, honouring any `Retry-After` however long; the caller then retries its
-own unit of work; and a host's retry policy runs that again. So the time a
-throttled unit of work holds its invocation is bounded nowhere.
+The SDKs' own retry defaults, the caller's retries and the host's retry policy multiply, so
+the time a throttled unit of work holds its invocation is bounded nowhere. `RetryBudget`
+makes the SDK layer short and fixed, leaving the long waits to the caller (which honours
+`Retry-After` up to its own cap) and the host (which holds nothing while it backs off):
 
-`RetryBudget` makes the SDK layer short and fixed, so the caller's layer (which
-honours `Retry-After` up to its own cap) and the host's (which backs off between
-invocations, with nothing held) own the long waits:
-
-* Cosmos DB: at most `sdk_retries` throttle and connection retries per request,
-  `sdk_wait` apart (a fixed interval: the SDK's own wait ignores the service's
-  retry-after, which the caller honours when the SDK gives up).
-* Table Storage: no SDK retry of an error status (azure-core would honour a
-  `Retry-After` uncapped; there is no option to cap it), `sdk_retries`
-  connection and read retries at most `sdk_wait` apart.
-
-So one request waits at most `request_seconds` (= sdk_retries x sdk_wait) inside
-the SDK, and a unit of work tried `attempts` times, waiting at most
-`max_retry_after` after each failed try, waits at most `unit_seconds(...)`
-(= attempts x (request_seconds + max_retry_after)) in a sustained storm before it
-raises, plus the round trips of its `attempts x (sdk_retries + 1)` requests.
+* Cosmos DB: at most `sdk_retries` throttle and connection retries per request, `sdk_wait`
+  apart (fixed: the SDK's wait ignores the service's retry-after, which the caller honours).
+* Table Storage: no SDK retry of an error status (azure-core would honour any `Retry-After`,
+  uncapped), at most `sdk_retries` connection and read retries, at most `sdk_wait` apart.
 """
 
 from __future__ import annotations
@@ -51,8 +37,7 @@ class RetryBudget:
 
     def unit_seconds(self, *, attempts: int, max_retry_after: float) -> float:
         """The longest a unit of work waits when every request is throttled: `attempts` tries,
-        each spending the SDK's retries, each followed by a wait of at most `max_retry_after`
-        (between tries, and once before the error is raised to the host)."""
+        each spending the SDK's retries and followed by a wait of at most `max_retry_after`."""
         return attempts * (self.request_seconds + max_retry_after)
 
     def cosmos_options(self) -> dict[str, Any]:

@@ -1,15 +1,14 @@
 """One store request on an Azure SDK client, built once for a backend's sync and async store.
 
 A backend's mapping turns each store step (`shared.core.store`) into a `Request`: the SDK
-call to make, how to read its answer, and which failures are part of the store contract.
-`send_request` sends it with a sync client, `send_request_async` awaits it with an async one;
-both translate the SDK's failure the same way (`translate_error`).
+call, how to read its answer, and which failures are part of the store contract.
+`send_request` and `send_request_async` send it; both translate failures by `translate_error`.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
@@ -53,12 +52,10 @@ def translate_error(backend: str, error: AzureError, *,
                     none_if_missing: bool = False) -> None:
     """Raise the library's exception for an SDK failure; return (answer None) on a missing read.
 
-    `on_status` maps the statuses that are part of the store contract for this
-    request (409 on a create, 412/404 on a conditional write) to the error to
-    raise; throttling, timeouts, 5xx and transport failures become
-    StoreUnavailableError; anything else StoreRequestError. The SDK error is
-    always chained as the cause. `none_if_missing` answers a 404 (point read) with None.
-    One translation for the sync and the async stores.
+    `on_status` maps the statuses that are part of this request's contract (409 on a create,
+    412/404 on a conditional write) to the error to raise; throttling, timeouts, 5xx and
+    transport failures become StoreUnavailableError; anything else StoreRequestError. The SDK
+    error is always the cause. `none_if_missing` answers a 404 (point read) with None.
     """
     if not isinstance(error, HttpResponseError):  # connection refused, timeouts, broken responses
         raise StoreUnavailableError(f"{backend} unreachable: {error}", error=error) from error
@@ -94,6 +91,17 @@ def store_call[T](backend: str, action: Callable[[], T], *,
         return None
 
 
+def store_items[T](backend: str, pages: Iterable[T]) -> Iterator[T]:
+    """The items of an SDK pager; each page's request translated by `translate_error`."""
+    iterator = iter(pages)
+    while True:
+        try:
+            item = store_call(backend, lambda: next(iterator))
+        except StopIteration:
+            return
+        yield item
+
+
 @overload
 async def async_store_call[T](backend: str, action: Callable[[], Awaitable[T]], *,
                               on_status: StatusErrors | None = None,
@@ -105,7 +113,7 @@ async def async_store_call[T](backend: str, action: Callable[[], Awaitable[T]], 
 async def async_store_call[T](backend: str, action: Callable[[], Awaitable[T]], *,
                               on_status: StatusErrors | None = None,
                               none_if_missing: bool = False) -> T | None:
-    """`store_call` for an async SDK request (the same translation)."""
+    """`store_call` for an async SDK request."""
     try:
         return await action()
     except AzureError as error:
@@ -115,11 +123,10 @@ async def async_store_call[T](backend: str, action: Callable[[], Awaitable[T]], 
 
 @dataclass(frozen=True, slots=True)
 class Request[T]:
-    """One store request, built once for a backend's sync and async store (the mapping
-    builds it; only sending it differs): `send(client)` makes the SDK call (the sync SDK
-    answers, the async one returns an awaitable), `answer` turns the SDK's answer into the
-    store's; `on_status` and `none_if_missing` as for `translate_error`; `refine` may name a
-    more precise error for one the SDK raised (a failed transaction's operation)."""
+    """One store request: `send(client)` makes the SDK call (the async SDK returns an
+    awaitable), `answer` turns the SDK's answer into the store's; `on_status` and
+    `none_if_missing` as for `translate_error`; `refine` may name a more precise error for one
+    the SDK raised (a failed transaction's operation)."""
 
     send: Callable[[Any], Any]
     answer: Callable[[Any], T]
@@ -129,8 +136,8 @@ class Request[T]:
 
 
 def _failed(backend: str, request: Request[Any], error: Exception) -> None:
-    """Raise what a failed request means: the request's more precise error (`refine`), else
-    the SDK error translated (`translate_error`); return (answer None) on a missing read."""
+    """Raise the request's `refine`d error, else the translated SDK error; return on a
+    missing read."""
     refined = request.refine(error) if request.refine is not None else None
     if refined is not None:
         raise refined from error
@@ -141,7 +148,7 @@ def _failed(backend: str, request: Request[Any], error: Exception) -> None:
 
 
 def send_request[T](backend: str, client: Any, request: Request[T]) -> T:
-    """Send a request with a sync SDK client; its failure translated by `translate_error`."""
+    """Send a request with a sync SDK client."""
     try:
         answer = request.send(client)
     except Exception as error:
@@ -151,7 +158,7 @@ def send_request[T](backend: str, client: Any, request: Request[T]) -> T:
 
 
 async def send_request_async[T](backend: str, client: Any, request: Request[T]) -> T:
-    """`send_request` with an async SDK client (the same translation)."""
+    """`send_request` with an async SDK client."""
     try:
         answer = await request.send(client)
     except Exception as error:
@@ -160,10 +167,9 @@ async def send_request_async[T](backend: str, client: Any, request: Request[T]) 
     return request.answer(answer)
 
 
-# -- a backend whose every store step is one request ------------------------------------------
 class RequestMapping(abc.ABC):
-    """A backend's requests, one per store operation, built once for its sync and its async
-    store: `request_for` turns a store step into the `Request` its store sends or awaits."""
+    """A backend's requests, one per store step: `request_for` turns a step into the `Request`
+    its sync or async store sends."""
 
     def request_for(self, step: StoreStep) -> Request[Any]:
         match step:
@@ -189,26 +195,22 @@ class RequestMapping(abc.ABC):
     def _committed_request(self, markers: Sequence[IdempotencyRecord],
                            operations: Sequence[WriteOp], marker_body: dict[str, Any] | None
                            ) -> Request[Committed]:
-        """A commit of one marker or of a group (the further markers travel as operations,
-        `group_commit`); a further marker's failure names it by index (`group_commit_error`)."""
+        """A commit of one marker or of a group (the further markers travel as operations);
+        a further marker's failure names it by index (`group_commit_error`)."""
         written: list[Document] = []
-        if len(markers) == 1:
-            commit = self._commit(markers[0], operations, marker_body, written)
-            return Request(commit.send, lambda result: Committed((commit.answer(result),),
-                                                                 tuple(written)),
-                           commit.on_status, commit.none_if_missing, commit.refine)
-        first, rest = group_commit(markers, operations)
-        group = self._commit(first, rest, marker_body, written)
+        first, rest = (markers[0], operations) if len(markers) == 1 else group_commit(markers, operations)
+        commit = self._commit(first, rest, marker_body, written)
+        further = without_etags(markers[1:])
 
         def refine(error: Exception) -> Exception | None:
-            refined = group.refine(error) if group.refine is not None else None
-            if isinstance(refined, OperationFailedError):
+            refined = commit.refine(error) if commit.refine is not None else None
+            if len(markers) > 1 and isinstance(refined, OperationFailedError):
                 return group_commit_error(refined, markers) or refined
             return refined
 
-        return Request(group.send, lambda result: Committed(
-            (group.answer(result), *without_etags(markers[1:])), tuple(written)),
-            group.on_status, group.none_if_missing, refine)
+        return Request(commit.send, lambda result: Committed((commit.answer(result), *further),
+                                                             tuple(written)),
+                       commit.on_status, commit.none_if_missing, refine)
 
     @abc.abstractmethod
     def _get_record(self, partition: str, record_id: str) -> Request[IdempotencyRecord | None]: ...

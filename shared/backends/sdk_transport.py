@@ -1,15 +1,9 @@
 """HTTP transports for the store SDK clients, without per-request environment lookups.
 
-azure-core's transports default to `use_env_settings=True`: aiohttp then runs (per
-request, on a thread of the executor) a scan of every environment variable for proxy
-settings and a read of ~/.netrc, and requests scans the environment for proxies and
-no_proxy rules. On a Functions host, with its hundreds of app settings in the
-environment, that is client CPU on every store request for a proxy nobody set, and it
-grows with the number of variables (figures: benchmarks/RESULTS.md).
-
-So a transport reads proxies from the environment only when a proxy variable is set
-when it is built; otherwise it skips the lookup. Public client option only
-(`transport=`); everything else in the SDK's pipeline is unchanged.
+azure-core's transports default to `use_env_settings=True`, which scans every environment
+variable for proxy settings (aiohttp also reads ~/.netrc) on every request: client CPU that
+grows with a Functions host's many app settings, for a proxy nobody set. These transports
+read proxies from the environment only when a proxy variable is set when they are built.
 """
 
 from __future__ import annotations

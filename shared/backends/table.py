@@ -1,12 +1,10 @@
 """Table Storage backend (`azure-data-tables`).
 
-Claim = `create_entity` (409 = exists). Takeover, completion and release are
-etag-conditional. Table Storage has no TTL: every read checks the expiry (`codec.EXPIRES`)
-and `sweep` / `purge_expired` delete expired rows in entity-group transactions,
-one page at a time within a time budget, resuming next run where they stopped.
-Atomic path = one entity-group transaction (same PartitionKey, <= 100 entities), sent
-through `table_batch` (the SDK's requests and pipeline, a lean multipart codec). The mapping
-of records and writes to entities, which the async store shares, is `table_mapping`.
+Claim = `create_entity` (409 = exists); takeover, completion and release are etag-conditional.
+Atomic path = one entity-group transaction (same PartitionKey, <= 100 entities), sent through
+`table_batch`. Table Storage has no TTL: every read checks the expiry (`codec.EXPIRES`), and
+`sweep` / `purge_expired` delete expired rows one page at a time within a time budget,
+resuming next run where they stopped. The entity mapping is `table_mapping`.
 """
 
 from __future__ import annotations
@@ -19,13 +17,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential, TokenCredential
-from azure.data.tables import (
-    TableClient,
-    TableEntity,
-    UpdateMode,
-)
+from azure.data.tables import TableClient, UpdateMode
 
-from shared.backends.sdk_requests import send_request, store_call
+from shared.backends.sdk_requests import send_request, store_call, store_items
 from shared.backends.table_batch import Codec, submit_transaction
 from shared.backends.table_mapping import BACKEND, IF_UNCHANGED, TableMapping
 from shared.core.codec import (
@@ -62,13 +56,10 @@ logger = logging.getLogger(__name__)
 class TableIdempotencyStore(TableMapping, StepStore):
     """Dedup records and business entities in one Azure Table.
 
-    Build it from the table endpoint and a credential (identity in Azure), from
-    a connection string (local runs), or around an existing `TableClient`. A
-    client the store creates is its own and `close` closes it; a client passed
-    in (`table_client=`, `from_table_client`) stays its caller's.
-    `batch_codec`: "lean" (default) sends entity-group transactions through
-    `table_batch`'s codec, falling back to the SDK's own path by itself when the
-    installed SDK does not fit it; "sdk" always takes the SDK's path.
+    `close` closes a client the store created; a client passed in (`table_client=`,
+    `from_table_client`) stays its caller's. `batch_codec`: "lean" (default) sends
+    transactions through `table_batch`'s codec (which falls back to the SDK's path by itself
+    when the installed SDK does not fit); "sdk" always takes the SDK's path.
     """
 
     name = "table"
@@ -115,19 +106,13 @@ class TableIdempotencyStore(TableMapping, StepStore):
                             self._transaction_request(batch, marker_id, lambda results: results))
 
     def iter_pending(self, *, since_before: float) -> Iterator[IdempotencyRecord]:
-        """A filter on `PENDING_SINCE` returning only the keys of pending markers, each
-        then read whole. Table Storage has no secondary index: the service evaluates the
-        filter over the table's rows; the requests and bytes of the answer, and the reads,
-        grow with the pending markers only (see the README's outbox section)."""
+        """A filter on `PENDING_SINCE` answering the keys of pending markers, each then read
+        whole: the service scans the table, but the answer and the reads grow with the
+        pending markers only."""
         pages = store_call(BACKEND, lambda: self._client.query_entities(
             self._PENDING_FILTER, parameters={"before": bound_millis(since_before)},
             select=list(self._PENDING_SELECT)))
-        iterator = iter(pages)
-        while True:
-            try:
-                row = store_call(BACKEND, lambda: next(iterator))
-            except StopIteration:
-                return
+        for row in store_items(BACKEND, pages):
             record = self.get_record(row["PartitionKey"], row["RowKey"])
             if record is not None and record.outbox:
                 yield record
@@ -144,16 +129,10 @@ class TableIdempotencyStore(TableMapping, StepStore):
             params["expiry"] = bound_millis(expired_before)
         query = " and ".join(clauses)
         pages = store_call(BACKEND, lambda: self._client.query_entities(query, parameters=params))
-        iterator: Iterator[TableEntity] = iter(pages)
-        while True:
-            try:
-                entity = store_call(BACKEND, lambda: next(iterator))
-            except StopIteration:
-                return
+        for entity in store_items(BACKEND, pages):
             if is_record(entity):
                 yield self._to_record(entity)
 
-    # -- maintenance: one bounded, resumable scan -----------------------------------
     #: Rows per page of a sweep; one page is what a sweep holds in memory.
     sweep_page_size: int = DEFAULT_PAGE_SIZE
 
@@ -169,15 +148,12 @@ class TableIdempotencyStore(TableMapping, StepStore):
         """Expired rows deleted and stale claims handed to `on_stale`, in one scan, one page
         at a time, until `budget_seconds` run out.
 
-        Table Storage has no secondary index: a filter on a property makes the service
-        read every row, so a run covers what its budget allows and saves the continuation
-        (a small entity in this table, `SWEEP_CURSOR`) after each page; the next run
-        resumes there, and a finished scan starts over. Expired rows of a page go in
-        entity-group transactions per partition (<= 100 each) before the next page is
-        read, so memory holds one page. The budget is checked before each page: a run
-        ends within one page's work (<= `page_size` deletes) after it. A continuation
-        the service refuses, or a cursor this code cannot read, restarts the scan from
-        the beginning.
+        A filter makes the service read every row (no secondary index), so a run covers what
+        its budget allows and saves the continuation (`SWEEP_CURSOR`, an entity in this
+        table) after each page; the next run resumes there, and a finished scan starts over.
+        A page's expired rows are deleted (transactions per partition) before the next is
+        read, so memory holds one page; the budget is checked before each page. A
+        continuation the service refuses, or an unreadable cursor, restarts the scan.
         """
         deadline = Deadline(budget_seconds, timer=timer)
         page_size = page_size or self.sweep_page_size
@@ -210,8 +186,8 @@ class TableIdempotencyStore(TableMapping, StepStore):
 
     @staticmethod
     def _sweep_filter(now: float, stale_before: float | None) -> tuple[str, dict[str, Any]]:
-        """The service-side filter: expired, or (when asked) in progress past the cut-off.
-        (The SDK substitutes `@name` between spaces only, hence the spaced parentheses.)"""
+        """Expired, or (when asked) in progress past the cut-off. The SDK substitutes `@name`
+        between spaces only, hence the spaced parentheses."""
         params: dict[str, Any] = {"expiry": bound_millis(now)}
         query = f"{_IS_RECORD} and ( {EXPIRES} lt @expiry"
         if stale_before is not None:
@@ -221,7 +197,7 @@ class TableIdempotencyStore(TableMapping, StepStore):
 
     def _sweep_page(self, query: str, params: dict[str, Any], page_size: int,
                     token: dict[str, str] | None) -> tuple[list[Any], dict[str, str] | None]:
-        """One page of the scan from `token`: its entities and the next continuation."""
+        """The entities of one page from `token`, and the next continuation."""
         def fetch() -> tuple[list[Any], dict[str, str] | None]:
             pages = self._client.query_entities(query, parameters=params,
                                                 results_per_page=page_size
@@ -249,8 +225,8 @@ class TableIdempotencyStore(TableMapping, StepStore):
             report.purged += self._delete_expired(partition, records)
 
     def _delete_expired(self, partition: str, records: list[IdempotencyRecord]) -> int:
-        """Etag-conditional deletes in entity-group transactions of <= 100 (one alone is a
-        plain delete); a transaction with a row changed meanwhile goes one by one."""
+        """Etag-conditional deletes in transactions of <= 100 (one alone is a plain delete);
+        a transaction with a row changed meanwhile goes one by one."""
         deleted = 0
         for start in range(0, len(records), MAX_TRANSACTION_OPERATIONS):
             chunk = records[start:start + MAX_TRANSACTION_OPERATIONS]
@@ -262,7 +238,7 @@ class TableIdempotencyStore(TableMapping, StepStore):
             try:
                 self._transaction(ops, marker_id=None)
                 deleted += len(chunk)
-            except OperationFailedError:  # one row changed meanwhile: go one by one
+            except OperationFailedError:
                 deleted += self._delete_each(chunk)
         return deleted
 

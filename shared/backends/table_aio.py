@@ -1,8 +1,6 @@
 """Table Storage backend on `azure.data.tables.aio`: the async variant of `TableIdempotencyStore`.
 
-Every request is built once, by the mapping it shares with the sync store
-(`TableMapping`: entities, transactions, the store-contract errors); only
-sending it differs (`send_request_async`, and the async `$batch` sender).
+The requests are the sync store's (`TableMapping`); only sending them differs.
 """
 
 from __future__ import annotations
@@ -25,12 +23,8 @@ from shared.core.store import AsyncIdempotencyStore, StoreStep
 class AsyncTableIdempotencyStore(TableMapping, AsyncIdempotencyStore):
     """Dedup records and business entities in one Azure Table, through the async SDK.
 
-    Build it like the sync store: from the table endpoint and a credential (an
-    `AsyncTokenCredential` in Azure, or a named key / SAS), from a connection
-    string, or around an existing `azure.data.tables.aio.TableClient`. No
-    request is made in `__init__` (`ensure_table` creates a missing table). A
-    client the store creates is its own and `close` closes it; a client passed
-    to `from_table_client` stays its caller's. `async with store:` closes it too.
+    Built like the sync store; `__init__` makes no request (`ensure_table` creates a missing
+    table). `close`, and `async with store:`, close a client the store created, not a caller's.
     """
 
     name = "table"
@@ -39,7 +33,7 @@ class AsyncTableIdempotencyStore(TableMapping, AsyncIdempotencyStore):
                  AzureSasCredential | None = None, *, table_name: str,
                  table_client: TableClient | None = None, batch_codec: Codec = "lean",
                  **client_options: Any) -> None:
-        self._batch_codec = batch_codec  # as the sync store's
+        self._batch_codec = batch_codec
         self._owned: TableClient | None = None  # the client this store created, if any
         if table_client is None:
             table_client = self._owned = TableClient(endpoint, table_name, credential=credential,

@@ -1,41 +1,17 @@
 """Entity-group transactions with a lean multipart codec.
 
-`TableClient.submit_transaction` builds a transaction's `multipart/mixed`
-body and parses the answer with the standard library's `email` package
-(header registry, policy machinery; the sync pipeline also starts a thread
-pool per request), which costs a transaction several times the client CPU of
-a single write: an Event Hubs batch that commits one transaction per account
-is bound by it. This codec writes and reads the body with plain byte
-operations instead (figures: benchmarks/RESULTS.md).
+The SDK's `submit_transaction` builds and parses the `multipart/mixed` body with the `email`
+package, at several times the client CPU of a single write. This codec does it with plain
+byte operations and keeps the rest: the client's pipeline, the SDK's errors, and
+`TableBatchOperations` for every part `lean_part` does not write byte for byte as it does.
 
-This module keeps the rest of the SDK's work: the per-operation requests
-(entity serialization, EDM types, conditions) are the SDK's `TableBatchOperations`
-requests, and the request goes through the client's own pipeline
-(authentication, retries, tracing); a failed operation raises the SDK's
-`TableTransactionError` with the index and message the SDK would give, and a
-failed request the SDK's own error. The body is the documented `$batch`
-format: one changeset of `application/http` parts, each with the headers the
-SDK's parts carry (the operation's own, plus `x-ms-date` / `Date`). The
-operations the stores send with plain values (create, replace, and a replace or
-delete under an etag, of text, floats, booleans, Int32s and Int64s) are written
-here (`lean_part`), byte for byte as `TableBatchOperations` writes them (a test
-holds them to it), since building an `HttpRequest` per operation through the
-SDK's generic serializers costs several times as much per marker; any other
-operation or value is the SDK's.
-
-Guard rails, because it reaches into the SDK's private parts (`_table_batch`,
-`_error`, `client._client`, `_primary_hostname`, ...): at first use per client
-type it checks the installed azure-data-tables against `SUPPORTED_SDK` (the
-versions `tests/store/test_table_batch.py` verified), imports the internals,
-checks their signatures and builds a probe transaction. Any failure (outside
-the range, an import or attribute error, a changed signature) and every
-transaction goes through the SDK's public `submit_transaction` instead, with
-one warning saying why. `codec="sdk"` (the stores' `batch_codec` option, the
-app's `TABLE_BATCH_CODEC` setting) chooses the SDK's path outright.
+It uses private SDK parts, so at first use per client type it checks the installed version
+against `SUPPORTED_SDK`, the internals' signatures and a probe transaction; on any failure
+every transaction goes through the SDK's `submit_transaction`, with one warning saying why.
+`codec="sdk"` (`batch_codec`, `TABLE_BATCH_CODEC`) takes that path outright.
 """
 
-# The codec reuses the SDK's own private helpers on purpose (checked once, with a fallback to
-# the SDK's path when they moved; see `problem`), and they are untyped.
+# The SDK's private helpers, used on purpose (checked once, see `problem`), are untyped.
 # pyright: reportPrivateUsage=false, reportUnknownMemberType=false, reportUnknownVariableType=false
 from __future__ import annotations
 
@@ -63,8 +39,8 @@ from shared.core.observability import sdk_request
 
 logger = logging.getLogger(__name__)
 
-#: azure-data-tables versions the codec supports: [lowest, first unsupported). Verified on
-#: Azurite against the SDK by tests/store/test_table_batch.py; widen it only after that.
+#: azure-data-tables versions the codec supports: [lowest, first unsupported). Widen it only
+#: after tests/store/test_table_batch.py passed on the new version.
 SUPPORTED_SDK = ((12, 7, 0), (12, 8, 0))
 Codec = Literal["lean", "sdk"]
 CODECS: tuple[Codec, ...] = ("lean", "sdk")
@@ -82,7 +58,7 @@ _PART_ETAG = re.compile(rb"\n[Ee][Tt][Aa][Gg]:[ \t]*([^\r\n]*)")
 class _Internals(NamedTuple):
     """The private parts of azure-data-tables the codec uses."""
 
-    batch_operations: type  # _table_batch.TableBatchOperations: the per-operation requests
+    batch_operations: type  # _table_batch.TableBatchOperations
     decode_error: Callable[..., HttpResponseError]  # _error._decode_error
     too_large: type[HttpResponseError]  # _error.RequestTooLargeError
     validate_table_name: Callable[[HttpResponseError, str], None]  # _error._validate_tablename_error
@@ -106,8 +82,7 @@ def _version_problem() -> str | None:
 
 
 def _import_internals() -> _Internals:
-    """The SDK's private parts, or ImportError / AttributeError / TypeError when they moved or
-    their signatures changed."""
+    """Raises ImportError / AttributeError / TypeError when they moved or changed."""
     from azure.data.tables import _error, _table_batch
 
     internals = _Internals(_table_batch.TableBatchOperations, _error._decode_error,
@@ -122,8 +97,7 @@ def _import_internals() -> _Internals:
 
 
 #: A transaction of every kind the stores send, built (never sent) to check the internals; the
-#: last part is one only the SDK's TableBatchOperations writes (a merge), as it writes every
-#: operation `lean_part` does not.
+#: last part (a merge) is one only the SDK's TableBatchOperations writes.
 _PROBE = [("create", {"PartitionKey": "p", "RowKey": "a", "n": 1}),
           ("upsert", {"PartitionKey": "p", "RowKey": "b"}, {"mode": UpdateMode.REPLACE}),
           ("update", {"PartitionKey": "p", "RowKey": "c"},
@@ -135,8 +109,7 @@ _PROBE = [("create", {"PartitionKey": "p", "RowKey": "a", "n": 1}),
 
 
 class CodecGuard:
-    """Decides once per client type, at first use, whether the lean codec can run; the
-    reason it cannot is logged once."""
+    """Decides once per client type whether the lean codec can run; logs once why not."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -183,14 +156,12 @@ _GUARD = CodecGuard()
 
 
 def codec_problem(client: Any) -> str | None:
-    """Why transactions of `client` would fall back to the SDK's path (None: the lean codec
-    serves them)."""
+    """Why transactions of `client` would fall back to the SDK's path (None: they do not)."""
     return _GUARD.problem(client)
 
 
 class Part(NamedTuple):
-    """One operation of a changeset as `encode_changeset` writes it (what it reads of the
-    SDK's `HttpRequest`)."""
+    """One operation of a changeset: what `encode_changeset` reads of an `HttpRequest`."""
 
     method: str
     url: str
@@ -205,11 +176,8 @@ _odata_json = json_encoder()  # json.dumps's defaults, as the SDK's request body
 
 
 def _entity_json(entity: Mapping[Any, Any]) -> str | None:
-    """The SDK's request body for an entity of plain values (`_add_entity_properties`, then
-    `json.dumps`): strings and floats annotated with their EDM type, Int32s and booleans as
-    they are, an Int64 EntityProperty as annotated text, None left out. None when a value
-    needs more than that (another EntityProperty, a datetime, bytes, a UUID, an Enum, a large
-    int, a non-finite float): the SDK builds it."""
+    """The SDK's request body for an entity of plain values (str, finite float, bool, Int32,
+    Int64 EntityProperty, None); None when a value needs more: the SDK builds that one."""
     properties: dict[str, Any] = {}
     for name, value in entity.items():
         if type(name) is not str:
@@ -248,11 +216,9 @@ def _url_key(value: str) -> str:
 
 
 def lean_part(operation: tuple[Any, ...], *, base: str, version: str) -> Part | None:
-    """The changeset part of one operation as the SDK's `TableBatchOperations` builds it, for
-    the operations the stores send with plain values: create, upsert (replace), update
-    (replace under an etag) and delete (under an etag); byte for byte the SDK's request
-    (`tests/store/test_table_batch.py` compares them). `base` is the table's URL. None for
-    anything else: the SDK builds that part."""
+    """The changeset part of a create, upsert (replace), update (replace under an etag) or
+    delete (under an etag) of plain values, byte for byte as `TableBatchOperations` builds it;
+    `base` is the table's URL. None for anything else: the SDK builds that part."""
     kind: Any = operation[0]
     entity: Any = operation[1]
     options: Mapping[str, Any] = operation[2] if len(operation) > 2 else {}
@@ -299,9 +265,8 @@ def _check_partition(entity: Any, partition: list[Any]) -> None:
 
 
 def transaction_request(client: Any, operations: Iterable[tuple[Any, ...]]) -> HttpRequest:
-    """The `$batch` request of `operations` (as `submit_transaction` takes them) for a
-    sync or async `TableClient`: each part written by `lean_part`, or by the SDK's
-    `TableBatchOperations` when it cannot (and always for a Cosmos DB Table endpoint)."""
+    """The `$batch` request of `operations` for a sync or async `TableClient`: each part by
+    `lean_part`, else (and always for a Cosmos DB Table endpoint) by `TableBatchOperations`."""
     endpoint = f"{client.scheme}://{client._primary_hostname}"
     config = client._client._config
     table = f"{endpoint}/{quote(client.table_name, safe='')}"
@@ -326,7 +291,7 @@ def transaction_request(client: Any, operations: Iterable[tuple[Any, ...]]) -> H
         parts.append(part)
     boundary, changeset = f"batch_{uuid.uuid4()}", f"changeset_{uuid.uuid4()}"
     return HttpRequest(
-        "POST", f"{client.scheme}://{client._primary_hostname}/$batch",
+        "POST", f"{endpoint}/$batch",
         headers={"x-ms-version": client.api_version, "DataServiceVersion": "3.0",
                  "MaxDataServiceVersion": "3.0;NetFx", "Accept": "application/json",
                  "Content-Type": f"multipart/mixed; boundary={boundary}"},
@@ -336,10 +301,8 @@ def transaction_request(client: Any, operations: Iterable[tuple[Any, ...]]) -> H
 
 def encode_changeset(requests: Iterable[HttpRequest | Part], *, boundary: str, changeset: str,
                      date: str | None = None) -> bytes:
-    """A batch body holding one changeset with `requests` as `application/http` parts.
-
-    `date` goes in each part's `x-ms-date` and `Date`, as the SDK's part policy
-    (StorageHeadersPolicy) sets them."""
+    """A batch body of one changeset with `requests` as `application/http` parts; `date` goes
+    in each part's `x-ms-date` and `Date`, as the SDK's StorageHeadersPolicy sets them."""
     dated = f"x-ms-date: {date}\r\nDate: {date}\r\n" if date else ""
     out = [f"--{boundary}\r\nContent-Type: multipart/mixed; boundary={changeset}\r\n\r\n".encode()]
     for index, request in enumerate(requests):
@@ -355,13 +318,10 @@ def encode_changeset(requests: Iterable[HttpRequest | Part], *, boundary: str, c
 
 def transaction_result(response: Any, *, table_name: str | None = None,
                        expected: int | None = None) -> list[dict[str, str]]:
-    """Each operation's metadata (`{"etag": ...}`) from a read `$batch` response; raises
-    the SDK's error for a failed request or a failed operation, and, as the SDK does, a
-    ValueError naming the rule when the service refused `table_name`.
-
-    With `expected` (the operations sent), the common answer (that many parts, each a 2xx
-    with its ETag) is read from its status lines and ETag headers alone; anything else is
-    decoded part by part."""
+    """Each operation's metadata (`{"etag": ...}`) from a read `$batch` response; raises the
+    SDK's error for a failed request or operation, and, as the SDK does, a ValueError naming
+    the rule when the service refused `table_name`. With `expected` (the operations sent), an
+    answer of that many 2xx parts is read from its status lines and ETags alone."""
     internals = _GUARD.internals()
     too_large = {"error_message": "The transaction request was too large",
                  "error_type": internals.too_large}
@@ -470,7 +430,7 @@ def _lean(client: Any, codec: Codec) -> bool:
 def submit_transaction(client: Any, operations: Iterable[tuple[Any, ...]], *,
                        codec: Codec = "lean") -> list[Any]:
     """`TableClient.submit_transaction` with the lean codec (the SDK's own when `codec` is
-    "sdk" or the codec cannot run on this SDK)."""
+    "sdk" or the codec cannot run)."""
     operations = list(operations)
     if not _lean(client, codec):
         return list(client.submit_transaction(operations))
@@ -483,8 +443,7 @@ def submit_transaction(client: Any, operations: Iterable[tuple[Any, ...]], *,
 
 async def submit_transaction_async(client: Any, operations: Iterable[tuple[Any, ...]], *,
                                    codec: Codec = "lean") -> list[Any]:
-    """`azure.data.tables.aio.TableClient.submit_transaction` with the lean codec (or the
-    SDK's own, as for `submit_transaction`)."""
+    """`submit_transaction` for an `azure.data.tables.aio.TableClient`."""
     operations = list(operations)
     if not _lean(client, codec):
         return list(await client.submit_transaction(operations))

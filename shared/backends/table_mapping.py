@@ -1,6 +1,6 @@
-"""Table Storage's mapping: a record or a `WriteOp` to an entity or a transaction operation,
-an entity back to a record or a `Document`, and each store request (`Request`) built once
-for the sync store (`shared.backends.table`) and the async one (`shared.backends.table_aio`)."""
+"""Table Storage's mapping, shared by the sync and async stores: a record or a `WriteOp` to an
+entity or a transaction operation, an entity back to a record or a `Document`, and each
+store request (`Request`)."""
 
 from __future__ import annotations
 
@@ -47,8 +47,7 @@ _ETAG_TIME = "W/\"datetime'"
 
 def etag_time(etag: str | None) -> float | None:
     """When the service wrote an entity, from its etag (`W/"datetime'2026-01-02T03%3A04%3A05.
-    1234567Z'"`: the entity's Timestamp, to 100 ns), or None for another form. Every write
-    answers its etag, so this costs no request."""
+    1234567Z'"`: the entity's Timestamp), or None for another form."""
     if etag is None or not etag.startswith(_ETAG_TIME):
         return None
     try:
@@ -78,8 +77,7 @@ def _plain(entity: Any) -> dict[str, Any]:
 
 
 class TableMapping(RequestMapping):
-    """Record <-> entity and WriteOp -> transaction operation mapping, shared by the sync
-    and async stores."""
+    """Record <-> entity and WriteOp -> transaction operation mapping."""
 
     _client: Any  # a table client of the sync or the async SDK
 
@@ -102,7 +100,6 @@ class TableMapping(RequestMapping):
     @staticmethod
     def _committed(marker: IdempotencyRecord, operations: Sequence[WriteOp],
                    results: list[Any], written: list[Document] | None) -> IdempotencyRecord:
-        """The marker with its new etag; what `operations` wrote goes to `written`."""
         if written is not None:
             written += written_documents(marker.partition_key, operations,
                                          [etag_of(meta) for meta in results[1:]])
@@ -149,8 +146,7 @@ class TableMapping(RequestMapping):
     @classmethod
     def _commit_batch(cls, marker: IdempotencyRecord, operations: Sequence[WriteOp],
                       marker_body: dict[str, Any] | None) -> list[tuple[Any, ...]]:
-        """The transaction of an atomic commit: the marker (create, or replace of an expired
-        one) first."""
+        """An atomic commit's transaction: the marker (create, or replace of an expired one) first."""
         if marker_body:
             check_flat(marker_body)
         entity = cls._record_entity(marker, marker_body)
@@ -163,8 +159,7 @@ class TableMapping(RequestMapping):
     @staticmethod
     def _dispatched_entity(marker: IdempotencyRecord) -> dict[str, Any]:
         """The merge that clears a marker's pending messages: a merge cannot remove a property,
-        so the chunks become empty strings (read as none) and the pending time 0 (the
-        sweeper's filter wants > 0); every other property stays as it is."""
+        so the chunks become empty strings (read as none) and the pending time 0 (filters want > 0)."""
         blanks: dict[str, Any] = {name: "" for name in pending_names(marker)}
         if PENDING_SINCE in blanks:
             blanks[PENDING_SINCE] = EntityProperty(0, EdmType.INT64)  # the type it was written in
@@ -178,7 +173,6 @@ class TableMapping(RequestMapping):
         body = {k: v for k, v in _plain(entity).items() if k not in _SYSTEM}
         return Document(document_id, partition, body, etag_of(entity.metadata))
 
-    # -- the requests, built once for the sync and the async store (`Request`) -------------
     _submit: Callable[..., Any]  # the variant's $batch sender: (client, batch, *, codec)
     _batch_codec: Codec
 
