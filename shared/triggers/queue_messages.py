@@ -62,19 +62,17 @@ class QueueMessageView:
     @classmethod
     def _read(cls, message: Any) -> QueueMessageView:
         if hasattr(message, "get_body"):  # azure.functions.QueueMessage
-            return cls(
-                message_id=_text_or_none(message.id), body=_bytes(message.get_body()),
-                dequeue_count=_count(message.dequeue_count),
-                insertion_time=message.insertion_time, expiration_time=message.expiration_time,
-                next_visible_time=message.time_next_visible,
-                pop_receipt=_text_or_none(message.pop_receipt))
-        if hasattr(message, "content"):  # azure.storage.queue.QueueMessage
-            return cls(
-                message_id=_text_or_none(message.id), body=_bytes(message.content),
-                dequeue_count=_count(message.dequeue_count), insertion_time=message.inserted_on,
-                expiration_time=message.expires_on, next_visible_time=message.next_visible_on,
-                pop_receipt=_text_or_none(message.pop_receipt))
-        raise TypeError(f"not a queue message: {type(message).__name__}")
+            body, inserted, expires, visible = (message.get_body(), message.insertion_time,
+                                                message.expiration_time, message.time_next_visible)
+        elif hasattr(message, "content"):  # azure.storage.queue.QueueMessage
+            body, inserted, expires, visible = (message.content, message.inserted_on,
+                                                message.expires_on, message.next_visible_on)
+        else:
+            raise TypeError(f"not a queue message: {type(message).__name__}")
+        return cls(message_id=_text_or_none(message.id), body=_bytes(body),
+                   dequeue_count=_count(message.dequeue_count), insertion_time=inserted,
+                   expiration_time=expires, next_visible_time=visible,
+                   pop_receipt=_text_or_none(message.pop_receipt))
 
     def context(self, key: DedupKey | None = None) -> dict[str, Any]:
         """What the logs and metrics say about this delivery (`delivery_count` tells a
