@@ -12,10 +12,9 @@ gives a function, so a consumer's test runs in process, fast, with no server (do
     orders.run_atomic(message, actions, save)  # the broker's redelivery: absorbed
     assert actions.actions() == ["complete", "complete"] and len(outbox.sent) == 1
 
-The async variants' doubles (`AsyncInMemoryIdempotencyStore`, `AsyncInMemoryDispatcher`) are the
-same records, awaited; `FlakyStore` is the in-memory store in an outage you switch on and off;
-`ThreadedStore` puts any sync store (`FlakyStore`, a wrapper of your own) behind the async
-interface. `shared.aio` names the async store and `ThreadedStore` too.
+The async doubles (`AsyncInMemoryIdempotencyStore`, `AsyncInMemoryDispatcher`) are the same
+records, awaited; `FlakyStore` is the in-memory store in an outage you switch on and off;
+`ThreadedStore` puts any sync store behind the async interface.
 """
 
 from __future__ import annotations
@@ -39,10 +38,8 @@ __all__ = ["AsyncInMemoryDispatcher", "AsyncInMemoryIdempotencyStore", "FlakySto
            "Settlement", "ThreadedStore"]
 
 
-# -- the outbox's dispatchers ------------------------------------------------------------------
 class InMemoryDispatcher:
-    """Records every message it sends (`sent`), in order: the dispatcher of fast tests and of
-    the delivery simulator (which sends them on into its simulated broker)."""
+    """Records every message it sends (`sent`), in order."""
 
     def __init__(self) -> None:
         self.sent: list[OutgoingMessage] = []
@@ -80,11 +77,9 @@ class AsyncInMemoryDispatcher:
         pass
 
 
-# -- the host's settlement -------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Settlement:
-    """One settlement call a consumer made: the action, the message's id, and for a
-    dead-letter its reason and description."""
+    """One settlement call a consumer made (a dead-letter's with its reason and description)."""
 
     action: str  # "complete", "abandon" or "deadletter"
     message_id: str | None
@@ -121,12 +116,10 @@ def _message_id(message: Any) -> str | None:
     return None if message_id is None else str(message_id)
 
 
-# -- a store outage ------------------------------------------------------------------------------
 class FlakyStore(InMemoryIdempotencyStore):
     """The in-memory store, answering every request a consumer makes with StoreUnavailableError
-    (a 503: throttled or unreachable) while `down` is set, as a store outage does; `failed`
-    counts them. A test reads what was written through the methods (`read_document`), which
-    stay up: only `perform`, the consumers' one call into a store, fails. Behind the async
+    (503) while `down` is set; `failed` counts them. Only `perform`, the consumers' one call
+    into a store, fails: a test still reads what was written (`read_document`). Behind the async
     variant, put it in a `ThreadedStore`."""
 
     def __init__(self) -> None:
@@ -142,7 +135,6 @@ class FlakyStore(InMemoryIdempotencyStore):
         return super().perform(step)
 
 
-# -- stores behind the async interface ----------------------------------------------------------
 #: Threads for sync stores' requests behind the async interface: each request holds one while it
 #: waits on the network, so a slow store must not exhaust them (the loop's default executor has
 #: only cores + 4); shared by every ThreadedStore of the process.
@@ -160,12 +152,8 @@ def _threads() -> ThreadPoolExecutor:
 
 
 class ThreadedStore(AsyncIdempotencyStore):
-    """A sync store behind the async interface, each request on a worker thread.
-
-    For an async app whose stores are given as sync ones (a test double, a
-    fault-injecting wrapper, a backend with no async SDK): the event loop stays
-    free while the request runs. The real backends have native async stores.
-    """
+    """A sync store (a test double, a fault-injecting wrapper) behind the async interface, each
+    request on a worker thread so the event loop stays free."""
 
     def __init__(self, store: Any) -> None:
         self.sync = store
@@ -184,8 +172,8 @@ class ThreadedStore(AsyncIdempotencyStore):
 
 
 class AsyncInMemoryIdempotencyStore(ThreadedStore):
-    """The in-memory store behind the async interface: for fast tests of async handlers and
-    flows. Requests run inline (they never block); `sync` is the in-memory store itself."""
+    """The in-memory store behind the async interface; requests run inline (they never block),
+    `sync` is the in-memory store itself."""
 
     def __init__(self, store: InMemoryIdempotencyStore | None = None) -> None:
         super().__init__(store or InMemoryIdempotencyStore())

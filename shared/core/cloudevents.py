@@ -1,20 +1,17 @@
 """CloudEvents 1.0 from Event Hubs events: structured (JSON body) and binary mode.
 
-Binary mode carries the attributes as application properties: `ce_id` /
-`ce_source` (Kafka-style, as Event Hubs' Kafka endpoint and many producers
-write them) or `cloudEvents:id` / `cloudEvents_id` (the AMQP binding).
-
-Data follows the JSON format's rules: a structured event carries `data` (a JSON
-value) or `data_base64` (binary, as producers in other languages write it), never
-both; binary data and a binary-mode body are decoded as JSON when the content type
-declares JSON (`*/json`, `*/*+json`) and kept as bytes otherwise.
+Binary mode carries the attributes as application properties: `ce_id` (Kafka-style) or
+`cloudEvents:id` / `cloudEvents_id` (the AMQP binding). A structured event carries `data` (a
+JSON value) or `data_base64`, never both; binary data and a binary-mode body are decoded as JSON
+when the content type declares JSON (`*/json`, `*/*+json`) and kept as bytes otherwise.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -59,17 +56,22 @@ def _binary_attributes(properties: Mapping[Any, Any]) -> dict[str, Any]:
     return attributes
 
 
-def _json(body: bytes, max_bytes: int) -> Any:
+@contextmanager
+def _as_event_error() -> Generator[None]:
     try:
-        return parse_json(body, max_bytes=max_bytes)
+        yield
     except InvalidPayloadError as error:
         raise InvalidEventError(error.reason, error.detail) from error
 
 
+def _json(body: bytes, max_bytes: int) -> Any:
+    with _as_event_error():
+        return parse_json(body, max_bytes=max_bytes)
+
+
 def declares_json(content_type: object) -> bool:
-    """Whether a media type declares JSON data: `*/json` or `*/*+json`, parameters aside (the
-    JSON format's rule). An absent type declares nothing here; what it means is the caller's
-    call (JSON for `data` and an unlabelled body, binary for `data_base64`)."""
+    """Whether a media type declares JSON data: `*/json` or `*/*+json`, parameters aside. An
+    absent type declares nothing here; what it means is the caller's call."""
     if not isinstance(content_type, str):
         return False
     media = content_type.split(";", 1)[0].strip().lower()
@@ -78,8 +80,6 @@ def declares_json(content_type: object) -> bool:
 
 
 def _data(body: bytes, content_type: str | None, max_bytes: int) -> Any:
-    """Binary data: the bounded JSON decoder's value when the content type declares JSON,
-    else the bytes as they are."""
     return _json(body, max_bytes) if declares_json(content_type) else body
 
 
@@ -102,19 +102,14 @@ def _base64_data(envelope: dict[str, Any], max_bytes: int) -> Any:
 def parse_cloudevent(body: bytes, properties: Mapping[Any, Any] | None = None,
                      content_type: str | None = None, *,
                      max_bytes: int = MAX_EVENT_BYTES) -> CloudEvent:
-    """Decode one CloudEvent, or raise InvalidEventError saying what is wrong.
-
-    The body goes through the bounded decoder; binary-mode attributes must be
-    scalars of valid Unicode text. `data` is a JSON value or, for binary data of a
-    non-JSON content type, bytes (see the module docstring).
-    """
+    """Decode one CloudEvent, or raise InvalidEventError saying what is wrong. Binary-mode
+    attributes must be scalars of valid Unicode text; `data` is a JSON value or, for binary data
+    of a non-JSON content type, bytes."""
     attributes = _binary_attributes(properties or {})
     if any(not isinstance(value, _SCALARS) for value in attributes.values()):
         raise InvalidEventError("MalformedCloudEvent", "attributes must be scalar values")
-    try:
+    with _as_event_error():
         check_text(attributes, "CloudEvent attributes")
-    except InvalidPayloadError as error:
-        raise InvalidEventError(error.reason, error.detail) from error
     structured = (content_type or "").startswith("application/cloudevents") or not attributes
     if structured:
         envelope = _json(body, max_bytes)

@@ -14,13 +14,9 @@ DEFAULT_TTL = timedelta(days=7)
 
 @dataclass(frozen=True)
 class RedeliveryWindow:
-    """How long after first processing the broker can still deliver a copy.
-
-    Each delivery can hold the message for the lock duration, or for the auto
-    lock renewal when the host renews it; after `max_delivery_count` attempts
-    it is dead-lettered. The margin covers copies that wait in the queue
-    (message time-to-live, producer retries) and operator resubmissions.
-    """
+    """How long after first processing the broker can still deliver a copy: each of
+    `max_delivery_count` deliveries holds the message for the lock duration (or the auto lock
+    renewal), plus a margin for copies that wait in the queue and operator resubmissions."""
 
     lock_duration: timedelta = timedelta(minutes=1)
     max_delivery_count: int = 10

@@ -1,12 +1,9 @@
 """Compact JSON text from encoders built once.
 
-`json.dumps` with any option builds a `JSONEncoder` and then its C encoder on
-every call, which costs more than encoding what the hot path encodes (a
-request's fields, a handler's result, a key's parts). `compact_encoder` builds
-the same C encoder once, so its text is `json.dumps`'s with the same options,
-byte for byte. It keeps no per-call state (the circular check needs some, so
-there is none): one encoder serves every thread, and a cyclic value raises
-RecursionError where `json.dumps` raises ValueError.
+`json.dumps` with any option builds a `JSONEncoder` and its C encoder on every call, which costs
+more than encoding the hot path's small values. These build it once: the text is `json.dumps`'s
+with the same options, byte for byte; there is no circular check (it would need per-call state),
+so one encoder serves every thread and a cyclic value raises RecursionError, not ValueError.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """A bounded JSON decoder for untrusted message bodies, shared by every entry point.
 
-`json.loads` on a hostile body can raise RecursionError (5,000 nested
-brackets fit in 10 KB), accept NaN/Infinity that canonical JSON then refuses,
-return lone surrogates that fail later when encoded, and turn 1e400 into
-infinity. Any of those escaping a trigger is a poison message: retried until
-the broker gives up, or, on Event Hubs, a stalled partition. `parse_json`
+`json.loads` on a hostile body can raise RecursionError, accept NaN/Infinity, return lone
+surrogates that fail later when encoded, and turn 1e400 into infinity; any of those escaping a
+trigger is retried until the broker gives up (on Event Hubs, a stalled partition). `parse_json`
 refuses each with a stable reason code on the first delivery instead.
 """
 
@@ -129,11 +127,8 @@ def parse_json_object(body: bytes | str, *, max_bytes: int, max_depth: int = MAX
 
 def exact_integer(value: Any, name: str, *, reason: str = "InvalidNumber", minimum: int = 1,
                   maximum: int = MAX_SAFE_INTEGER) -> int:
-    """An integer in [minimum, maximum] that both stores hold exactly; never rounded.
-
-    Not an integer or below `minimum`: `reason` (the caller's validation code);
-    above `maximum`: NumberOutOfRange.
-    """
+    """An integer in [minimum, maximum] that both stores hold exactly; never rounded. Not an
+    integer or below `minimum`: `reason`; above `maximum`: NumberOutOfRange."""
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise InvalidPayloadError(reason, f"{name} must be an integer >= {minimum}")
     if value > maximum:

@@ -49,13 +49,11 @@ class IdempotencyRecord:
     # Messages the committed effect sends, not yet recorded as dispatched: they travel on the
     # marker, so whoever reads it (a duplicate, the sweeper) knows what is still to send.
     outbox: tuple[OutgoingMessage, ...] = ()
-    # Set on a marker of an Event Hubs batch: its event's position. Its messages are then
-    # pending while the partition's mark does not cover it (the mark records the dispatch);
-    # None: pending until recorded as dispatched (`outbox.PENDING_SINCE`, the sweeper's).
+    # On a marker of an Event Hubs batch, its event's position: its messages are pending while
+    # the partition's mark does not cover it; None: pending until recorded as dispatched.
     outbox_position: EventPosition | None = None
     # The store's clock when it wrote this record, where its answer tells it for free (Cosmos
-    # `_ts`, the time in a Table etag); None otherwise. Never stored: the flow compares it with
-    # `updated_at`, this instance's clock, to notice clock skew (leases are judged locally).
+    # `_ts`, a Table etag). Never stored: compared with `updated_at` to notice clock skew.
     server_time: float | None = field(default=None, compare=False)
 
     @property
@@ -78,8 +76,7 @@ class IdempotencyRecord:
                 and self.lease_expires_at <= now)
 
     def evolve(self, **changes: Any) -> IdempotencyRecord:
-        """A copy with `changes`: `dataclasses.replace`'s result, without its per-call field
-        introspection (it runs several times per message on the hot path)."""
+        """`dataclasses.replace`, without its per-call field introspection (hot path)."""
         unknown = changes.keys() - _RECORD_FIELDS
         if unknown:
             return replace(self, **changes)  # raises the usual TypeError
@@ -90,9 +87,7 @@ class IdempotencyRecord:
 
 
 _RECORD_FIELDS = frozenset(f.name for f in fields(IdempotencyRecord))
-
-
-_result_json = compact_encoder()  # json.dumps(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_result_json = compact_encoder()
 
 
 def encode_result(result: Any, max_bytes: int) -> str:
@@ -131,18 +126,16 @@ class Outcome:
                                OutcomeStatus.DUPLICATE, OutcomeStatus.LEASE_LOST)
 
 
-class KeyReusedError(IdempotencyError):
+class _OutcomeError(IdempotencyError):
+    def __init__(self, message: str, *, outcome: Outcome) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
+class KeyReusedError(_OutcomeError):
     """The key was processed before with other content (a producer reused an id): the first
     content's effect stands; this call did nothing. `outcome` holds both request hashes."""
 
-    def __init__(self, message: str, *, outcome: Outcome) -> None:
-        super().__init__(message)
-        self.outcome = outcome
 
-
-class KeyInProgressError(IdempotencyError):
+class KeyInProgressError(_OutcomeError):
     """Another attempt holds the key under a live lease: retry after it ends (`outcome`)."""
-
-    def __init__(self, message: str, *, outcome: Outcome) -> None:
-        super().__init__(message)
-        self.outcome = outcome

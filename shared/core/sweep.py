@@ -1,10 +1,8 @@
 """What one maintenance run may cost: a time budget, and the report of a bounded sweep.
 
-A sweep deletes expired records and hands claims abandoned in progress to a
-handler (the parking lot). On a store whose scans read the whole collection
-(Table Storage filters server-side by reading every row) one run cannot
-afford the whole table once it is large, so a run stops at its budget and the
-next run resumes where it stopped; a run never holds more than one page.
+A sweep deletes expired records and hands claims abandoned in progress to a handler (the
+parking lot). Table Storage reads every row to filter, so a run stops at its budget and the next
+resumes where it stopped; a run never holds more than one page.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
-"""The Event Hubs trigger's helper: `EventHubConsumer` views a cardinality-many batch
-(`event_views`, `partition_of`: what the host sends with every event) and hands it to a
-`PartitionBatchProcessor`; `EventHubConsumer.checked` refuses, at import, a trigger whose retry
-policy does not re-run a failed batch before the host checkpoints it. `shared.aio` has the async
-variant under the same name.
+"""The Event Hubs trigger's helper: `EventHubConsumer` views a cardinality-many batch and hands
+it to a `PartitionBatchProcessor`; `EventHubConsumer.checked` refuses, at import, a trigger whose
+retry policy does not re-run a failed batch before the host checkpoints it.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,8 +20,6 @@ from shared.flows.batch import (
     PartitionBatchProcessor,
 )
 
-logger = logging.getLogger(__name__)
-
 
 @dataclass(frozen=True, slots=True)
 class EventView:
@@ -39,27 +34,22 @@ class EventView:
     partition_key: str | None = None
 
     def cloud_event(self, *, max_bytes: int = MAX_EVENT_BYTES) -> CloudEvent:
-        """The event as a CloudEvent, structured or binary mode (`shared.core.cloudevents`).
-        Raises InvalidEventError saying what is wrong: raised in a batch's `parse`, the
-        processor parks the event with that reason on its first delivery."""
+        """The event as a CloudEvent, structured or binary mode; InvalidEventError saying what
+        is wrong (raised in a batch's `parse`, the processor parks the event with that reason)."""
         return parse_cloudevent(self.body, self.properties, self.content_type, max_bytes=max_bytes)
 
 
 def event_views(events: Sequence[Any]) -> list[EventView]:
     """Per-event views of a cardinality-many batch of `azure.functions.EventHubEvent`.
 
-    Each event carries the whole batch's trigger metadata; its own application
-    properties are entry i of `PropertiesArray` (its system ones, of `SystemPropertiesArray`).
+    Each event carries the whole batch's trigger metadata; its own application properties
+    are entry i of `PropertiesArray` (its system ones, of `SystemPropertiesArray`).
     """
     views: list[EventView] = []
     for index, event in enumerate(events):
         metadata: Mapping[str, Any] = event.metadata or {}
-        properties_array: Sequence[Any] = metadata.get("PropertiesArray") or []
-        system_array: Sequence[Any] = metadata.get("SystemPropertiesArray") or []
-        raw: Mapping[Any, Any] = (properties_array[index] if index < len(properties_array)
-                                  else None) or {}
-        system: Mapping[str, Any] = (system_array[index] if index < len(system_array)
-                                     else None) or {}
+        raw = _entry(metadata, "PropertiesArray", index)
+        system = _entry(metadata, "SystemPropertiesArray", index)
         properties = {str(as_text(k)): as_text(v) for k, v in raw.items()}
         if event.sequence_number is None:
             raise ValueError("an Event Hubs event without a sequence number")
@@ -70,6 +60,11 @@ def event_views(events: Sequence[Any]) -> list[EventView]:
             enqueued_time=None if event.enqueued_time is None else event.enqueued_time.isoformat(),
             partition_key=event.partition_key))
     return views
+
+
+def _entry(metadata: Mapping[str, Any], name: str, index: int) -> Mapping[Any, Any]:
+    entries: Sequence[Any] = metadata.get(name) or []
+    return (entries[index] if index < len(entries) else None) or {}
 
 
 def _content_type(properties: Mapping[str, Any], system: Mapping[str, Any]) -> str | None:
@@ -90,7 +85,6 @@ def partition_of(events: Sequence[Any]) -> str:
     raise ValueError("Event Hubs trigger metadata has no PartitionContext.PartitionId")
 
 
-# -- Event Hubs ---------------------------------------------------------------------------------------
 #: The retry policy the batch rests on: the host re-runs a failed batch, without end, before it
 #: checkpoints past it (it checkpoints even when the function raised).
 RETRY_POLICY_HINT = ('@app.retry(strategy="exponential_backoff", max_retry_count="-1", '
@@ -107,9 +101,8 @@ class BaseEventHubConsumer[P: BasePartitionBatchProcessor[Any, Any, Any, Any, An
     """One Event Hubs consumer: a cardinality-many batch of one partition to its processor.
 
     The batch's correctness rests on the host running a failed batch again before it
-    checkpoints (it checkpoints after every batch even when the function raised): decorate
-    the function with `EventHubConsumer.checked`, above its trigger and retry decorators,
-    and a trigger without an unbounded retry policy fails indexing.
+    checkpoints: decorate the function with `EventHubConsumer.checked`, above its trigger and
+    retry decorators, and a trigger without an unbounded retry policy fails indexing.
     """
 
     def __init__(self, processor: P) -> None:
@@ -157,12 +150,9 @@ class BaseEventHubConsumer[P: BasePartitionBatchProcessor[Any, Any, Any, Any, An
 
 
 class EventHubConsumer(BaseEventHubConsumer[PartitionBatchProcessor[Any, Any]]):
-    """Runs each batch through a sync `PartitionBatchProcessor` (see `BaseEventHubConsumer`).
-
-    `process` raises only when the batch must run again (a transient failure, a failed
-    dispatch, parking failed): the retry policy re-runs it, and the mark and the keys
-    absorb what was done.
-    """
+    """Runs each batch through a sync `PartitionBatchProcessor`. `process` raises only when the
+    batch must run again (a transient failure, a failed dispatch, parking failed): the retry
+    policy re-runs it, and the mark and the keys absorb what was done."""
 
     def process(self, events: Sequence[Any]) -> BatchReport:
         if not events:

@@ -1,11 +1,7 @@
 """The HTTP trigger's helper: `IdempotencyKeyEndpoint` runs a request that carries an
-`Idempotency-Key` header once per caller and key, and answers a retry with the stored response
-(the first one's status, headers and body). Problems are RFC 9457 problem+json, one type per
-problem (`PROBLEMS`), each with its section in the docs' HTTP page.
-
-The key is scoped by the caller: App Service authentication's principal headers, or a header
-the app names (`caller_header`), so two callers' keys never meet. `shared.aio` has the async
-variant under the same name.
+`Idempotency-Key` header once per caller and key, and answers a retry with the stored response.
+Problems are RFC 9457 problem+json, one type per problem (`PROBLEMS`), each with its section in
+the docs' HTTP page. Keys are scoped by the caller (`caller_of`), so two callers' keys never meet.
 """
 
 from __future__ import annotations
@@ -45,11 +41,8 @@ logger = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 16 * 1024  # an HTTP request body the endpoint reads
 MAX_KEY_CHARS = 255  # an Idempotency-Key header
 
-
-# -- HTTP: the Idempotency-Key header ----------------------------------------------------------------
-#: Where problem types live: a tag URI (an identifier, not a link) whose suffix is the anchor of the
-#: type's section in the docs' HTTP page; pass the published docs' URL (ending in "#") to make each a
-#: link (RFC 9457: a type SHOULD resolve to documentation).
+#: Problem types are a tag URI whose suffix is the anchor of the type's section in the docs' HTTP
+#: page; pass the published docs' URL (ending in "#") to make each a link (RFC 9457 SHOULD).
 DEFAULT_PROBLEM_BASE = "tag:idempotent-consumer,2026:problems/"
 #: Problem types the endpoint answers with: slug -> (status, title). A title names the type and
 #: does not change between occurrences (RFC 9457); the detail says what happened this time.
@@ -111,9 +104,9 @@ class CallerError(PoisonMessageError):
 
 @dataclass(frozen=True, slots=True)
 class IdempotentRequest[T]:
-    """What a handler of `IdempotencyKeyEndpoint` receives: the request body (a JSON object)
-    and what `parse` read from it (`item`), the key as sent, and the key in the caller's scope
-    (pass `scoped_key` to what the handler calls, so each layer can deduplicate its own work)."""
+    """What a handler of `IdempotencyKeyEndpoint` receives: the JSON body, what `parse` read
+    from it (`item`), the key as sent, and the key in the caller's scope (pass `scoped_key` on,
+    so each layer can deduplicate its own work)."""
 
     body: dict[str, Any]
     item: T
@@ -153,52 +146,49 @@ def _principal(encoded: str) -> Caller:
     raise CallerError(f"{PRINCIPAL} carries no caller id claim ({', '.join(ID_CLAIMS)})")
 
 
+def _bounded(value: str, name: str, limit: int) -> str:
+    if len(value) > limit:
+        raise CallerError(f"{name} is longer than {limit} characters")
+    return value
+
+
 def caller_of(headers: Mapping[str, str], *, caller_header: str | None = None) -> Caller | None:
     """The caller the request identifies, or None (the shared scope of unidentified callers).
 
-    The configured header wins: a front end that authenticates callers and calls the app
-    with one identity of its own names the real caller there (and must overwrite any copy a
-    client sent). Else App Service authentication's client principal, which the platform
-    sets and strips from client requests when authentication is on. CallerError for
-    identity headers that are present but unreadable.
+    The configured header wins: a front end that authenticates callers with one identity of
+    its own names the real caller there (and must overwrite any copy a client sent). Else App
+    Service authentication's client principal, which the platform sets and strips from client
+    requests. CallerError for identity headers that are present but unreadable.
     """
     if caller_header:
         value = (_header(headers, caller_header) or "").strip()
         if value:
-            if len(value) > MAX_CALLER_CHARS:
-                raise CallerError(f"{caller_header} is longer than {MAX_CALLER_CHARS} characters")
-            return Caller(f"header:{caller_header.lower()}", value)
+            return Caller(f"header:{caller_header.lower()}",
+                          _bounded(value, caller_header, MAX_CALLER_CHARS))
     principal_id = (_header(headers, PRINCIPAL_ID) or "").strip()
     if principal_id:
-        if len(principal_id) > MAX_CALLER_CHARS:
-            raise CallerError(f"{PRINCIPAL_ID} is longer than {MAX_CALLER_CHARS} characters")
-        return Caller(f"easyauth:{(_header(headers, PRINCIPAL_IDP) or '').strip()}", principal_id)
+        return Caller(f"easyauth:{(_header(headers, PRINCIPAL_IDP) or '').strip()}",
+                      _bounded(principal_id, PRINCIPAL_ID, MAX_CALLER_CHARS))
     principal = _header(headers, PRINCIPAL)
     if principal and principal.strip():
-        if len(principal) > MAX_PRINCIPAL_CHARS:
-            raise CallerError(f"{PRINCIPAL} is longer than {MAX_PRINCIPAL_CHARS} characters")
-        return _principal(principal)
+        return _principal(_bounded(principal, PRINCIPAL, MAX_PRINCIPAL_CHARS))
     return None
 
 
 def scoped_key(caller: Caller | None, key: str) -> str:
-    """`key` in the caller's scope: the caller, a control character no header value holds, the
-    key; without a caller, the key itself. Two callers' keys never meet."""
+    """`key` in the caller's scope (the caller, a control character no header value holds, the
+    key); without a caller, the key itself."""
     return key if caller is None else f"{caller.scope}{_SCOPE_SEPARATOR}{key}"
 
 
 class BaseIdempotencyKeyEndpoint[L: BaseIdempotency[Any, Any, Any]]:
     """An HTTP endpoint whose requests carry an `Idempotency-Key` header (IETF httpapi draft).
 
-    First request: `handler` runs and its response is stored. A retry with the same key
-    and body: the stored response, with `Idempotent-Replayed: true`. Same key, other body:
-    422. Same key while the first request runs: 409 with Retry-After. No key: 400. A
-    transient failure (store outage, throttling, an outgoing message not confirmed): 503
-    with Retry-After; the caller's retry finishes the work. Errors are problem+json
-    (RFC 9457) with a type per problem (`PROBLEMS`) under `problem_base`.
-
-    Keys are scoped per caller (`caller_of`): a key another caller used is a new key for
-    this one, so no caller reads another's stored response or learns that a key exists.
+    First request: `handler` runs and its response is stored. A retry with the same key and
+    body: the stored response, with `Idempotent-Replayed: true`. Same key, other body: 422.
+    Same key while the first request runs: 409 with Retry-After. No key: 400. A transient
+    failure: 503 with Retry-After; the caller's retry finishes the work. Keys are scoped per
+    caller (`caller_of`): no caller reads another's stored response or learns a key exists.
     """
 
     def __init__(self, idempotency: L, *, name: str = "http", caller_header: str | None = None,
@@ -228,10 +218,7 @@ class BaseIdempotencyKeyEndpoint[L: BaseIdempotency[Any, Any, Any]]:
 
     def unavailable(self, detail: str) -> HttpResult:
         """503: nothing is wrong with the request; retry it after Retry-After."""
-        return HttpResult(503, {"type": "about:blank", "title": "Service Unavailable",
-                                "status": 503, "detail": detail},
-                          {"Content-Type": "application/problem+json",
-                           "Retry-After": self.retry_after})
+        return _blank_problem(503, "Service Unavailable", detail, {"Retry-After": self.retry_after})
 
     def _request[T](self, headers: Mapping[str, str], body: bytes,
                     parse: Callable[[dict[str, Any]], T]) -> IdempotentRequest[T] | HttpResult:
@@ -287,9 +274,14 @@ class BaseIdempotencyKeyEndpoint[L: BaseIdempotency[Any, Any, Any]]:
 
     def _unexpected(self, error: Exception) -> HttpResult:
         logger.error("%s: unexpected error", self.name, exc_info=error)
-        return HttpResult(500, {"type": "about:blank", "title": "Internal Server Error",
-                                "status": 500, "detail": "the request failed; retry it later"},
-                          {"Content-Type": "application/problem+json"})
+        return _blank_problem(500, "Internal Server Error", "the request failed; retry it later")
+
+
+def _blank_problem(status: int, title: str, detail: str,
+                   headers: Mapping[str, str] | None = None) -> HttpResult:
+    return HttpResult(status, {"type": "about:blank", "title": title, "status": status,
+                               "detail": detail},
+                      {"Content-Type": "application/problem+json", **(headers or {})})
 
 
 #: Failures a retry of the same request can fix: 503 with Retry-After, never 4xx or 500.
@@ -298,7 +290,7 @@ _TRANSIENT = (StoreUnavailableError, ConcurrencyRetriesExhaustedError, DispatchU
 
 
 def _stored[T](handler: Callable[[IdempotentRequest[T]], Any], request: IdempotentRequest[T]) -> Any:
-    """Run the handler; what is stored for the key (JSON: the status, body and headers)."""
+    """Run the handler; what is stored for the key (JSON: status, body and headers)."""
     result = handler(request)
     if inspect.isawaitable(result):
         return _stored_later(result)
@@ -313,20 +305,24 @@ def _as_stored(result: Any) -> dict[str, Any]:
     if not isinstance(result, HttpResult):
         raise TypeError(f"an IdempotencyKeyEndpoint handler returns an HttpResult, not {result!r}")
     stored: dict[str, Any] = {"status": result.status, "body": result.body}
-    headers = {k: v for k, v in result.headers.items() if k.lower() != "content-type"}
+    headers = _without_content_type(result.headers)
     if headers:
         stored["headers"] = headers
     return stored
+
+
+def _without_content_type(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() != "content-type"}
 
 
 def http_response(result: HttpResult) -> Any:
     """The `azure.functions.HttpResponse` of a result (JSON body, its content type kept)."""
     import azure.functions as func
 
-    headers = {k: v for k, v in result.headers.items() if k.lower() != "content-type"}
     mimetype = _header(result.headers, "Content-Type") or "application/json"
-    return func.HttpResponse(json.dumps(result.body), status_code=result.status, headers=headers,
-                             mimetype=mimetype, charset="utf-8")
+    return func.HttpResponse(json.dumps(result.body), status_code=result.status,
+                             headers=_without_content_type(result.headers), mimetype=mimetype,
+                             charset="utf-8")
 
 
 def _request_parts(request: Any) -> tuple[dict[str, str], bytes]:
@@ -338,12 +334,9 @@ def _body(body: dict[str, Any]) -> Any:
 
 
 class IdempotencyKeyEndpoint(BaseIdempotencyKeyEndpoint[Idempotency], Sync):
-    """`BaseIdempotencyKeyEndpoint` for a sync function (`handler` is sync).
-
-    `parse` reads the request's JSON body before anything is claimed (default: the body
-    itself); its `InvalidPayloadError` answers 400. The handler's `InvalidPayloadError`
-    answers 400 too, another `PoisonMessageError` (refused by the business rule) 422.
-    """
+    """`BaseIdempotencyKeyEndpoint` for a sync function. `parse` reads the JSON body before
+    anything is claimed (default: the body itself); its `InvalidPayloadError` answers 400, as
+    the handler's does; another `PoisonMessageError` from the handler answers 422."""
 
     def handle[T](self, request: Any, handler: Callable[[IdempotentRequest[T]], HttpResult], *,
                   parse: Callable[[dict[str, Any]], T] = _body) -> Any:

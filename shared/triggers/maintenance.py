@@ -1,24 +1,15 @@
-"""Housekeeping for a timer trigger: purge expired records, close abandoned claims,
-dispatch outgoing messages no redelivery will.
+"""Housekeeping for a timer trigger: purge expired records, close abandoned claims, dispatch
+outgoing messages no redelivery will.
 
-Records accumulate unless something deletes them (Table Storage has no TTL;
-Cosmos expires markers in the background), and a claim whose holder died
-stays in progress until a redelivery takes it over. Once the broker can no
-longer redeliver, nobody will: the sweep parks such a claim for a person and
-closes it, so no record is left in progress forever.
+Table Storage has no TTL, and a claim whose holder died stays in progress until a redelivery
+takes it over; once the broker can no longer redeliver, the sweep parks such a claim for a
+person and closes it, so no record is left in progress forever. A run shares a time budget
+(default half the host's function timeout) among the stores; a store's unfinished scan resumes
+on the next run, and stores on one table are swept once.
 
-A run is bounded: it shares a time budget (default 5 minutes, half the host's
-function timeout) among the stores, and each store sweeps what it can within
-its share (`RecordStore.sweep`: Table Storage scans page by page and resumes
-next run where it stopped; Cosmos expires markers by native TTL and queries
-only for stale claims). Stores on one table are swept once.
-
-The outbox sweep: a commit's messages are dispatched right after it, and again
-by any copy of the incoming message; when none comes (the message expired or
-was purged after the commit, the instance died on its last delivery) they stay
-pending on the marker. The sweep finds markers pending for longer than
-`outbox_age_seconds` (`iter_pending`: its cost grows with the pending markers,
-not all markers) and dispatches and records them as a copy would.
+The outbox sweep dispatches and records, as a copy of the incoming message would, the messages
+of markers pending longer than `outbox_age_seconds` (the incoming message expired, or the
+instance died on its last delivery); `iter_pending` costs what the pending markers do.
 """
 
 from __future__ import annotations
@@ -52,7 +43,6 @@ class SharedCollection(Protocol):
 class MaintenanceReport:
     purged: dict[str, int] = field(default_factory=dict[str, int])
     parked: int = 0
-    # per store: rows read, finished
     sweeps: dict[str, SweepReport] = field(default_factory=dict[str, SweepReport])
     outbox_pending: int = 0  # markers found pending past the age
     outbox_dispatched: int = 0  # of them, dispatched and recorded now
@@ -63,10 +53,10 @@ class MaintenanceReport:
 class Maintenance:
     """Purges expired records and parks in-progress records nobody will finish.
 
-    `grace_seconds` is the redelivery window: a record still in progress that
-    long after its lease ran out can no longer be picked up by a redelivery.
-    `budget_seconds` bounds one run (`timer` measures it); a store's unfinished
-    scan resumes on the next run.
+    `grace_seconds` is the redelivery window: a record still in progress that long after its
+    lease ran out can no longer be picked up by a redelivery. `budget_seconds` bounds one run
+    (`timer` measures it). `outbox` names the consumers that send (name -> a sync
+    `Idempotency` with its dispatcher).
     """
 
     def __init__(self, stores: Mapping[str, RecordStore], parking: ParkingLot, *,
@@ -80,7 +70,6 @@ class Maintenance:
         self.clock = clock
         self.budget_seconds = budget_seconds
         self.timer = timer
-        # The consumers that send (name -> a sync `Idempotency` with its dispatcher).
         self.outbox: Mapping[str, Any] = outbox or {}
         self.outbox_age_seconds = outbox_age_seconds
         self.telemetry = telemetry or Telemetry()

@@ -1,8 +1,7 @@
 """What a Storage Queue delivers and what its poison queue holds: the message as the consumer
-reads it (`QueueMessageView`), the poison envelope the consumer writes (`poison_envelope`: the
-reason, the detail, the original id and body), and the resubmission that brings an envelope back
-to its queue as the original (`resubmission`, read back by `QueueMessageView.of`). One home for
-the format `shared.triggers.queues` writes and `python -m replay` reads.
+reads it (`QueueMessageView`), the poison envelope the consumer writes (`poison_envelope`), and
+the resubmission that brings an envelope back as the original (`resubmission`). One home for the
+format `shared.triggers.queues` writes and `python -m replay` reads.
 """
 
 from __future__ import annotations
@@ -24,34 +23,24 @@ from shared.core.settlement import MAX_DESCRIPTION_CHARS
 #: A queue message holds at most 64 KiB; with the trigger's base64 encoding that is 48 KiB of
 #: text. The envelope stays within it whichever encoding the poison client uses.
 MAX_POISON_TEXT_BYTES = 48 * 1024
-
-
 #: Poison envelopes never expire (`time_to_live=-1`): a person decides what becomes of them.
 NEVER_EXPIRES = -1
-
-
 REASON_LAST_DELIVERY = "MaxDequeueCountReached"
-
-
 REASON_POISON_UNAVAILABLE = "PoisonQueueUnavailable"
 
 
 class PoisonQueue(Protocol):
-    """What the consumer needs of the poison queue: `azure.storage.queue.QueueClient` (or its
-    `aio` twin, for the async consumer). Build it with the trigger's message encoding (the
-    default `base64`: `message_encode_policy=TextBase64EncodePolicy()`), so the envelopes
-    read like the host's own poison messages."""
+    """`azure.storage.queue.QueueClient` (or its `aio` twin, for the async consumer). Build it
+    with the trigger's message encoding (the default `base64`:
+    `message_encode_policy=TextBase64EncodePolicy()`), so envelopes read like the host's own."""
 
     def send_message(self, content: Any, **kwargs: Any) -> Any: ...
 
 
 @dataclass(frozen=True)
 class QueueMessageView:
-    """A Storage Queue message as the consumer sees it (what the trigger's metadata carries).
-
-    `message_id` and `dequeue_count` come from the queue: the id is the same on every
-    redelivery, the count rises by one with each. `pop_receipt` changes with each delivery.
-    """
+    """A Storage Queue message as the consumer sees it. The id is the same on every
+    redelivery, `dequeue_count` rises by one with each, `pop_receipt` changes with each."""
 
     message_id: str | None
     body: bytes
@@ -64,10 +53,8 @@ class QueueMessageView:
 
     @classmethod
     def of(cls, message: Any) -> QueueMessageView:
-        """From `azure.functions.QueueMessage` (the trigger's binding), an
-        `azure.storage.queue.QueueMessage` (a consumer of its own), or a view. A
-        resubmission from the poison queue (`resubmission`) reads as the original: its
-        id and body."""
+        """From `azure.functions.QueueMessage`, `azure.storage.queue.QueueMessage` or a view; a
+        resubmission from the poison queue reads as the original (its id and body)."""
         if isinstance(message, QueueMessageView):
             return message
         return _unwrapped(cls._read(message))
@@ -75,19 +62,17 @@ class QueueMessageView:
     @classmethod
     def _read(cls, message: Any) -> QueueMessageView:
         if hasattr(message, "get_body"):  # azure.functions.QueueMessage
-            return cls(
-                message_id=_text_or_none(message.id), body=_bytes(message.get_body()),
-                dequeue_count=_count(message.dequeue_count),
-                insertion_time=message.insertion_time, expiration_time=message.expiration_time,
-                next_visible_time=message.time_next_visible,
-                pop_receipt=_text_or_none(message.pop_receipt))
-        if hasattr(message, "content"):  # azure.storage.queue.QueueMessage
-            return cls(
-                message_id=_text_or_none(message.id), body=_bytes(message.content),
-                dequeue_count=_count(message.dequeue_count), insertion_time=message.inserted_on,
-                expiration_time=message.expires_on, next_visible_time=message.next_visible_on,
-                pop_receipt=_text_or_none(message.pop_receipt))
-        raise TypeError(f"not a queue message: {type(message).__name__}")
+            body, inserted, expires, visible = (message.get_body(), message.insertion_time,
+                                                message.expiration_time, message.time_next_visible)
+        elif hasattr(message, "content"):  # azure.storage.queue.QueueMessage
+            body, inserted, expires, visible = (message.content, message.inserted_on,
+                                                message.expires_on, message.next_visible_on)
+        else:
+            raise TypeError(f"not a queue message: {type(message).__name__}")
+        return cls(message_id=_text_or_none(message.id), body=_bytes(body),
+                   dequeue_count=_count(message.dequeue_count), insertion_time=inserted,
+                   expiration_time=expires, next_visible_time=visible,
+                   pop_receipt=_text_or_none(message.pop_receipt))
 
     def context(self, key: DedupKey | None = None) -> dict[str, Any]:
         """What the logs and metrics say about this delivery (`delivery_count` tells a
@@ -99,21 +84,16 @@ class QueueMessageView:
 
 #: The first member of a message that brings a poison envelope back to its queue.
 REPLAY_FIELD = "replayOf"
-
-
 _REPLAY_PREFIX = b'{"' + REPLAY_FIELD.encode() + b'":'
-
-
 MAX_RESUBMISSION_BYTES = 2 * MAX_POISON_TEXT_BYTES  # bounds the decoder reading one
 
 
 def resubmission(envelope: Mapping[str, Any], *, by: str,
                  now: datetime.datetime | None = None) -> str:
     """The message that brings a poison envelope back to the consumer's queue: the original
-    id and body under `replayOf`, so that the consumer reads it as the original
-    (`QueueMessageView.of`) and its dedup absorbs it if the original had committed (a
-    consumer keyed by the message id included). ValueError, naming what is missing, when the
-    envelope cannot bring the original back (a body cut to fit, no id)."""
+    id and body under `replayOf`, read as the original, so its dedup absorbs it if the original
+    had committed. ValueError, naming what is missing, when the envelope cannot bring the
+    original back (a body cut to fit, no id)."""
     if envelope.get("bodyTruncated"):
         raise ValueError(f"the body was cut to fit the poison queue ({envelope.get('bodyBytes')} "
                          f"bytes, sha256 {envelope.get('bodySha256')}): re-send the original "
@@ -174,9 +154,9 @@ def _bytes(body: Any) -> bytes:
 def poison_envelope(view: QueueMessageView, *, consumer: str, reason: str, detail: str,
                     key: DedupKey | None = None, now: datetime.datetime | None = None) -> str:
     """The poison queue message for `view`: JSON with the reason, the detail, the original
-    id, dequeue count, insertion time, dedup key and body (as text when it is UTF-8, else
-    base64). A body that would not fit in one queue message is cut, and the envelope
-    says so (`bodyTruncated`, `bodyBytes`, `bodySha256`)."""
+    id, dequeue count, insertion time, dedup key and body (text when it is UTF-8, else base64).
+    A body too large for one queue message is cut, and the envelope says so (`bodyTruncated`,
+    `bodyBytes`, `bodySha256`)."""
     envelope: dict[str, Any] = {
         "reason": reason,
         "detail": detail[:MAX_DESCRIPTION_CHARS],
@@ -214,8 +194,7 @@ def _json(value: Any) -> str:
 
 
 def read_envelope(text: str | bytes) -> Mapping[str, Any]:
-    """A poison envelope as written by the consumer (for tools and tests that read the
-    poison queue); ValueError when it is not one."""
+    """A poison envelope as the consumer wrote it; ValueError when it is not one."""
     data = parse_json_object(text, max_bytes=MAX_RESUBMISSION_BYTES)  # InvalidPayloadError: a ValueError
     if not isinstance(data.get("reason"), str) or "messageId" not in data:
         raise ValueError("not a poison envelope (no reason or messageId)")

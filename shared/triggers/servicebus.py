@@ -1,28 +1,8 @@
-"""Trigger helpers: what a Functions trigger hands a function, through the dedup flow, and
-back as the trigger expects it. A function body is a call or two:
-
-    orders = ServiceBusConsumer("orders", Idempotency(store, dispatcher=dispatcher))
-
-    @app.service_bus_queue_trigger(arg_name="message", queue_name="orders",
-                                   connection="ServiceBus", auto_complete_messages=False)
-    def on_order(message: servicebus.ServiceBusReceivedMessage,
-                 message_actions: servicebus.ServiceBusMessageActions) -> None:
-        orders.run_atomic(message, message_actions, save_order)
-
-* Service Bus (SDK-type binding, explicit settlement): `ServiceBusConsumer` views the
-  message, takes its key (the MessageId, or a business key), runs the atomic flow
-  (`run_atomic`: marker, writes and outgoing messages in one transaction) or the
-  two-phase one (`run`: claim, effect, complete), and settles the message.
-* Event Hubs (cardinality many): `EventHubConsumer` views the batch and hands it to a
-  `PartitionBatchProcessor`; `EventHubConsumer.checked` refuses, at import, a trigger
-  whose retry policy does not re-run a failed batch before the host checkpoints it.
-* HTTP: `shared.triggers.http`'s `IdempotencyKeyEndpoint` runs a request with an `Idempotency-Key`
-  header once per caller and key, and replays the stored response to a retry.
-
-Every message is settled by the one rule of `shared.core.settlement` (the table in the docs'
-concepts page); nothing raises into the trigger.
-
-`shared.aio` has the async variants under the same names.
+"""The Service Bus trigger's helper (SDK-type binding, explicit settlement): `ServiceBusConsumer`
+views the message, takes its key (the MessageId, or a business key), runs the atomic flow
+(`run_atomic`: marker, writes and outgoing messages in one transaction) or the two-phase one
+(`run`: claim, effect, complete), and settles the message by the one rule of
+`shared.core.settlement`; nothing raises into the trigger.
 """
 
 from __future__ import annotations
@@ -30,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,12 +35,9 @@ from shared.flows.drivers import Async, AsyncTransaction, Sync, Transaction, flo
 from shared.flows.idempotency import AsyncIdempotency, BaseIdempotency, Idempotency
 from shared.flows.steps import Flow
 
-logger = logging.getLogger(__name__)
-
 MAX_MESSAGE_BYTES = 256 * 1024  # a Standard-tier Service Bus message
 
 
-# -- what a trigger delivered, as the flows read it ------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class MessageView:
     """A Service Bus message as a consumer reads it (`MessageView.of` a received message)."""
@@ -111,28 +87,33 @@ def _message_body(message: Any) -> bytes:
         return str(message).encode("utf-8")  # an AMQP value or sequence body
 
 
-# -- Service Bus ------------------------------------------------------------------------------------
 def json_object(view: MessageView) -> dict[str, Any]:
-    """The default parse: the body as a JSON object, read by the bounded decoder."""
+    """The default parse: the body as a JSON object (the bounded decoder)."""
     return parse_json_object(view.body, max_bytes=MAX_MESSAGE_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
-class _Item[T]:
-    """A parsed message, identified."""
+class Identified[T]:
+    """A parsed message's item, key and request hash (what the dedup flow is called with)."""
 
-    value: T
+    item: T
     key: DedupKey
     request_hash: str
 
 
-class BaseServiceBusConsumer[L: BaseIdempotency[Any, Any, Any]]:
-    """One Service Bus consumer: each message's effect once, settled explicitly.
+def report_dead_letter(telemetry: Telemetry, consumer: str, decision: Decision,
+                       context: Mapping[str, Any]) -> None:
+    """One alert event per dead-letter a consumer decides (a conflict has its own)."""
+    if decision.reason != EVENT_CONFLICT:
+        telemetry.dead_lettered(consumer=consumer, reason=decision.reason or "",
+                                context={**context, "error": (decision.description or "")[:500]})
 
-    `name` scopes its keys (two subscriptions of one topic each apply a message once);
-    `sends_to` names the destinations its builds send to (`tx.send`): the idempotency
-    must then have a dispatcher, checked here rather than at the first message.
-    """
+
+class BaseServiceBusConsumer[L: BaseIdempotency[Any, Any, Any]]:
+    """One Service Bus consumer: each message's effect once, settled explicitly. `name` scopes
+    its keys (two subscriptions of one topic each apply a message once); `sends_to` names the
+    destinations its builds send to: the idempotency must then have a dispatcher, checked here
+    rather than at the first message."""
 
     def __init__(self, name: str, idempotency: L | None = None, *, sends_to: Collection[str] = (),
                  telemetry: Telemetry | None = None) -> None:
@@ -157,27 +138,24 @@ class BaseServiceBusConsumer[L: BaseIdempotency[Any, Any, Any]]:
         return self.idempotency
 
     def _identify[T](self, view: MessageView, parse: Callable[[MessageView], T],
-                     key: Callable[[T], str] | None, content: Callable[[T], Any] | None) -> _Item[T]:
-        if key is None:  # the MessageId: checked first (a message without one is refused as such)
-            try:
-                dedup_key = DedupKey.from_message_id(self.name, view.message_id)
-            except InvalidKeyError as error:
-                raise PoisonMessageError("InvalidMessageId", str(error)) from error
+                     key: Callable[[T], str] | None, content: Callable[[T], Any] | None) -> Identified[T]:
+        if key is None:  # the MessageId is checked first: a message without one is refused as such
+            dedup_key = message_id_key(self.name, view.message_id)
             value = derived("parse", lambda: parse(view))
         else:
             value = derived("parse", lambda: parse(view))
             dedup_key = derived("key", lambda: DedupKey.from_business_key(self.name, key(value)))
         hashed = derived("content", lambda: request_hash(value if content is None
                                                           else content(value)))
-        return _Item(value, dedup_key, str(hashed))
+        return Identified(value, dedup_key, str(hashed))
 
     @flowmethod
     def _atomic[T](self, view: MessageView, build: Callable[..., Any],
                    parse: Callable[[MessageView], T], key: Callable[[T], str] | None,
                    content: Callable[[T], Any] | None, partition: Callable[[T], str] | None,
                    document: Callable[[T], tuple[str, dict[str, Any]]] | None) -> Flow[Decision]:
-        item = self._identify(view, parse, key, content)
-        value = item.value
+        found = self._identify(view, parse, key, content)
+        value = found.item
         where = None if partition is None else \
             derived("partition", lambda: store_safe_id(partition(value)))
         marker_id, marker_body = (None, None) if document is None else \
@@ -185,7 +163,7 @@ class BaseServiceBusConsumer[L: BaseIdempotency[Any, Any, Any]]:
         if marker_id is not None:
             marker_id = store_safe_id(marker_id)
         outcome: Outcome = yield from self._required_idempotency().run_atomic.flow(
-            item.key, item.request_hash, functools.partial(_build, build, value), partition=where,
+            found.key, found.request_hash, functools.partial(_build, build, value), partition=where,
             marker_id=marker_id, marker_body=marker_body, expires=document is None,
             context=view.context, read_first=view.delivery_count > 1)
         return decision_for(outcome)
@@ -194,19 +172,20 @@ class BaseServiceBusConsumer[L: BaseIdempotency[Any, Any, Any]]:
     def _two_phase[T](self, view: MessageView, handler: Callable[[T], Any],
                       parse: Callable[[MessageView], T], key: Callable[[T], str] | None,
                       content: Callable[[T], Any] | None, takeover_stale: bool) -> Flow[Decision]:
-        item = self._identify(view, parse, key, content)
-        value = item.value
+        found = self._identify(view, parse, key, content)
+        value = found.item
         outcome: Outcome = yield from self._required_idempotency().run.flow(
-            item.key, item.request_hash, lambda: handler(value), takeover_stale=takeover_stale,
+            found.key, found.request_hash, lambda: handler(value), takeover_stale=takeover_stale,
             context=view.context)
         return decision_for(outcome)
 
+    def _failed(self, view: MessageView, error: Exception) -> Decision:
+        return decision_after(error, consumer=self.name, delivery_count=view.delivery_count,
+                              context=view.context)
+
     def _report(self, view: MessageView, decision: Decision) -> None:
-        """One alert event per dead-letter the consumer decides (a conflict has its own)."""
-        if decision.action is Action.DEADLETTER and decision.reason != EVENT_CONFLICT:
-            self.telemetry.dead_lettered(
-                consumer=self.name, reason=decision.reason or "",
-                context={**view.context, "error": (decision.description or "")[:500]})
+        if decision.action is Action.DEADLETTER:
+            report_dead_letter(self.telemetry, self.name, decision, view.context)
 
     def _span(self, view: MessageView) -> Any:
         return message_span(self.name, properties=view.application_properties,
@@ -215,27 +194,22 @@ class BaseServiceBusConsumer[L: BaseIdempotency[Any, Any, Any]]:
 
 
 class ServiceBusConsumer(BaseServiceBusConsumer[Idempotency], Sync):
-    """Settles each message of a sync function (see `BaseServiceBusConsumer`).
-
-    Each method takes the trigger's message (or a `MessageView`) and its
-    `ServiceBusMessageActions` (None: decide only, settle nothing: a tool, a test) and
-    returns the `Decision` it settled with. `parse` reads the message (default: its body
-    as a JSON object); `key` gives a business key from what it read (default: the
-    MessageId); `content` what is hashed to tell a duplicate from a reused key (default:
-    all it read).
-    """
+    """Settles each message of a sync function. Each method takes the trigger's message (or a
+    `MessageView`) and its `ServiceBusMessageActions` (None: decide only, settle nothing) and
+    returns the `Decision` it settled with. `parse` reads the message (default: its body as a
+    JSON object); `key` gives a business key from what it read (default: the MessageId);
+    `content` what is hashed to tell a duplicate from a reused key (default: all it read)."""
 
     def process(self, message: Any, actions: MessageActions | None,
                 handle: Callable[[MessageView], Outcome | Decision | None]) -> Decision:
-        """The low-level entry: `handle(view)` runs whatever flow it likes and returns its
-        Outcome (or a Decision); its errors follow the settlement rule."""
+        """Low level: `handle(view)` runs any flow and returns its Outcome (or a Decision); its
+        errors follow the settlement rule."""
         view = MessageView.of(message)
         with self._span(view):
             try:
                 decision = decision_for_result(handle(view))
             except Exception as error:
-                decision = decision_after(error, consumer=self.name,
-                                          delivery_count=view.delivery_count, context=view.context)
+                decision = self._failed(view, error)
             return self._settle(decision, message, actions, view)
 
     def run_atomic[T](self, message: Any, actions: MessageActions | None,
@@ -247,9 +221,8 @@ class ServiceBusConsumer(BaseServiceBusConsumer[Idempotency], Sync):
                       document: Callable[[T], tuple[str, dict[str, Any]]] | None = None) -> Decision:
         """The atomic path: the marker and what `build(tx, item)` writes and sends commit in
         one transaction, in `partition(item)` (default: the key's own). With `document`, the
-        marker is the business document `(id, body)` it returns, kept for good (an order
-        whose id is the order id). The partition and that id may be any text: they are
-        stored escaped (`shared.core.keys.store_safe_id`), as keys are."""
+        marker is the business document `(id, body)` it returns, kept for good. The partition
+        and that id may be any text: they are stored escaped (`store_safe_id`), as keys are."""
         return self.process(message, actions, lambda view: self._atomic(
             view, build, parse, key, content, partition, document))
 
@@ -272,10 +245,9 @@ class ServiceBusConsumer(BaseServiceBusConsumer[Idempotency], Sync):
 
 
 class AsyncServiceBusConsumer(BaseServiceBusConsumer[AsyncIdempotency], Async):
-    """`ServiceBusConsumer` for an `async def` function on async stores
-    (`shared.aio.ServiceBusConsumer`): the same methods, awaited; builds, handlers and
-    `handle` may be async. Settlement calls (synchronous gRPC calls to the host in the
-    servicebus extension) run on a thread, off the event loop."""
+    """`ServiceBusConsumer` for an `async def` function (`shared.aio.ServiceBusConsumer`): the
+    same methods, awaited; builds, handlers and `handle` may be async. Settlement calls (sync
+    gRPC calls to the host) run on a thread, off the event loop."""
 
     def __init__(self, name: str, idempotency: AsyncIdempotency | None = None, *,
                  sends_to: Collection[str] = (), telemetry: Telemetry | None = None) -> None:
@@ -295,8 +267,7 @@ class AsyncServiceBusConsumer(BaseServiceBusConsumer[AsyncIdempotency], Async):
                 decision = decision_for_result(
                     await result if inspect.isawaitable(result) else result)
             except Exception as error:
-                decision = decision_after(error, consumer=self.name,
-                                          delivery_count=view.delivery_count, context=view.context)
+                decision = self._failed(view, error)
             return await self._settle(decision, message, actions, view)
 
     async def run_atomic[T](self, message: Any, actions: MessageActions | None,
@@ -340,3 +311,12 @@ def consumer_name(name: str) -> str:
         return DedupKey(name, "-").consumer
     except InvalidKeyError as error:
         raise ConfigurationError(str(error)) from error
+
+
+def message_id_key(consumer: str, message_id: str | None) -> DedupKey:
+    """The key of a message by its id; PoisonMessageError (InvalidMessageId) when it has none
+    a key can carry."""
+    try:
+        return DedupKey.from_message_id(consumer, message_id)
+    except InvalidKeyError as error:
+        raise PoisonMessageError("InvalidMessageId", str(error)) from error
