@@ -24,7 +24,8 @@ class ConfigurationError(IdempotencyError, ValueError):
 
 class PoisonMessageError(IdempotencyError):
     """The message can never succeed as it is: dead-letter or park it with `reason` (a short
-    stable code) on its first delivery, never retry it; `detail` says what is wrong."""
+    stable code) on its first delivery, never retry it. Raise it from a parse or a build to
+    refuse a message; `detail` says what is wrong."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")

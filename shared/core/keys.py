@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, cast
 
-from shared.core.exceptions import InvalidKeyError
+from shared.core.exceptions import ConfigurationError, InvalidKeyError, PoisonMessageError
 from shared.core.jsontext import compact_encoder
 
 # Characters kept as they are; everything else becomes "!XX" per UTF-8 byte.
@@ -169,6 +169,33 @@ class DedupKey:
         # A JSON pair keeps ("a b", "c") and ("a", "b c") apart and stays readable.
         raw = _compact_json([source, event_id])
         return cls(consumer, _check_text(raw, "CloudEvent source+id"))
+
+
+def consumer_name(name: str) -> str:
+    """A consumer's name as its keys scope it; ConfigurationError (at construction) for one
+    no key can carry."""
+    try:
+        return DedupKey(name, "-").consumer
+    except InvalidKeyError as error:
+        raise ConfigurationError(str(error)) from error
+
+
+def message_id_key(consumer: str, message_id: str | None) -> DedupKey:
+    """The key of a message by its id; PoisonMessageError (InvalidMessageId) when it has none
+    a key can carry."""
+    try:
+        return DedupKey.from_message_id(consumer, message_id)
+    except InvalidKeyError as error:
+        raise PoisonMessageError("InvalidMessageId", str(error)) from error
+
+
+@dataclass(frozen=True, slots=True)
+class Identified[T]:
+    """A parsed message's item, key and request hash (what the dedup flow is called with)."""
+
+    item: T
+    key: DedupKey
+    request_hash: str
 
 
 # -- request hash ---------------------------------------------------------------------------

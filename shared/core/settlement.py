@@ -29,6 +29,7 @@ from shared.core.exceptions import (
     StoreUnavailableError,
 )
 from shared.core.records import Outcome, OutcomeStatus
+from shared.core.telemetry import EVENT_CONFLICT, Telemetry
 
 MAX_DESCRIPTION_CHARS = 4000
 logger = logging.getLogger(__name__)
@@ -189,6 +190,14 @@ def decision_after(error: BaseException, *, consumer: str, delivery_count: int =
                        if decision.action is Action.DEADLETTER
                        else f"transient failure, {decision.action.value}", error, extra=extra)
     return decision
+
+
+def report_dead_letter(telemetry: Telemetry, consumer: str, decision: Decision,
+                       context: Mapping[str, Any]) -> None:
+    """One alert event per dead-letter a consumer decides (a conflict has its own)."""
+    if decision.reason != EVENT_CONFLICT:
+        telemetry.dead_lettered(consumer=consumer, reason=decision.reason or "",
+                                context={**context, "error": (decision.description or "")[:500]})
 
 
 def settle(decision: Decision, message: Any, actions: MessageActions) -> None:

@@ -28,13 +28,12 @@ from shared.core.exceptions import (
     PoisonMessageError,
     StoreUnavailableError,
 )
-from shared.core.keys import DedupKey, request_hash
+from shared.core.keys import DedupKey, consumer_name, request_hash
 from shared.core.payload import InvalidPayloadError, parse_json_object
 from shared.core.records import Outcome, OutcomeStatus
 from shared.flows.drivers import Async, Sync, flowmethod
 from shared.flows.idempotency import AsyncIdempotency, BaseIdempotency, Idempotency
 from shared.flows.steps import Flow
-from shared.triggers.servicebus import consumer_name
 
 logger = logging.getLogger(__name__)
 

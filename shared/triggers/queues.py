@@ -19,8 +19,8 @@ from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from typing import Any, cast
 
-from shared.core.exceptions import ConfigurationError, IdempotencyError, InvalidKeyError
-from shared.core.keys import DedupKey, request_hash
+from shared.core.exceptions import ConfigurationError, IdempotencyError
+from shared.core.keys import DedupKey, Identified, consumer_name, message_id_key, request_hash
 from shared.core.observability import message_span
 from shared.core.payload import parse_json_object
 from shared.core.records import Outcome
@@ -30,6 +30,7 @@ from shared.core.settlement import (
     decision_after,
     decision_for_result,
     derived,
+    report_dead_letter,
 )
 from shared.core.telemetry import Telemetry
 from shared.flows.drivers import Async, AsyncTransaction, Sync, Transaction, flowmethod
@@ -43,7 +44,6 @@ from shared.triggers.queue_messages import (
     QueueMessageView,
     poison_envelope,
 )
-from shared.triggers.servicebus import Identified, message_id_key, report_dead_letter
 
 logger = logging.getLogger(__name__)
 
@@ -85,17 +85,13 @@ class BaseStorageQueueConsumer[L: (Idempotency, AsyncIdempotency)]:
                  telemetry: Telemetry | None = None, max_body_bytes: int = 64 * 1024,
                  max_dequeue_count: int = DEFAULT_MAX_DEQUEUE_COUNT,
                  poison_time_to_live: int = NEVER_EXPIRES) -> None:
-        try:
-            DedupKey(name, "-")
-        except InvalidKeyError as error:
-            raise ConfigurationError(f"consumer name {name!r}: {error}") from error
         if max_dequeue_count < 1:
             raise ConfigurationError(f"max_dequeue_count={max_dequeue_count} must be at least 1 (set it "
                              "to host.json extensions.queues.maxDequeueCount)")
         if poison is None:
             raise ConfigurationError("poison: give the `<queue>-poison` queue client (or a factory of "
                              "it): the queue trigger has no dead-letter call of its own")
-        self.name = name
+        self.name = consumer_name(name)
         self.idempotency = idempotency
         self.telemetry: Telemetry = telemetry or idempotency.telemetry
         self.max_body_bytes = max_body_bytes

@@ -15,8 +15,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.core.cloudevents import as_text
-from shared.core.exceptions import ConfigurationError, InvalidKeyError, PoisonMessageError
-from shared.core.keys import DedupKey, request_hash, store_safe_id
+from shared.core.exceptions import ConfigurationError
+from shared.core.keys import (
+    DedupKey,
+    Identified,
+    consumer_name,
+    message_id_key,
+    request_hash,
+    store_safe_id,
+)
 from shared.core.observability import message_span
 from shared.core.payload import parse_json_object
 from shared.core.records import Outcome
@@ -28,9 +35,10 @@ from shared.core.settlement import (
     decision_for,
     decision_for_result,
     derived,
+    report_dead_letter,
     settle,
 )
-from shared.core.telemetry import EVENT_CONFLICT, Telemetry
+from shared.core.telemetry import Telemetry
 from shared.flows.drivers import Async, AsyncTransaction, Sync, Transaction, flowmethod
 from shared.flows.idempotency import AsyncIdempotency, BaseIdempotency, Idempotency
 from shared.flows.steps import Flow
@@ -90,23 +98,6 @@ def _message_body(message: Any) -> bytes:
 def json_object(view: MessageView) -> dict[str, Any]:
     """The default parse: the body as a JSON object (the bounded decoder)."""
     return parse_json_object(view.body, max_bytes=MAX_MESSAGE_BYTES)
-
-
-@dataclass(frozen=True, slots=True)
-class Identified[T]:
-    """A parsed message's item, key and request hash (what the dedup flow is called with)."""
-
-    item: T
-    key: DedupKey
-    request_hash: str
-
-
-def report_dead_letter(telemetry: Telemetry, consumer: str, decision: Decision,
-                       context: Mapping[str, Any]) -> None:
-    """One alert event per dead-letter a consumer decides (a conflict has its own)."""
-    if decision.reason != EVENT_CONFLICT:
-        telemetry.dead_lettered(consumer=consumer, reason=decision.reason or "",
-                                context={**context, "error": (decision.description or "")[:500]})
 
 
 class BaseServiceBusConsumer[L: BaseIdempotency[Any, Any, Any]]:
@@ -302,21 +293,3 @@ class AsyncServiceBusConsumer(BaseServiceBusConsumer[AsyncIdempotency], Async):
 
 def _build[T](build: Callable[[Any, T], Any], value: T, tx: Any) -> Any:
     return build(tx, value)
-
-
-def consumer_name(name: str) -> str:
-    """A consumer's name as its keys scope it; ConfigurationError (at construction) for one
-    no key can carry."""
-    try:
-        return DedupKey(name, "-").consumer
-    except InvalidKeyError as error:
-        raise ConfigurationError(str(error)) from error
-
-
-def message_id_key(consumer: str, message_id: str | None) -> DedupKey:
-    """The key of a message by its id; PoisonMessageError (InvalidMessageId) when it has none
-    a key can carry."""
-    try:
-        return DedupKey.from_message_id(consumer, message_id)
-    except InvalidKeyError as error:
-        raise PoisonMessageError("InvalidMessageId", str(error)) from error
