@@ -23,7 +23,7 @@ from typing import Any
 from azure.data.tables import EntityProperty
 
 from shared.backends import CosmosIdempotencyStore, Document, IdempotencyStore, TableIdempotencyStore
-from shared.backends.sdk_requests import store_call
+from shared.backends.sdk_requests import store_items
 from shared.core import codec
 from shared.core.exceptions import InvalidKeyError
 from shared.core.records import IdempotencyRecord
@@ -40,15 +40,6 @@ def _unwrap(store: IdempotencyStore) -> IdempotencyStore:
     return store
 
 
-def _drain(backend: str, pages: Any) -> Iterator[Any]:
-    iterator = iter(pages)
-    while True:
-        try:
-            yield store_call(backend, lambda: next(iterator))
-        except StopIteration:
-            return
-
-
 def document_lister(store: IdempotencyStore) -> EntryLister:
     """A lister for a Table or Cosmos store; TypeError for anything else."""
     inner = _unwrap(store)
@@ -58,7 +49,7 @@ def document_lister(store: IdempotencyStore) -> EntryLister:
         def table(partition: str | None) -> Iterator[Document]:
             pages = (client.query_entities("PartitionKey eq @pk", parameters={"pk": partition})
                      if partition is not None else client.list_entities())
-            for entity in _drain("Table Storage", pages):
+            for entity in store_items("Table Storage", pages):
                 body = {k: v.value if isinstance(v, EntityProperty) else v
                         for k, v in entity.items() if k not in _TABLE_SYSTEM}
                 yield Document(entity["RowKey"], entity["PartitionKey"], body,
@@ -76,7 +67,7 @@ def document_lister(store: IdempotencyStore) -> EntryLister:
                 parameters = [{"name": "@field", "value": field}, {"name": "@pk", "value": partition}]
             pages = container.query_items(query, parameters=parameters,
                                           enable_cross_partition_query=True)
-            for item in _drain("Cosmos DB", pages):
+            for item in store_items("Cosmos DB", pages):
                 hidden = {*_COSMOS_SYSTEM, field} if field == "pk" else set(_COSMOS_SYSTEM)
                 body = {k: v for k, v in item.items() if k not in hidden}
                 yield Document(item["id"], item.get(field), body, item.get("_etag"))
@@ -175,7 +166,7 @@ def scan_reused_keys(store: IdempotencyStore, *, consumer: str | None = None) ->
         # Every marker carries its format version (codec.VERSION); the key, the partition and
         # the creation time come from the record the codec reads (no field of its own).
         pages = client.query_entities(f"{codec.VERSION} gt 0").by_page()
-        for page in _drain("Table Storage", pages):
+        for page in store_items("Table Storage", pages):
             scan.requests += 1
             for entity in page:
                 seen.count(_record(entity, str(entity["RowKey"]), str(entity["PartitionKey"])),
@@ -197,7 +188,7 @@ def scan_reused_keys(store: IdempotencyStore, *, consumer: str | None = None) ->
                                       enable_cross_partition_query=True,
                                       raw_response_hook=charged)
         field_name = inner.partition_key_field
-        for item in _drain("Cosmos DB", pages):
+        for item in store_items("Cosmos DB", pages):
             seen.count(_record(item, str(item["id"]), str(item.get(field_name))), consumer, scan)
         scan.reused = seen.reused()
         return scan
