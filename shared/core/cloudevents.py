@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Generator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -56,17 +55,15 @@ def _binary_attributes(properties: Mapping[Any, Any]) -> dict[str, Any]:
     return attributes
 
 
-@contextmanager
-def _as_event_error() -> Generator[None]:
-    try:
-        yield
-    except InvalidPayloadError as error:
-        raise InvalidEventError(error.reason, error.detail) from error
+def _event_error(error: InvalidPayloadError) -> InvalidEventError:
+    return InvalidEventError(error.reason, error.detail)
 
 
 def _json(body: bytes, max_bytes: int) -> Any:
-    with _as_event_error():
+    try:  # try/except, not a context manager: it runs for every event
         return parse_json(body, max_bytes=max_bytes)
+    except InvalidPayloadError as error:
+        raise _event_error(error) from error
 
 
 def declares_json(content_type: object) -> bool:
@@ -108,8 +105,10 @@ def parse_cloudevent(body: bytes, properties: Mapping[Any, Any] | None = None,
     attributes = _binary_attributes(properties or {})
     if any(not isinstance(value, _SCALARS) for value in attributes.values()):
         raise InvalidEventError("MalformedCloudEvent", "attributes must be scalar values")
-    with _as_event_error():
+    try:
         check_text(attributes, "CloudEvent attributes")
+    except InvalidPayloadError as error:
+        raise _event_error(error) from error
     structured = (content_type or "").startswith("application/cloudevents") or not attributes
     if structured:
         envelope = _json(body, max_bytes)

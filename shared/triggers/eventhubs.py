@@ -48,8 +48,13 @@ def event_views(events: Sequence[Any]) -> list[EventView]:
     views: list[EventView] = []
     for index, event in enumerate(events):
         metadata: Mapping[str, Any] = event.metadata or {}
-        raw = _entry(metadata, "PropertiesArray", index)
-        system = _entry(metadata, "SystemPropertiesArray", index)
+        # Inline, not a helper: this runs for every event of every batch.
+        properties_array: Sequence[Any] = metadata.get("PropertiesArray") or []
+        system_array: Sequence[Any] = metadata.get("SystemPropertiesArray") or []
+        raw: Mapping[Any, Any] = (properties_array[index] if index < len(properties_array)
+                                  else None) or {}
+        system: Mapping[str, Any] = (system_array[index] if index < len(system_array)
+                                     else None) or {}
         properties = {str(as_text(k)): as_text(v) for k, v in raw.items()}
         if event.sequence_number is None:
             raise ValueError("an Event Hubs event without a sequence number")
@@ -60,11 +65,6 @@ def event_views(events: Sequence[Any]) -> list[EventView]:
             enqueued_time=None if event.enqueued_time is None else event.enqueued_time.isoformat(),
             partition_key=event.partition_key))
     return views
-
-
-def _entry(metadata: Mapping[str, Any], name: str, index: int) -> Mapping[Any, Any]:
-    entries: Sequence[Any] = metadata.get(name) or []
-    return (entries[index] if index < len(entries) else None) or {}
 
 
 def _content_type(properties: Mapping[str, Any], system: Mapping[str, Any]) -> str | None:
