@@ -31,7 +31,7 @@ from shared import configure_observability  # the app's one telemetry export
 
 _settings = Settings.from_env()
 # Log records are for what a person acts on (conflicts, parkings, stale claims, one summary per
-# Event Hubs batch); per-message counts and latencies are metrics (shared/core/telemetry.py). The
+# Event Hubs batch); per-message counts and latencies are metrics (shared/_core/telemetry.py). The
 # app's loggers pass INFO whatever level the worker leaves on the root logger; processed
 # messages and duplicates are DEBUG (duplicates INFO with DEDUP_LOG_DUPLICATES=true). The Azure
 # SDKs' loggers stay at WARNING: the worker sets the root logger to INFO, and their HTTP logging

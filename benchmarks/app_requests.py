@@ -26,7 +26,7 @@ from typing import Any
 from benchmarks import raw_payments as raw
 from benchmarks.counting import AsyncCostedDispatcher, RequestCounter, SendTally, SentRequest
 from benchmarks.workload import CLOUDEVENTS_JSON
-from shared.triggers.eventhubs import EventView
+from shared._triggers.eventhubs import EventView
 
 CONSUMER = "payments"  # the app's consumer name for the payments function (domain.payments)
 # An Event Hubs partition id no measured batch uses; a character to escape in it and in the

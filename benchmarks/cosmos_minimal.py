@@ -37,11 +37,11 @@ import requests
 from azure.core.pipeline.transport import HttpTransport, RequestsTransport, RequestsTransportResponse
 from azure.cosmos import CosmosClient, PartitionKey
 
-from shared.backends.cosmos import CosmosIdempotencyStore
-from shared.backends.cosmos_indexing import record_indexing_policy
-from shared.core.keys import DedupKey, request_hash
-from shared.core.records import IdempotencyRecord, RecordState
-from shared.core.store import WriteOp
+from shared._backends.cosmos import CosmosIdempotencyStore
+from shared._backends.cosmos_indexing import record_indexing_policy
+from shared._core.keys import DedupKey, request_hash
+from shared._core.records import IdempotencyRecord, RecordState
+from shared._core.store import WriteOp
 
 Answer = tuple[int, dict[str, str], bytes]  # status, headers, body
 _BATCH_HEADER = "x-ms-cosmos-is-batch-request"

@@ -193,10 +193,10 @@ def _measure(backend: str, stack: Any, messages: int, payments_cpu_ms: float | N
     from functions.services import build_services, real_stores
     from functions.settings import Settings
     from local_stack import COSMOS_LOCAL_KEY
-    from shared.backends.sdk_transport import proxy_configured
-    from shared.core.codec import is_record
-    from shared.triggers.eventhubs import EventView
-    from shared.triggers.servicebus import MessageView
+    from shared._backends.sdk_transport import proxy_configured
+    from shared._core.codec import is_record
+    from shared._triggers.eventhubs import EventView
+    from shared._triggers.servicebus import MessageView
     from simulator.check import scan
     from simulator.faults import FakeNotificationApi
 
@@ -221,7 +221,7 @@ def _measure(backend: str, stack: Any, messages: int, payments_cpu_ms: float | N
         "PAYMENTS_HUB_NAME": f"payments-{uuid.uuid4().hex[:6]}"})
     # One counting transport (requests, one SSL context) for the app's sync store clients,
     # reading the environment for proxies only when the app's own transports would
-    # (shared.backends.sdk_transport): per-request proxy and netrc lookups are not the app's cost.
+    # (shared._backends.sdk_transport): per-request proxy and netrc lookups are not the app's cost.
     stores = real_stores(settings, transport=CountingTransport(
         counter, verify=False, use_env_settings=proxy_configured()))
     services = build_services(settings, stores=stores, sender=FakeNotificationApi())

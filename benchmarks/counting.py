@@ -45,12 +45,12 @@ from azure.cosmos.aio import CosmosClient as AsyncCosmosClient
 from azure.data.tables import TableClient
 from requests.adapters import HTTPAdapter
 
-from shared.backends import CosmosIdempotencyStore, TableIdempotencyStore
-from shared.backends.cosmos_indexing import record_indexing_policy
-from shared.backends.dispatch import by_destination, send_plan
-from shared.backends.sdk_transport import async_transport, proxy_configured
-from shared.backends.table_aio import AsyncTableIdempotencyStore
-from shared.core.outbox import OutgoingMessage
+from shared._backends import CosmosIdempotencyStore, TableIdempotencyStore
+from shared._backends.cosmos_indexing import record_indexing_policy
+from shared._backends.dispatch import by_destination, send_plan
+from shared._backends.sdk_transport import async_transport, proxy_configured
+from shared._backends.table_aio import AsyncTableIdempotencyStore
+from shared._core.outbox import OutgoingMessage
 
 BACKENDS = ("table", "cosmos")
 
@@ -324,7 +324,7 @@ class SendTally:
         self.messages = 0
 
     def add(self, messages: Sequence[OutgoingMessage]) -> int:
-        """Tally one dispatch call; the sends it costs: as `shared.backends.dispatch.ServiceBusDispatcher`
+        """Tally one dispatch call; the sends it costs: as `shared._backends.dispatch.ServiceBusDispatcher`
         makes them, one per destination and per batch that fits one send."""
         sends = sum(len(send_plan(group)) for _, group in by_destination(messages))
         self.count(sends, len(messages))

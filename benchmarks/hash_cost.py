@@ -21,7 +21,7 @@ from typing import Any
 
 from benchmarks.variants import parse_payment
 from benchmarks.workload import build_payment_workload
-from shared.core.keys import request_hash
+from shared._core.keys import request_hash
 
 
 def previous_request_hash(payload: Any) -> str:

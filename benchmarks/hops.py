@@ -357,7 +357,7 @@ def build(env: dict[str, str], *, clock: Callable[[], float] = time.time,
     Service Bus clients are the recording stand-ins (`sent`: the async one, given)."""
     from functions.services import build_services
     from functions.settings import Settings
-    from shared.backends import dispatch, dispatch_aio
+    from shared._backends import dispatch, dispatch_aio
 
     settings = Settings.from_env(env)
     topics = [settings.notifications_topic]

@@ -32,12 +32,12 @@ from typing import Any
 from azure.core import MatchConditions
 
 from local_stack.servers import AZURITE_ACCOUNT, AZURITE_KEY, azurite_tables, free_port
-from shared.backends import TableIdempotencyStore
-from shared.backends.table_batch import submit_transaction
-from shared.core.exceptions import OperationFailedError
-from shared.core.keys import DedupKey
-from shared.core.records import IdempotencyRecord, RecordState
-from shared.core.store import MAX_TRANSACTION_OPERATIONS
+from shared._backends import TableIdempotencyStore
+from shared._backends.table_batch import submit_transaction
+from shared._core.exceptions import OperationFailedError
+from shared._core.keys import DedupKey
+from shared._core.records import IdempotencyRecord, RecordState
+from shared._core.store import MAX_TRANSACTION_OPERATIONS
 
 NOW = 1_900_000_000.0
 TTL = 7 * 86400.0
@@ -96,7 +96,7 @@ def insert(store: TableIdempotencyStore, count: int, *, expired: bool, prefix: s
 
 
 def unbounded_purge(store: TableIdempotencyStore, now: float) -> tuple[int, int]:
-    """The purge before the bounded sweep (commit d2b005b, shared/backends/table.py): every
+    """The purge before the bounded sweep (commit d2b005b, shared/_backends/table.py): every
     expired row collected by partition, then deleted in transactions. (deleted, rows read)"""
     by_partition: dict[str, list[IdempotencyRecord]] = defaultdict(list)
     read = 0

@@ -78,7 +78,7 @@ from benchmarks.workload import (
 from functions.services import build_services
 from functions.settings import Settings
 from local_stack.relay import Relay
-from shared.backends.cosmos_aio import AsyncCosmosIdempotencyStore
+from shared._backends.cosmos_aio import AsyncCosmosIdempotencyStore
 from shared.testing import InMemoryIdempotencyStore
 
 __all__ = ["BACKENDS", "Endpoints", "Result", "Run", "run_latency", "run_loopback"]

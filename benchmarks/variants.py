@@ -75,21 +75,21 @@ from benchmarks.workload import SIGNS, Message
 from functions.services import Services, build_services
 from functions.settings import Settings
 from shared import DedupKey, Idempotency, IdempotencyError, OutcomeStatus, request_hash
-from shared.backends.dispatch import (  # the send cut of the app's dispatcher (set-up)
+from shared._backends.dispatch import (  # the send cut of the app's dispatcher (set-up)
     _HEADER_ALLOWANCE,
     SEND_BYTES,
 )
-from shared.core.cloudevents import parse_cloudevent
-from shared.core.keys import store_safe_id
-from shared.core.outbox import _ID_NAMESPACE  # the namespace of the app's message ids (set-up)
-from shared.core.store import IdempotencyStore
-from shared.core.telemetry import Telemetry
-from shared.flows.batch import BatchReport
-from shared.flows.cache import CompletedKeyCache
-from shared.flows.drivers import Transaction
-from shared.flows.watermark import PartitionWatermark
+from shared._core.cloudevents import parse_cloudevent
+from shared._core.keys import store_safe_id
+from shared._core.outbox import _ID_NAMESPACE  # the namespace of the app's message ids (set-up)
+from shared._core.store import IdempotencyStore
+from shared._core.telemetry import Telemetry
+from shared._flows.batch import BatchReport
+from shared._flows.cache import CompletedKeyCache
+from shared._flows.drivers import Transaction
+from shared._flows.watermark import PartitionWatermark
+from shared._triggers.eventhubs import EventView
 from shared.testing import AsyncInMemoryIdempotencyStore, InMemoryIdempotencyStore
-from shared.triggers.eventhubs import EventView
 
 CONSUMER = "bench"
 PAYMENTS = "payments"  # as domain.payments

@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.triggers.eventhubs import EventView
+from shared._triggers.eventhubs import EventView
 
 CLOUDEVENTS_JSON = "application/cloudevents+json; charset=utf-8"
 SIGNS = {"payment.credit": 1, "payment.debit": -1}

@@ -113,7 +113,7 @@ def outage_store(inner: Any, *, after_calls: int, seconds: float) -> Any:
             return getattr(self.inner, name)
 
         def perform(self, step: Any) -> Any:
-            from shared.core.exceptions import StoreUnavailableError
+            from shared._core.exceptions import StoreUnavailableError
 
             with self._lock:
                 self.calls += 1
@@ -314,7 +314,7 @@ def run_queue_scenario(config: QueueScenarioConfig, endpoints: QueueEndpoints) -
     from functions.services import build_services, real_stores, use_services
     from local_stack.queue_host import QueueHostOptions, QueueTriggerHost
     from local_stack.worker import WorkerHost, sample_settings
-    from shared.core.telemetry import Telemetry
+    from shared._core.telemetry import Telemetry
 
     started = time.perf_counter()
     work = workload(config)
@@ -440,7 +440,7 @@ def replay_poison_queue(report: QueueReport, services: Any, connection: str,
     from replay.poison import QueueRef, StoragePoisonQueues
     from replay.stores import document_lister
     from replay.tool import Filters, ReplayTool
-    from shared.flows.parking import ParkingLot
+    from shared._flows.parking import ParkingLot
 
     parked = services.stores["parked"]
     poison = StoragePoisonQueues.connect([QueueRef(CONSUMER, queue_name)],

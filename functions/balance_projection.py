@@ -1,5 +1,5 @@
 """`balance_projection`: Service Bus queue trigger for the BalanceChanged messages `payments`
-publishes through its outbox; settled explicitly (see shared/core/settlement.py)."""
+publishes through its outbox; settled explicitly (see shared/_core/settlement.py)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 The trigger settles by returning (the host deletes the message) or raising (it comes back
 after host.json `visibilityTimeout`); refusals go to `<queue>-poison` as envelopes with
-their reason, written by `shared.triggers.queues.StorageQueueConsumer` through the trigger's own
+their reason, written by `shared._triggers.queues.StorageQueueConsumer` through the trigger's own
 connection (`AzureWebJobsStorage`: a connection string locally, the queue endpoint and the
 app's identity in Azure, Storage Queue Data Contributor on exactly the two queues).
 """

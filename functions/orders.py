@@ -1,4 +1,4 @@
-"""`orders`: Service Bus queue trigger, settled explicitly (see shared/core/settlement.py)."""
+"""`orders`: Service Bus queue trigger, settled explicitly (see shared/_core/settlement.py)."""
 
 from __future__ import annotations
 

@@ -73,10 +73,10 @@ from shared.testing import InMemoryDispatcher  # the default when stores are giv
 
 #: The store SDKs' retries, set explicitly on every client built here. With the payments batch's
 #: tries per account group (PAYMENTS_MAX_ATTEMPTS, A) and its cap on an honoured Retry-After
-#: (shared.flows.batch.MAX_RETRY_AFTER_SECONDS, R), a batch whose every request is throttled raises
+#: (shared._flows.batch.MAX_RETRY_AFTER_SECONDS, R), a batch whose every request is throttled raises
 #: for the host's retry after at most A x (2 x 1 s + R) of waiting: 21 s by default, well inside the
 #: 10-minute function timeout and the 60 s Service Bus lock (a Service Bus message waits at most
-#: 2 s per store request). `shared.backends.retry` explains the layers.
+#: 2 s per store request). `shared._backends.retry` explains the layers.
 RETRY_BUDGET = RetryBudget(sdk_retries=2, sdk_wait=1.0)
 
 StoreFactory = Callable[[str], IdempotencyStore]
@@ -125,7 +125,7 @@ class RealAsyncStores:
         return self._credential
 
     def dispatcher(self) -> Any:
-        """The async Service Bus dispatcher (`shared.backends.dispatch_aio`) for the async functions,
+        """The async Service Bus dispatcher (`shared._backends.dispatch_aio`) for the async functions,
         on the trigger's connection as `real_dispatcher` reads it."""
         if self._dispatcher is None:
             settings = self.settings
@@ -147,7 +147,7 @@ class RealAsyncStores:
 
     def _build(self, role: str) -> Any:
         settings = self.settings
-        # Each client its own transport, without per-request proxy lookups (shared.backends.sdk_transport).
+        # Each client its own transport, without per-request proxy lookups (shared._backends.sdk_transport).
         transport = {"transport": aio.sdk_transport()}
         if settings.backend == "cosmos" and role in COSMOS_CONTAINERS:
             return aio.CosmosIdempotencyStore(
@@ -244,7 +244,7 @@ def real_stores(settings: Settings, *, budget: RetryBudget = RETRY_BUDGET,
     in Table Storage; the other roles follow DEDUP_BACKEND. The SDK clients
     retry as `budget` says (`client_options` override it).
     """
-    # Each client its own transport, without per-request proxy lookups (shared.backends.sdk_transport).
+    # Each client its own transport, without per-request proxy lookups (shared._backends.sdk_transport).
     table_options = {"transport": sdk_transport(), **budget.table_options(), **client_options}
     if settings.table_connection_string:
         table_service = TableServiceClient.from_connection_string(
@@ -308,7 +308,7 @@ class Services:
     parking: ParkingLot
     telemetry: Telemetry
     async_factory: Any = None  # what built async_stores, when it has more to close
-    dispatcher: Any = None  # sends what the sync paths' commits recorded (shared.backends.dispatch)
+    dispatcher: Any = None  # sends what the sync paths' commits recorded (shared._backends.dispatch)
     async_dispatcher: Any = None  # the same for the async functions (may be a sync one)
 
     async def aclose(self) -> None:

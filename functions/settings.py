@@ -199,7 +199,7 @@ class Settings:
     log_duplicates: bool = False
     trace_sampling_ratio: float = sampling_ratio_from({})  # share of traces exported (TRACE_SAMPLING_RATIO)
     # Run on a Cosmos account with several write regions, where a message can take effect once
-    # per region (the stores refuse such an account otherwise; see shared.backends.cosmos).
+    # per region (the stores refuse such an account otherwise; see shared._backends.cosmos).
     cosmos_accept_duplicates_across_write_regions: bool = False
     # The order-audit Storage queue (its poison queue is `<name>-poison`, as the host names it).
     order_audit_queue: str = "order-audit"

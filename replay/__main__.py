@@ -52,7 +52,7 @@ from replay.tool import (
     pending_outgoing,
     reused_keys,
 )
-from shared.flows.parking import ParkingLot
+from shared._flows.parking import ParkingLot
 
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}

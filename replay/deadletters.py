@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from shared.core.cloudevents import as_text
+from shared._core.cloudevents import as_text
 
 #: Application properties Service Bus adds to a dead-lettered message: not the producer's.
 DEAD_LETTER_PROPERTIES = frozenset({"DeadLetterReason", "DeadLetterErrorDescription"})

@@ -1,12 +1,12 @@
 """Storage Queue poison queues: read the envelopes, resubmit the originals, delete after.
 
-A queue consumer (`shared.triggers.queues.StorageQueueConsumer`) writes what it refuses to
+A queue consumer (`shared._triggers.queues.StorageQueueConsumer`) writes what it refuses to
 `<queue>-poison` as a JSON envelope (reason, detail, the original id and body); the host
 copies a message it could not hand to the function there as it was (no reason, no id).
 This module reads both, holding what it read invisible while the tool acts on it (a
 queue has no lock of its own: the visibility timeout is one), and brings one back:
 
-1. the resubmission (`shared.triggers.queue_messages.resubmission`: the original id and body) is sent
+1. the resubmission (`shared._triggers.queue_messages.resubmission`: the original id and body) is sent
    to the consumer's queue, base64-encoded as the trigger reads it;
 2. only then is the envelope deleted from the poison queue, with the pop receipt of
    the read that holds it.
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from shared.triggers.queue_messages import read_envelope
+from shared._triggers.queue_messages import read_envelope
 
 #: How long a read for `list` or `show` hides the envelopes it read (then they are released).
 LIST_HOLD_SECONDS = 30

@@ -1,7 +1,7 @@
 """The queries the store interfaces leave to each backend: listing the parking lot, and
 finding one dedup key in several partitions.
 
-`shared.flows.parking.ParkingLot.entries` takes a lister (documents of one partition,
+`shared._flows.parking.ParkingLot.entries` takes a lister (documents of one partition,
 or of all); this module builds one for the app's parked store, which is a
 Table in every deployment (`functions.settings.TABLE_FOR`) and may be a Cosmos
 container in tests. Reads only; errors translated as every store call is.
@@ -22,12 +22,12 @@ from typing import Any
 
 from azure.data.tables import EntityProperty
 
-from shared.backends import CosmosIdempotencyStore, Document, IdempotencyStore, TableIdempotencyStore
-from shared.backends.sdk_requests import store_items
-from shared.core import codec
-from shared.core.exceptions import InvalidKeyError
-from shared.core.records import IdempotencyRecord
-from shared.flows.parking import EntryLister
+from shared._backends import CosmosIdempotencyStore, Document, IdempotencyStore, TableIdempotencyStore
+from shared._backends.sdk_requests import store_items
+from shared._core import codec
+from shared._core.exceptions import InvalidKeyError
+from shared._core.records import IdempotencyRecord
+from shared._flows.parking import EntryLister
 
 _TABLE_SYSTEM = ("PartitionKey", "RowKey", "Timestamp", "etag")
 _COSMOS_SYSTEM = ("_rid", "_self", "_etag", "_attachments", "_ts", "ttl", "id")

@@ -6,7 +6,7 @@ content type, correlation id, properties); a parked Event Hubs event is run
 through the same domain code as the trigger under its CloudEvent source+id;
 a parked notification is re-delivered under its MessageId; a Storage Queue
 poison envelope is resubmitted to its queue carrying the original message id
-and body (`shared.triggers.queue_messages.resubmission`), and deleted only after that send. So the consumer's
+and body (`shared._triggers.queue_messages.resubmission`), and deleted only after that send. So the consumer's
 dedup absorbs a replay whose effect had in fact happened, and replaying the
 same entry twice never creates a second effect.
 
@@ -56,15 +56,15 @@ from replay.poison import (
 )
 from replay.stores import ReuseScan, scan_reused_keys, store_scope
 from shared import DedupKey, IdempotencyError, OutcomeStatus
-from shared.core.cloudevents import InvalidEventError, parse_cloudevent
-from shared.core.exceptions import InvalidKeyError, PoisonMessageError
-from shared.core.keys import store_safe_id
-from shared.core.payload import InvalidPayloadError as InvalidMessageError
-from shared.core.records import IdempotencyRecord, RecordState
-from shared.core.settlement import Action
-from shared.flows.parking import EntryClaimedError, EntryResolvedError, ParkedEntry, ParkingLot
-from shared.triggers.queue_messages import QueueMessageView, resubmission
-from shared.triggers.servicebus import MessageView
+from shared._core.cloudevents import InvalidEventError, parse_cloudevent
+from shared._core.exceptions import InvalidKeyError, PoisonMessageError
+from shared._core.keys import store_safe_id
+from shared._core.payload import InvalidPayloadError as InvalidMessageError
+from shared._core.records import IdempotencyRecord, RecordState
+from shared._core.settlement import Action
+from shared._flows.parking import EntryClaimedError, EntryResolvedError, ParkedEntry, ParkingLot
+from shared._triggers.queue_messages import QueueMessageView, resubmission
+from shared._triggers.servicebus import MessageView
 
 CONFLICT = "IdempotencyKeyConflict"
 #: How long a run's claim on an entry holds when the run dies before releasing it: longer
@@ -966,7 +966,7 @@ def pending_outgoing(services: Services, *, older_than: float, now: float, dispa
     `dispatch`, each dispatched and recorded as a copy of its message would (same ids: the
     destination's duplicate detection and the next consumer's dedup absorb a re-send);
     `dry_run` says what would be dispatched and changes nothing."""
-    from shared.core.exceptions import DispatchRejectedError, DispatchUnavailableError
+    from shared._core.exceptions import DispatchRejectedError, DispatchUnavailableError
 
     found: list[PendingOutgoing] = []
     for name, idempotency in services.maintenance.outbox.items():

@@ -15,45 +15,45 @@ library's implementation. `shared.aio` has the async variants under the same nam
 """
 
 from shared import aio
-from shared.backends import CosmosIdempotencyStore, TableIdempotencyStore
-from shared.backends.cosmos_indexing import record_indexing_policy
-from shared.backends.dispatch import ServiceBusDispatcher
-from shared.backends.retry import RetryBudget
-from shared.backends.sdk_transport import sync_transport as sdk_transport
-from shared.core.cloudevents import CloudEvent, InvalidEventError, parse_cloudevent
-from shared.core.config import IdempotencyConfig, RedeliveryWindow
-from shared.core.exceptions import (
+from shared._backends import CosmosIdempotencyStore, TableIdempotencyStore
+from shared._backends.cosmos_indexing import record_indexing_policy
+from shared._backends.dispatch import ServiceBusDispatcher
+from shared._backends.retry import RetryBudget
+from shared._backends.sdk_transport import sync_transport as sdk_transport
+from shared._core.cloudevents import CloudEvent, InvalidEventError, parse_cloudevent
+from shared._core.config import IdempotencyConfig, RedeliveryWindow
+from shared._core.exceptions import (
     DispatchRejectedError,
     EffectUncertainError,
     IdempotencyError,
     InvalidKeyError,
     PoisonMessageError,
 )
-from shared.core.keys import DedupKey, request_hash, store_safe_id
-from shared.core.observability import configure_observability, downstream_headers, sampling_ratio_from
-from shared.core.payload import MAX_SAFE_INTEGER, InvalidPayloadError, exact_integer, parse_json_object
-from shared.core.records import (
+from shared._core.keys import DedupKey, request_hash, store_safe_id
+from shared._core.observability import configure_observability, downstream_headers, sampling_ratio_from
+from shared._core.payload import MAX_SAFE_INTEGER, InvalidPayloadError, exact_integer, parse_json_object
+from shared._core.records import (
     IdempotencyRecord,
     KeyInProgressError,
     KeyReusedError,
     Outcome,
     OutcomeStatus,
 )
-from shared.core.settlement import Decision, decision_for_error, transient
-from shared.core.store import Document, IdempotencyStore
-from shared.core.telemetry import Telemetry
-from shared.flows.batch import PartitionBatchProcessor
-from shared.flows.cache import DocumentCache
-from shared.flows.drivers import Transaction, update_document
-from shared.flows.idempotency import Idempotency
-from shared.flows.parking import ParkingLot
-from shared.flows.watermark import PartitionWatermark
-from shared.triggers.eventhubs import EventHubConsumer, EventView
-from shared.triggers.http import HttpResult, IdempotencyKeyEndpoint, IdempotentRequest
-from shared.triggers.maintenance import Maintenance
-from shared.triggers.queue_messages import QueueMessageView
-from shared.triggers.queues import StorageQueueConsumer
-from shared.triggers.servicebus import MessageView, ServiceBusConsumer
+from shared._core.settlement import Decision, decision_for_error, transient
+from shared._core.store import Document, IdempotencyStore
+from shared._core.telemetry import Telemetry
+from shared._flows.batch import PartitionBatchProcessor
+from shared._flows.cache import DocumentCache
+from shared._flows.drivers import Transaction, update_document
+from shared._flows.idempotency import Idempotency
+from shared._flows.parking import ParkingLot
+from shared._flows.watermark import PartitionWatermark
+from shared._triggers.eventhubs import EventHubConsumer, EventView
+from shared._triggers.http import HttpResult, IdempotencyKeyEndpoint, IdempotentRequest
+from shared._triggers.maintenance import Maintenance
+from shared._triggers.queue_messages import QueueMessageView
+from shared._triggers.queues import StorageQueueConsumer
+from shared._triggers.servicebus import MessageView, ServiceBusConsumer
 
 __all__ = [
     "MAX_SAFE_INTEGER",

@@ -8,22 +8,22 @@ in-memory store for tests is `shared.testing.AsyncInMemoryIdempotencyStore`.
 
 from __future__ import annotations
 
-from shared.backends.cosmos_aio import AsyncCosmosIdempotencyStore as CosmosIdempotencyStore
-from shared.backends.dispatch_aio import EventHubDispatcher, ServiceBusDispatcher
-from shared.backends.sdk_transport import async_transport as sdk_transport
-from shared.backends.table_aio import AsyncTableIdempotencyStore as TableIdempotencyStore
-from shared.flows.batch import AsyncPartitionBatchProcessor as PartitionBatchProcessor
-from shared.flows.drivers import AsyncStore
-from shared.flows.drivers import AsyncTransaction as Transaction
-from shared.flows.drivers import update_document_async as update_document
-from shared.flows.idempotency import AsyncIdempotency as Idempotency
-from shared.flows.parking import AsyncParkingLot as ParkingLot
-from shared.flows.watermark import AsyncPartitionWatermark as PartitionWatermark
+from shared._backends.cosmos_aio import AsyncCosmosIdempotencyStore as CosmosIdempotencyStore
+from shared._backends.dispatch_aio import EventHubDispatcher, ServiceBusDispatcher
+from shared._backends.sdk_transport import async_transport as sdk_transport
+from shared._backends.table_aio import AsyncTableIdempotencyStore as TableIdempotencyStore
+from shared._flows.batch import AsyncPartitionBatchProcessor as PartitionBatchProcessor
+from shared._flows.drivers import AsyncStore
+from shared._flows.drivers import AsyncTransaction as Transaction
+from shared._flows.drivers import update_document_async as update_document
+from shared._flows.idempotency import AsyncIdempotency as Idempotency
+from shared._flows.parking import AsyncParkingLot as ParkingLot
+from shared._flows.watermark import AsyncPartitionWatermark as PartitionWatermark
+from shared._triggers.eventhubs import AsyncEventHubConsumer as EventHubConsumer
+from shared._triggers.http import AsyncIdempotencyKeyEndpoint as IdempotencyKeyEndpoint
+from shared._triggers.queues import AsyncStorageQueueConsumer as StorageQueueConsumer
+from shared._triggers.servicebus import AsyncServiceBusConsumer as ServiceBusConsumer
 from shared.testing import ThreadedStore
-from shared.triggers.eventhubs import AsyncEventHubConsumer as EventHubConsumer
-from shared.triggers.http import AsyncIdempotencyKeyEndpoint as IdempotencyKeyEndpoint
-from shared.triggers.queues import AsyncStorageQueueConsumer as StorageQueueConsumer
-from shared.triggers.servicebus import AsyncServiceBusConsumer as ServiceBusConsumer
 
 __all__ = ["AsyncStore", "CosmosIdempotencyStore", "EventHubConsumer", "EventHubDispatcher",
            "Idempotency", "IdempotencyKeyEndpoint", "ParkingLot",

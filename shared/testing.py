@@ -28,10 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from shared.backends.memory import InMemoryIdempotencyStore
-from shared.core.exceptions import StoreUnavailableError
-from shared.core.outbox import OutgoingMessage
-from shared.core.store import AsyncIdempotencyStore, StoreStep
+from shared._backends.memory import InMemoryIdempotencyStore
+from shared._core.exceptions import StoreUnavailableError
+from shared._core.outbox import OutgoingMessage
+from shared._core.store import AsyncIdempotencyStore, StoreStep
 
 __all__ = ["AsyncInMemoryDispatcher", "AsyncInMemoryIdempotencyStore", "FlakyStore",
            "InMemoryDispatcher", "InMemoryIdempotencyStore", "RecordingMessageActions",

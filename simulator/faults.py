@@ -58,15 +58,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from domain.notifications import HttpResponse, NotificationRetryError
-from shared.core.exceptions import (
+from shared._core.exceptions import (
     IdempotencyError,
     RecordExistsError,
     StoreRequestError,
     StoreUnavailableError,
 )
-from shared.core.keys import store_safe_id
-from shared.core.records import IdempotencyRecord
-from shared.core.store import (
+from shared._core.keys import store_safe_id
+from shared._core.records import IdempotencyRecord
+from shared._core.store import (
     Document,
     GetRecord,
     IdempotencyStore,
@@ -706,7 +706,7 @@ class SimulatedDispatcher:
         self.namespace.send(message.destination, sent, Origin(f"outbox:{message.message_id}"))
 
     def dispatch(self, messages: Sequence[Any]) -> None:
-        from shared.core.exceptions import DispatchUnavailableError
+        from shared._core.exceptions import DispatchUnavailableError
 
         inv = current()
         if inv is not None:

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 from functions.services import Services, build_services, real_stores
 from functions.settings import Settings
-from shared.backends import CosmosIdempotencyStore, TableIdempotencyStore
-from shared.core.store import IdempotencyStore
-from shared.triggers.maintenance import Maintenance
+from shared._backends import CosmosIdempotencyStore, TableIdempotencyStore
+from shared._core.store import IdempotencyStore
+from shared._triggers.maintenance import Maintenance
 from simulator.check import Checker, CheckResult, DeadLetter, Evidence, stores_of
 from simulator.clock import SimClock
 from simulator.eventhubs import EventHub

@@ -33,7 +33,7 @@ from domain.notifications import HttpResponse
 from functions.services import build_services, use_services
 from functions.settings import STORE_ROLES, Settings
 from local_stack.host_data import SentEvent, SentMessage
-from shared.backends import InMemoryIdempotencyStore
+from shared._backends import InMemoryIdempotencyStore
 from simulator.host import worker_host
 from simulator.host_inputs import (
     RecordingActions,

@@ -26,13 +26,13 @@ from azure.data.tables import TableServiceClient
 
 from local_stack import LocalStack, free_port
 from local_stack.servers import azurite_queues, queue_connection_string
-from shared.backends import (
+from shared._backends import (
     CosmosIdempotencyStore,
     IdempotencyStore,
     InMemoryIdempotencyStore,
     TableIdempotencyStore,
 )
-from shared.backends.cosmos_indexing import record_indexing_policy
+from shared._backends.cosmos_indexing import record_indexing_policy
 
 # `function_app` validates its settings on import, as under the host: tests run with the
 # committed sample settings (each test that needs other values builds its own Settings).

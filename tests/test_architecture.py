@@ -86,13 +86,13 @@ def cycles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
 
 def test_shared_has_no_import_cycle():
     graph = import_graph(ROOT / "shared", ROOT)
-    assert "shared.core.records" in graph and "shared.core.exceptions" in graph["shared.core.records"]
+    assert "shared._core.records" in graph and "shared._core.exceptions" in graph["shared._core.records"]
     assert cycles(graph) == [], "modules of shared/ that import each other in a cycle"
 
 
 def test_exceptions_import_nothing_of_the_library():
     """Plain data at the bottom: the errors every module raises depend on no module."""
-    assert import_graph(ROOT / "shared", ROOT)["shared.core.exceptions"] == set()
+    assert import_graph(ROOT / "shared", ROOT)["shared._core.exceptions"] == set()
 
 
 def test_counter_proof_a_cycle_under_type_checking_is_found(tmp_path):
@@ -112,9 +112,9 @@ def test_counter_proof_a_cycle_under_type_checking_is_found(tmp_path):
 #: folder of it, so a module's folder is its layer. A module imports only from the layers
 #: `MAY_IMPORT` names for its own (its own layer included, without a cycle).
 FRONT_DOOR = frozenset({"shared", "shared.aio", "shared.testing"})
-LAYERS: dict[str, str] = {"front door": "shared", "triggers": "shared.triggers",
-                          "flows": "shared.flows", "backends": "shared.backends",
-                          "core": "shared.core"}
+LAYERS: dict[str, str] = {"front door": "shared", "triggers": "shared._triggers",
+                          "flows": "shared._flows", "backends": "shared._backends",
+                          "core": "shared._core"}
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "front door": frozenset(LAYERS),
     "triggers": frozenset({"triggers", "flows", "core"}),
@@ -154,11 +154,11 @@ def test_shared_imports_follow_the_layers():
 
 def test_counter_proof_an_upward_import_is_named():
     graph = {module: set[str]() for module in import_graph(ROOT / "shared", ROOT)}
-    graph["shared.flows.idempotency"].add("shared.backends.dispatch")  # a flow importing an SDK's dispatcher
+    graph["shared._flows.idempotency"].add("shared._backends.dispatch")  # a flow importing a dispatcher
     graph["shared.new_module"] = set()  # beside the front door, in no layer's folder
     assert layer_violations(graph) == [
         "shared.new_module is in no layer",
-        "shared.flows.idempotency (flows) imports shared.backends.dispatch (backends)"]
+        "shared._flows.idempotency (flows) imports shared._backends.dispatch (backends)"]
 
 
 def test_the_docs_picture_names_the_layers():
@@ -198,10 +198,33 @@ def test_the_apps_import_only_the_front_door():
 
 def test_counter_proof_an_import_past_the_front_door_is_named():
     source = ("from shared import Idempotency\nfrom shared.testing import InMemoryDispatcher\n"
-              "from shared.core.cloudevents import parse_cloudevent\nimport shared.core.keys\n"
+              "from shared._core.cloudevents import parse_cloudevent\nimport shared._core.keys\n"
               "from sharedthings import x\n")
-    assert beyond_the_front_door(source) == ["shared.core.cloudevents", "shared.core.keys"]
+    assert beyond_the_front_door(source) == ["shared._core.cloudevents", "shared._core.keys"]
 
+
+
+FRONT_DOOR = frozenset({"shared", "shared.aio", "shared.testing"})
+
+
+def public_paths(modules: Iterable[str]) -> list[str]:
+    """The modules an app could import by a public path: outside the front door, no part of
+    the path starting with an underscore."""
+    return sorted(module for module in modules if module not in FRONT_DOOR
+                  and not any(part.startswith("_") for part in module.split(".")[1:]))
+
+
+def test_only_the_front_door_has_a_public_path():
+    """h11's rule: the implementation's modules are private, so `shared`, `shared.aio` and
+    `shared.testing` are the only import points of an app."""
+    modules = import_graph(ROOT / "shared", ROOT)
+    assert set(modules) >= FRONT_DOOR and len(modules) > 30
+    assert public_paths(modules) == []
+
+
+def test_counter_proof_a_public_implementation_module_is_named():
+    assert public_paths(["shared", "shared._core.keys", "shared.keys", "shared.stores._x",
+                         "shared.stores.x"]) == ["shared.keys", "shared.stores.x"]
 
 # -- module size ------------------------------------------------------------------------------
 MAX_MODULE_LINES = 500

@@ -15,9 +15,9 @@ from typing import Any, cast
 import pytest
 
 from shared import DedupKey, IdempotencyConfig
-from shared.backends.memory import InMemoryIdempotencyStore
-from shared.core.exceptions import DispatchUnavailableError
-from shared.core.outbox import (
+from shared._backends.memory import InMemoryIdempotencyStore
+from shared._core.exceptions import DispatchUnavailableError
+from shared._core.outbox import (
     PENDING_SINCE,
     POSITION,
     Dispatcher,
@@ -25,13 +25,13 @@ from shared.core.outbox import (
     has_pending,
     outgoing_message_id,
 )
-from shared.core.records import OutcomeStatus
-from shared.flows.batch import BatchReport, PartitionBatchProcessor
-from shared.flows.drivers import run_sync
-from shared.flows.idempotency import Idempotency
-from shared.flows.parking import ParkingLot
-from shared.flows.steps import Dispatch, Flow, Gather, OnStore, Step
-from shared.flows.watermark import PartitionWatermark
+from shared._core.records import OutcomeStatus
+from shared._flows.batch import BatchReport, PartitionBatchProcessor
+from shared._flows.drivers import run_sync
+from shared._flows.idempotency import Idempotency
+from shared._flows.parking import ParkingLot
+from shared._flows.steps import Dispatch, Flow, Gather, OnStore, Step
+from shared._flows.watermark import PartitionWatermark
 
 NOW = 1_800_000_000.0
 HUB = "payments"
@@ -276,9 +276,9 @@ def test_the_single_event_entry_point_dispatches_and_records_on_its_own():
 
 # -- the group commit itself, step by step ----------------------------------------------------------
 def test_a_group_commit_of_batch_events_commits_the_position_and_leaves_the_dispatch_to_the_caller():
-    from shared.core.store import CommitGroup, Committed, RecordDispatched
-    from shared.flows.idempotency import GroupMessage
-    from shared.flows.steps import BuildResult, RunBuild, Writes
+    from shared._core.store import CommitGroup, Committed, RecordDispatched
+    from shared._flows.idempotency import GroupMessage
+    from shared._flows.steps import BuildResult, RunBuild, Writes
     from tests.test_flow_steps import Stepper
 
     ledger = Idempotency(InMemoryIdempotencyStore(), config=IdempotencyConfig(clock=lambda: NOW),

@@ -19,11 +19,11 @@ from benchmarks.counting import (
     counted_table_store,
 )
 from shared import Idempotency, IdempotencyConfig, OutcomeStatus
-from shared.backends import CosmosIdempotencyStore
-from shared.backends.cosmos_indexing import record_indexing_policy
-from shared.core.keys import DedupKey, request_hash
-from shared.core.records import IdempotencyRecord, RecordState
-from shared.flows.cache import CompletedKeyCache
+from shared._backends import CosmosIdempotencyStore
+from shared._backends.cosmos_indexing import record_indexing_policy
+from shared._core.keys import DedupKey, request_hash
+from shared._core.records import IdempotencyRecord, RecordState
+from shared._flows.cache import CompletedKeyCache
 from tests.conftest import FakeClock
 
 

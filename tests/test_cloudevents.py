@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from shared.core.cloudevents import InvalidEventError, declares_json, parse_cloudevent
+from shared._core.cloudevents import InvalidEventError, declares_json, parse_cloudevent
 
 ATTRIBUTES = {"specversion": "1.0", "id": "e-1", "source": "/src", "type": "t"}
 BINARY_PROPERTIES = {f"ce_{name}": value for name, value in ATTRIBUTES.items()}

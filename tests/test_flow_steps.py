@@ -1,6 +1,6 @@
 """The flows stepped by hand: each step's answer (or error) fed in, no store at all.
 
-The flows are sans-I/O (`shared.flows.steps`): a flow yields a step and receives its
+The flows are sans-I/O (`shared._flows.steps`): a flow yields a step and receives its
 answer, so a test can play the store and the user's code, step by step, and
 assert exactly what the flow asks for next, the way h11's tests feed its
 connection events. The stores are proven elsewhere (tests/store/).
@@ -15,15 +15,15 @@ from typing import Any, cast
 import pytest
 
 from shared import DedupKey, IdempotencyConfig, OutcomeStatus
-from shared.backends.memory import InMemoryIdempotencyStore
-from shared.core.exceptions import (
+from shared._backends.memory import InMemoryIdempotencyStore
+from shared._core.exceptions import (
     ConcurrencyRetriesExhaustedError,
     OperationFailedError,
     RecordChangedError,
     RecordExistsError,
 )
-from shared.core.records import IdempotencyRecord, RecordState
-from shared.core.store import (
+from shared._core.records import IdempotencyRecord, RecordState
+from shared._core.store import (
     CommitGroup,
     Committed,
     Document,
@@ -33,10 +33,10 @@ from shared.core.store import (
     ReplaceRecordIfUnchanged,
     WriteDocuments,
 )
-from shared.flows.drivers import SyncStore, run_async, run_sync
-from shared.flows.idempotency import GroupMessage, Idempotency
-from shared.flows.steps import BuildResult, Flow, Gather, RunBuild, Sleep, Step, Writes
-from shared.flows.watermark import Mark, PartitionWatermark
+from shared._flows.drivers import SyncStore, run_async, run_sync
+from shared._flows.idempotency import GroupMessage, Idempotency
+from shared._flows.steps import BuildResult, Flow, Gather, RunBuild, Sleep, Step, Writes
+from shared._flows.watermark import Mark, PartitionWatermark
 
 NOW = 1_000_000.0
 KEY = DedupKey("orders", "o-1")

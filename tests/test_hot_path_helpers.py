@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.core import jsontext
-from shared.core.codec import ATTEMPTS, record_fields, record_from_fields
-from shared.core.jsontext import compact_encoder
-from shared.core.keys import DedupKey, encode_component
-from shared.core.records import IdempotencyRecord, RecordState
+from shared._core import jsontext
+from shared._core.codec import ATTEMPTS, record_fields, record_from_fields
+from shared._core.jsontext import compact_encoder
+from shared._core.keys import DedupKey, encode_component
+from shared._core.records import IdempotencyRecord, RecordState
 
 
 def reference_encoding(value: str) -> str:

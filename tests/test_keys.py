@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared import DedupKey, request_hash
-from shared.core.exceptions import InvalidKeyError
-from shared.core.keys import (
+from shared._core.exceptions import InvalidKeyError
+from shared._core.keys import (
     MAX_ENCODED_LENGTH,
     REQUEST_HASH_LENGTH,
     canonical_json,
@@ -24,7 +24,7 @@ from shared.core.keys import (
     encode_component,
     store_safe_id,
 )
-from shared.core.payload import parse_json
+from shared._core.payload import parse_json
 
 TABLE_FORBIDDEN = set("/\\#?") | {chr(c) for c in range(0x20)} | {chr(c) for c in range(0x7F, 0xA0)}
 

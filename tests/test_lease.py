@@ -10,7 +10,7 @@ import pytest
 
 from functions.settings import Settings, SettingsError
 from shared import DedupKey, Idempotency, IdempotencyConfig, request_hash
-from shared.core.records import OutcomeStatus, RecordState
+from shared._core.records import OutcomeStatus, RecordState
 from shared.testing import InMemoryIdempotencyStore
 from tests.support.doubles import applied_now
 

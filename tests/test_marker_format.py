@@ -1,4 +1,4 @@
-"""The marker format (shared/core/codec.py, version 1): what a marker holds, that every
+"""The marker format (shared/_core/codec.py, version 1): what a marker holds, that every
 record reads back as it was written, and that a marker this library cannot read is refused."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.core.codec import (
+from shared._core.codec import (
     ATTEMPTS,
     CREATED,
     EXPIRES,
@@ -29,9 +29,9 @@ from shared.core.codec import (
     record_fields,
     record_from_fields,
 )
-from shared.core.keys import REQUEST_HASH_LENGTH, DedupKey, request_hash
-from shared.core.outbox import EventPosition, outgoing
-from shared.core.records import IdempotencyRecord, RecordState
+from shared._core.keys import REQUEST_HASH_LENGTH, DedupKey, request_hash
+from shared._core.outbox import EventPosition, outgoing
+from shared._core.records import IdempotencyRecord, RecordState
 
 NOW = 1_800_000_000.123
 KEY_ = DedupKey.from_cloudevent("payments", "/src", "pay-1")

@@ -8,8 +8,8 @@ import sys
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from shared.core.keys import DedupKey
-from shared.core.observability import (
+from shared._core.keys import DedupKey
+from shared._core.observability import (
     CONNECTION_STRING_SETTING,
     DEFAULT_SAMPLING_RATIO,
     SAMPLING_RATIO_SETTING,
@@ -71,7 +71,7 @@ def test_the_sampler_is_always_explicit():
 
 def test_missing_distro_warns_and_does_not_raise(monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "azure.monitor.opentelemetry", None)  # import fails
-    with caplog.at_level(logging.WARNING, logger="shared.core.observability"):
+    with caplog.at_level(logging.WARNING, logger="shared._core.observability"):
         assert configure_observability(connection_string=CONN) is False
     assert "azure-monitor-opentelemetry is not installed" in caplog.text
 
@@ -137,7 +137,7 @@ def test_the_real_distro_configures_export_in_a_fresh_process():
 
     script = (
         "from opentelemetry import metrics, trace\n"
-        "from shared.core.observability import configure_observability\n"
+        "from shared._core.observability import configure_observability\n"
         "ok = configure_observability(connection_string='InstrumentationKey="
         "00000000-0000-0000-0000-000000000000;IngestionEndpoint=http://127.0.0.1:9/',"
         " disable_offline_storage=True, sampling_ratio=0.05)\n"

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.core.payload import (
+from shared._core.payload import (
     MAX_DEPTH,
     MAX_SAFE_INTEGER,
     InvalidPayloadError,

@@ -3,8 +3,8 @@ from datetime import timedelta
 import pytest
 
 from shared import IdempotencyConfig
-from shared.core.config import RedeliveryWindow, validate_retention
-from shared.core.exceptions import RetentionConfigError
+from shared._core.config import RedeliveryWindow, validate_retention
+from shared._core.exceptions import RetentionConfigError
 
 
 def test_default_ttl_covers_the_default_service_bus_window():

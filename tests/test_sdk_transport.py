@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.backends.sdk_transport import async_transport, proxy_configured, sync_transport
+from shared._backends.sdk_transport import async_transport, proxy_configured, sync_transport
 
 
 @pytest.mark.parametrize(("environ", "expected"), [

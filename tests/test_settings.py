@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from functions.settings import SETTING_NAMES, Settings, SettingsError
-from shared.core.exceptions import RetentionConfigError
+from shared._core.exceptions import RetentionConfigError
 
 BASE = {"TABLE_CONNECTION_STRING": "UseDevelopmentStorage=true",
         "COSMOS_ENDPOINT": "https://localhost:8081/",
@@ -91,7 +91,7 @@ def test_sample_settings_define_every_setting_and_parse():
 
 def test_telemetry_settings_reach_the_telemetry_and_the_sampler():
     from functions.services import build_services
-    from shared.core.observability import DEFAULT_SAMPLING_RATIO
+    from shared._core.observability import DEFAULT_SAMPLING_RATIO
     from shared.testing import InMemoryIdempotencyStore
 
     defaults = Settings.from_env(BASE)
@@ -125,6 +125,6 @@ def test_the_batch_codec_setting_names_the_table_stores_codecs():
     from typing import get_args
 
     from functions.settings import BatchCodec
-    from shared.backends.table_batch import CODECS
+    from shared._backends.table_batch import CODECS
 
     assert get_args(BatchCodec) == CODECS

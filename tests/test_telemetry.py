@@ -22,9 +22,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 
 from shared import Idempotency, IdempotencyConfig, OutcomeStatus
-from shared.core import telemetry as telemetry_module
-from shared.core.keys import DedupKey, request_hash
-from shared.core.telemetry import (
+from shared._core import telemetry as telemetry_module
+from shared._core.keys import DedupKey, request_hash
+from shared._core.telemetry import (
     EVENT_BATCH,
     EVENT_CONFLICT,
     EVENT_DUPLICATE,
@@ -38,9 +38,9 @@ from shared.core.telemetry import (
     METRIC_STORE_LATENCY,
     Telemetry,
 )
-from shared.flows.cache import CompletedKeyCache
-from shared.flows.parking import ParkingLot
-from shared.flows.watermark import PartitionWatermark
+from shared._flows.cache import CompletedKeyCache
+from shared._flows.parking import ParkingLot
+from shared._flows.watermark import PartitionWatermark
 from shared.testing import InMemoryIdempotencyStore
 from tests.support.parking import parked_body
 
@@ -315,7 +315,7 @@ def test_records_join_their_trace_through_the_envelope_not_their_fields(store, t
 
 
 def test_context_names_that_clash_with_log_record_attributes_are_kept(telemetry, logs):
-    from shared.core.records import Outcome
+    from shared._core.records import Outcome
 
     key = DedupKey("orders", "o-9")
     outcome = Outcome(OutcomeStatus.PROCESSED, key, "sha256:x")

@@ -1,4 +1,4 @@
-"""The trigger helpers fed by hand (`shared.triggers.servicebus`): messages and settlement actions are plain
+"""The trigger helpers fed by hand (`shared._triggers.servicebus`): messages and settlement actions are plain
 objects, the store the in-memory one, so each rule of the module docstring is one test. The
 helpers through the real worker on the real servers: tests/examples (the lift test) and
 tests/functions, tests/worker (the sample app)."""
@@ -26,18 +26,18 @@ from shared import (
     aio,
     request_hash,
 )
-from shared.core.exceptions import (
+from shared._core.exceptions import (
     ConfigurationError,
     DispatchUnavailableError,
     IdempotencyError,
     InvalidKeyError,
     StoreUnavailableError,
 )
-from shared.core.keys import DedupKey
-from shared.core.payload import InvalidPayloadError
-from shared.flows.parking import ParkedEntryError
+from shared._core.keys import DedupKey
+from shared._core.payload import InvalidPayloadError
+from shared._flows.parking import ParkedEntryError
+from shared._triggers.servicebus import MessageView
 from shared.testing import AsyncInMemoryIdempotencyStore, InMemoryDispatcher, InMemoryIdempotencyStore
-from shared.triggers.servicebus import MessageView
 
 
 @dataclass
@@ -153,7 +153,7 @@ def test_two_phase_runs_the_effect_once_and_dead_letters_an_uncertain_one(store)
     notify.run(message({"to": "a"}, delivery_count=2), actions, send)
     assert sent == ["a"] and actions.calls == [("complete", None)] * 2
 
-    from shared.core.exceptions import EffectUncertainError
+    from shared._core.exceptions import EffectUncertainError
 
     def unsure(note: dict[str, Any]) -> None:
         raise EffectUncertainError("timed out after sending")
@@ -336,7 +336,7 @@ def test_http_first_request_then_a_replay_of_its_stored_response(store):
     ("k-1", b"[1]", "request-invalid", 400),
 ])
 def test_http_problems_name_their_type_and_keep_their_title(store, key, body, slug, status):
-    from shared.triggers.http import PROBLEMS
+    from shared._triggers.http import PROBLEMS
 
     result = IdempotencyKeyEndpoint(Idempotency(store), problem_base="https://docs.example/http/#"
                                     ).answer(headers(key), body, created)
@@ -388,7 +388,7 @@ def test_http_a_caller_header_that_is_not_a_header_name_fails_at_construction(st
 
 def test_an_event_view_reads_its_cloud_event_in_either_mode():
     from shared import EventView
-    from shared.core.cloudevents import InvalidEventError
+    from shared._core.cloudevents import InvalidEventError
 
     structured = EventView(1, json.dumps({"specversion": "1.0", "id": "e1", "source": "/s",
                                           "type": "t", "data": {"cents": 5}}).encode(),

@@ -6,9 +6,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
-from shared.core.keys import store_safe_id
-from shared.core.store import Document, WriteOp
-from shared.flows.watermark import Mark, PartitionWatermark
+from shared._core.keys import store_safe_id
+from shared._core.store import Document, WriteOp
+from shared._flows.watermark import Mark, PartitionWatermark
 
 
 def mark(store) -> PartitionWatermark:

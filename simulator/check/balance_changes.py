@@ -28,11 +28,11 @@ from typing import Any
 from domain.balance_projection import CONSUMER, VIEW_DOCUMENT, BalanceChanged, view_partition
 from domain.payments import BALANCE_CHANGED
 from shared import request_hash
-from shared.core.keys import store_safe_id
-from shared.core.outbox import EventPosition
-from shared.core.records import IdempotencyRecord
-from shared.core.store import Document, IdempotencyStore
-from shared.flows.watermark import Mark, event_time
+from shared._core.keys import store_safe_id
+from shared._core.outbox import EventPosition
+from shared._core.records import IdempotencyRecord
+from shared._core.store import Document, IdempotencyStore
+from shared._flows.watermark import Mark, event_time
 from simulator.check.evidence import Evidence
 from simulator.check.result import CheckResult, Invariant
 from simulator.check.stores import Row, is_record, marker_of

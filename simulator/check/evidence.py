@@ -13,7 +13,7 @@ import functools
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from shared.core.store import IdempotencyStore
+from shared._core.store import IdempotencyStore
 from simulator.check.stores import Row, Stores, scan, store_identity
 from simulator.faults import ApiCall
 from simulator.workload import Item

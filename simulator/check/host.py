@@ -5,7 +5,7 @@ reconciliation."""
 
 from __future__ import annotations
 
-from shared.core.records import RecordState
+from shared._core.records import RecordState
 from simulator.check.evidence import Evidence, is_transient_error
 from simulator.check.result import CheckResult, Invariant
 from simulator.check.stores import marker_of, store_identity

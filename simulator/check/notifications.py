@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from shared.core.records import IdempotencyRecord, RecordState
+from shared._core.records import IdempotencyRecord, RecordState
 from simulator.check.evidence import CHANNELS, Evidence
 from simulator.check.result import CheckResult, Invariant
 from simulator.check.stores import marker_of

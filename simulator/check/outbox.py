@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
-from shared.core.outbox import has_pending
+from shared._core.outbox import has_pending
 from simulator.check.evidence import CHANNELS, DeadLetter, Evidence
 from simulator.check.result import CheckResult, Invariant
 from simulator.faults import ApiCall

@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from shared import request_hash
-from shared.core.records import IdempotencyRecord
+from shared._core.records import IdempotencyRecord
 from simulator.check.evidence import Evidence
 from simulator.check.result import CheckResult, Invariant
 from simulator.check.stores import marker_of

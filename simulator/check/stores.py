@@ -8,11 +8,11 @@ from typing import Any
 
 from azure.data.tables import EntityProperty
 
-from shared.backends import CosmosIdempotencyStore, TableIdempotencyStore
-from shared.backends.memory import InMemoryIdempotencyStore
-from shared.core import codec
-from shared.core.records import IdempotencyRecord
-from shared.core.store import IdempotencyStore
+from shared._backends import CosmosIdempotencyStore, TableIdempotencyStore
+from shared._backends.memory import InMemoryIdempotencyStore
+from shared._core import codec
+from shared._core.records import IdempotencyRecord
+from shared._core.store import IdempotencyStore
 from simulator.faults import innermost
 
 Row = dict[str, Any]  # an entity or document, flattened, with `_id` and `_partition`
@@ -90,7 +90,7 @@ def is_record(row: Row) -> bool:
 
 
 def marker_of(row: Row) -> IdempotencyRecord | None:
-    """The dedup record a row holds, read as the stores read it (shared.core.codec); None
+    """The dedup record a row holds, read as the stores read it (shared._core.codec); None
     for a business entity or document."""
     if not codec.is_record(row):
         return None

@@ -16,9 +16,9 @@ from benchmarks.stats import Sample, figures
 from benchmarks.workload import LatencySizes
 from functions.services import build_services
 from functions.settings import Settings
-from shared.core.outbox import OutgoingMessage
+from shared._core.outbox import OutgoingMessage
+from shared._triggers.servicebus import MessageView
 from shared.testing import InMemoryIdempotencyStore
-from shared.triggers.servicebus import MessageView
 
 
 def test_figures_add_up_the_samples():

@@ -26,7 +26,7 @@ def test_the_batch_path_reaches_the_table_sdk_from_its_entry(stack):
     request = deepest(trace)
     assert request is not None and len(request.chain) == result.deepest
     assert str(request.chain[0]) == "functions/payments.py:payments"
-    assert request.chain[-1].path.startswith("shared/backends/")
+    assert request.chain[-1].path.startswith("shared/_backends/")
     assert request.sdk_call.startswith("azure.data.tables"), request.sdk_call
     # a gathered account group's chain continues through the task that ran it
     assert any(len({f.path for f in r.chain}) > 2 and "domain/payments.py" in

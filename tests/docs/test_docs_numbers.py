@@ -82,121 +82,121 @@ def _budget() -> Any:
 FACTS = [
     # Event Hubs batch and the retry budget
     Fact("Retry-After cap", r"Retry-After`? (?:of at most|up to) \**(\d+) s",
-         lambda: (code("shared.flows.batch", "MAX_RETRY_AFTER_SECONDS"),)),
+         lambda: (code("shared._flows.batch", "MAX_RETRY_AFTER_SECONDS"),)),
     Fact("SDK retries", r"at most \*\*(\d+)\*\* times, \*\*(\d+) s\*\* apart",
          lambda: (_budget().sdk_retries, _budget().sdk_wait)),
     Fact("one request's wait in the SDK", r"One request waits at most \*\*(\d+) s\*\* inside the SDK",
          lambda: (_budget().request_seconds,)),
     Fact("the batch's throttling bound",
          r"\*\*A x \((\d+) s \+ (\d+) s\) = (\d+) s\*\* of waiting \(A = (\d+)\)",
-         lambda: (_budget().request_seconds, code("shared.flows.batch", "MAX_RETRY_AFTER_SECONDS"),
+         lambda: (_budget().request_seconds, code("shared._flows.batch", "MAX_RETRY_AFTER_SECONDS"),
                   _budget().unit_seconds(attempts=settings_default("payments_max_attempts"),
-                                         max_retry_after=code("shared.flows.batch",
+                                         max_retry_after=code("shared._flows.batch",
                                                               "MAX_RETRY_AFTER_SECONDS")),
                   settings_default("payments_max_attempts"))),
     Fact("tries per group (processor)", r"`max_attempts` times \(default (\d+)\)",
-         lambda: (default("shared.flows.batch", "BasePartitionBatchProcessor", "max_attempts"),)),
+         lambda: (default("shared._flows.batch", "BasePartitionBatchProcessor", "max_attempts"),)),
     Fact("tries per group (sample)", r"`PAYMENTS_MAX_ATTEMPTS`, default \*\*(\d+)\*\*",
          lambda: (settings_default("payments_max_attempts"),)),
     Fact("groups at once", r"`max_concurrency`, default (\d+)",
-         lambda: (default("shared.flows.batch", "BasePartitionBatchProcessor", "max_concurrency"),)),
+         lambda: (default("shared._flows.batch", "BasePartitionBatchProcessor", "max_concurrency"),)),
     Fact("operations per transaction", r"split at (\d+) operations",
-         lambda: (code("shared.core.store", "MAX_TRANSACTION_OPERATIONS"),)),
+         lambda: (code("shared._core.store", "MAX_TRANSACTION_OPERATIONS"),)),
     # Leases and retention
     Fact("lease fraction (library)", r"by default \**(0\.\d+) x\**",
-         lambda: (round(code("shared.core.config", "IdempotencyConfig")().lease
-                        / code("shared.core.config", "RedeliveryWindow")().lock_duration, 3),)),
+         lambda: (round(code("shared._core.config", "IdempotencyConfig")().lease
+                        / code("shared._core.config", "RedeliveryWindow")().lock_duration, 3),)),
     Fact("lease fraction (sample)", r"the lease defaults to (0\.\d+) x the lock",
          lambda: (round(settings_default("lease") / settings_default("window").lock_duration, 3),)),
     Fact("lease renewal limit", r"for at most the host's lock renewal,? \(?\*\*(\d+) minutes\*\*",
-         lambda: (code("shared.core.config", "IdempotencyConfig")().max_lease_renewal / timedelta(minutes=1),
+         lambda: (code("shared._core.config", "IdempotencyConfig")().max_lease_renewal / timedelta(minutes=1),
                   )),
     Fact("host lock renewal", r"`maxAutoLockRenewalDuration`,? (\d+) minutes",
          lambda: (minutes(host("extensions.serviceBus.maxAutoLockRenewalDuration")),)),
     Fact("default TTL", r"default TTL is \*\*(\d+) days\*\*|TTL \((\d+) days by default",
-         lambda: (code("shared.core.config", "DEFAULT_TTL").days,)),
+         lambda: (code("shared._core.config", "DEFAULT_TTL").days,)),
     Fact("default TTL (sample)",
          r"the default TTL \(`DEDUP_TTL_SECONDS`, (\d+) days\)|the default TTL \((\d+) days\)",
          lambda: (settings_default("ttl").days,)),
     Fact("redelivery window", r"the redelivery window is (\d+) day and (\d+) minutes",
-         lambda: divmod(int(code("shared.core.config", "RedeliveryWindow")().length.total_seconds() // 60),
+         lambda: divmod(int(code("shared._core.config", "RedeliveryWindow")().length.total_seconds() // 60),
                         24 * 60)),
     Fact("function timeout", r"(\d+)-minute `functionTimeout`|`functionTimeout` (\d+) minutes",
          lambda: (minutes(host("functionTimeout")),)),
     Fact("maintenance budget", r"one bounded sweep per store within \*\*(\d+) minutes\*\*",
-         lambda: (code("shared.core.sweep", "DEFAULT_BUDGET_SECONDS") / 60,)),
+         lambda: (code("shared._core.sweep", "DEFAULT_BUDGET_SECONDS") / 60,)),
     Fact("sweep page", r"one page \(at most ([\d,]+) rows\)",
-         lambda: (code("shared.core.sweep", "DEFAULT_PAGE_SIZE"),)),
+         lambda: (code("shared._core.sweep", "DEFAULT_PAGE_SIZE"),)),
     # Keys, payloads and results
     Fact("escaped id length", r"escaped id would pass (\d+) characters",
-         lambda: (code("shared.core.keys", "MAX_ENCODED_LENGTH"),)),
+         lambda: (code("shared._core.keys", "MAX_ENCODED_LENGTH"),)),
     Fact("raw key size", r"The raw key \(at most (\d+) KiB\)",
-         lambda: (code("shared.core.keys", "MAX_RAW_KEY_BYTES") / 1024,)),
+         lambda: (code("shared._core.keys", "MAX_RAW_KEY_BYTES") / 1024,)),
     Fact("nesting depth", r"(?:deeper than|over) (\d+) levels",
-         lambda: (code("shared.core.payload", "MAX_DEPTH"),)),
+         lambda: (code("shared._core.payload", "MAX_DEPTH"),)),
     Fact("exact integers", r"2\^(\d+) - 1",
-         lambda: (code("shared.core.payload", "MAX_SAFE_INTEGER").bit_length(),)),
+         lambda: (code("shared._core.payload", "MAX_SAFE_INTEGER").bit_length(),)),
     Fact("result size", r"at most (\d+) KiB, `max_result_bytes`",
-         lambda: (code("shared.core.config", "IdempotencyConfig")().max_result_bytes / 1024,)),
+         lambda: (code("shared._core.config", "IdempotencyConfig")().max_result_bytes / 1024,)),
     Fact("parked payload", r"Parked payloads are stored up to ([\d,]+) characters",
-         lambda: (code("shared.flows.parking", "MAX_INLINE_PAYLOAD_CHARS"),)),
+         lambda: (code("shared._flows.parking", "MAX_INLINE_PAYLOAD_CHARS"),)),
     # The outbox
     Fact("outgoing body", r"a body over \*\*(\d+) KiB\*\*",
-         lambda: (code("shared.core.outbox", "MAX_BODY_BYTES") / 1024,)),
+         lambda: (code("shared._core.outbox", "MAX_BODY_BYTES") / 1024,)),
     Fact("messages per key", r"more than \*\*(\d+)\*\* messages",
-         lambda: (code("shared.core.outbox", "MAX_MESSAGES"),)),
+         lambda: (code("shared._core.outbox", "MAX_MESSAGES"),)),
     Fact("pending bytes per key", r"\*\*(\d+) KiB\*\* of bodies and properties per key",
-         lambda: (code("shared.core.outbox", "MAX_PENDING_BYTES") / 1024,)),
+         lambda: (code("shared._core.outbox", "MAX_PENDING_BYTES") / 1024,)),
     Fact("Table chunk", r"chunked into ([\d,]+)-character properties",
-         lambda: (code("shared.core.outbox", "TABLE_CHUNK_CHARS"),)),
+         lambda: (code("shared._core.outbox", "TABLE_CHUNK_CHARS"),)),
     Fact("sweep age", r"`OUTBOX_SWEEP_AGE_SECONDS` \(default (\d+)\)",
          lambda: (settings_default("outbox_sweep_age").total_seconds(),)),
     Fact("duplicate detection window", r"`OUTBOX_DUPLICATE_DETECTION_SECONDS`, default (\d+) days",
          lambda: (settings_default("outbox_duplicate_detection").days,)),
     Fact("trace sampling", r"`TRACE_SAMPLING_RATIO` \(default (0\.\d+)",
-         lambda: (code("shared.core.observability", "DEFAULT_SAMPLING_RATIO"),)),
-    # The trigger helpers (shared/triggers/servicebus.py, shared/triggers/http.py)
+         lambda: (code("shared._core.observability", "DEFAULT_SAMPLING_RATIO"),)),
+    # The trigger helpers (shared/_triggers/servicebus.py, shared/_triggers/http.py)
     Fact("Service Bus body", r"at most (\d+) KiB, a Standard-tier message",
-         lambda: (code("shared.triggers.servicebus", "MAX_MESSAGE_BYTES") / 1024,)),
+         lambda: (code("shared._triggers.servicebus", "MAX_MESSAGE_BYTES") / 1024,)),
     Fact("HTTP body",
          r"at most (\d+) KiB by default, `max_body_bytes=`|`max_body_bytes`, (\d+) KiB by default",
-         lambda: (code("shared.triggers.http", "MAX_REQUEST_BYTES") / 1024,)),
+         lambda: (code("shared._triggers.http", "MAX_REQUEST_BYTES") / 1024,)),
     Fact("Idempotency-Key length", r"longer than (\d+) characters, holding control characters",
-         lambda: (code("shared.triggers.http", "MAX_KEY_CHARS"),)),
+         lambda: (code("shared._triggers.http", "MAX_KEY_CHARS"),)),
     Fact("caller header lengths",
          r"is longer than ([\d,]+) characters, `X-MS-CLIENT-PRINCIPAL` is longer than (\d+) KiB",
-         lambda: (code("shared.triggers.http", "MAX_CALLER_CHARS"),
-                  code("shared.triggers.http", "MAX_PRINCIPAL_CHARS") / 1024)),
+         lambda: (code("shared._triggers.http", "MAX_CALLER_CHARS"),
+                  code("shared._triggers.http", "MAX_PRINCIPAL_CHARS") / 1024)),
     Fact("HTTP Retry-After", r"`Retry-After: (\d+)`",
-         lambda: (default("shared.triggers.http", "BaseIdempotencyKeyEndpoint", "retry_after_seconds"),)),
+         lambda: (default("shared._triggers.http", "BaseIdempotencyKeyEndpoint", "retry_after_seconds"),)),
     # Clock skew (a lease renewed every 1/LEASE_RENEWALS of it, judged on each instance's clock)
     Fact("skew between two instances",
          r"just under (\d+) s with the default (\d+)-second lease",
-         lambda: (round(_lease() * (1 - 1 / code("shared.flows.idempotency", "LEASE_RENEWALS")), 6),
+         lambda: (round(_lease() * (1 - 1 / code("shared._flows.idempotency", "LEASE_RENEWALS")), 6),
                   _lease())),
     Fact("skew from the store's clock",
          r"within 1/(\d+) of the lease of the store's clock\*\* for every instance \((\d+) s by default\)",
-         lambda: (code("shared.flows.idempotency", "LEASE_RENEWALS"),
-                  _lease() / code("shared.flows.idempotency", "LEASE_RENEWALS"))),
+         lambda: (code("shared._flows.idempotency", "LEASE_RENEWALS"),
+                  _lease() / code("shared._flows.idempotency", "LEASE_RENEWALS"))),
     Fact("skew warning threshold", r"\*\*1/(\d+) of the lease\*\* \((\d+) s by default\)",
-         lambda: (round(1 / code("shared.flows.dedup_steps", "CLOCK_SKEW_WARNING_FRACTION"), 6),
-                  _lease() * code("shared.flows.dedup_steps", "CLOCK_SKEW_WARNING_FRACTION"))),
+         lambda: (round(1 / code("shared._flows.dedup_steps", "CLOCK_SKEW_WARNING_FRACTION"), 6),
+                  _lease() * code("shared._flows.dedup_steps", "CLOCK_SKEW_WARNING_FRACTION"))),
     Fact("skew sampling", r"samples at most once every (\d+) s",
-         lambda: (code("shared.core.telemetry", "CLOCK_SKEW_SAMPLE_SECONDS"),)),
+         lambda: (code("shared._core.telemetry", "CLOCK_SKEW_SAMPLE_SECONDS"),)),
     Fact("skew warning interval", r"`ClockSkewDetected` \(WARNING, at most (?:once )?every (\d+) minutes",
-         lambda: (code("shared.core.telemetry", "CLOCK_SKEW_WARNING_SECONDS") / 60,)),
-    # Storage queues (shared/triggers/queues.py, shared/triggers/queue_messages.py)
+         lambda: (code("shared._core.telemetry", "CLOCK_SKEW_WARNING_SECONDS") / 60,)),
+    # Storage queues (shared/_triggers/queues.py, shared/_triggers/queue_messages.py)
     Fact("max dequeue count", r"`maxDequeueCount`(?:\*\*)? \(default (\d+)\)",
-         lambda: (code("shared.triggers.queues", "DEFAULT_MAX_DEQUEUE_COUNT"),)),
+         lambda: (code("shared._triggers.queues", "DEFAULT_MAX_DEQUEUE_COUNT"),)),
     Fact("poison envelope text", r"64 KiB \((\d+) KiB of text before base64\)",
-         lambda: (code("shared.triggers.queue_messages", "MAX_POISON_TEXT_BYTES") / 1024,)),
+         lambda: (code("shared._triggers.queue_messages", "MAX_POISON_TEXT_BYTES") / 1024,)),
     Fact("queue body", r"bounded decoder, at most (\d+) KiB\); `key\(item\)`",
-         lambda: (default("shared.triggers.queues", "StorageQueueConsumer", "max_body_bytes") / 1024,)),
+         lambda: (default("shared._triggers.queues", "StorageQueueConsumer", "max_body_bytes") / 1024,)),
 ]
 
 
 def _lease() -> float:
-    return code("shared.core.config", "IdempotencyConfig")().lease.total_seconds()
+    return code("shared._core.config", "IdempotencyConfig")().lease.total_seconds()
 
 
 def mismatches(fact: Fact, texts: dict[str, str]) -> tuple[int, list[str]]:
@@ -230,7 +230,7 @@ def test_counter_proof_the_old_readmes_retry_after_is_caught():
 
 
 def test_the_cosmos_indexed_paths_the_docs_list_are_the_codes():
-    from shared.backends.cosmos_indexing import RECORD_QUERY_PATHS
+    from shared._backends.cosmos_indexing import RECORD_QUERY_PATHS
 
     text = read(ROOT / "docs" / "stores.md")
     sentence = re.search(r"excludes `/\*` and indexes only (.*?) and the partition key property", text)
@@ -241,7 +241,7 @@ def test_the_cosmos_indexed_paths_the_docs_list_are_the_codes():
 def test_every_problem_type_has_its_section_on_the_http_page():
     """Each problem type's URI ends in the anchor of its section (RFC 9457: a type resolves to its
     documentation); the section is titled with the type's title and states its status."""
-    problems: dict[str, tuple[int, str]] = dict(code("shared.triggers.http", "PROBLEMS"))
+    problems: dict[str, tuple[int, str]] = dict(code("shared._triggers.http", "PROBLEMS"))
     text = (ROOT / "docs" / "http.md").read_text()
     sections = {m.group(2): (m.group(1), text[m.end():text.find("\n#", m.end())])
                 for m in re.finditer(r"^### (.+?) \{#([a-z0-9-]+)\}$", text, re.M)}

@@ -20,8 +20,8 @@ from domain.balance_projection import read_view, view_partition
 from domain.payments import BALANCE_CHANGED, CONSUMER
 from functions.services import Services
 from shared import DedupKey
-from shared.core.exceptions import DispatchUnavailableError
-from shared.core.outbox import OutgoingMessage, outgoing_message_id
+from shared._core.exceptions import DispatchUnavailableError
+from shared._core.outbox import OutgoingMessage, outgoing_message_id
 from simulator.host_inputs import RecordingActions, SentEvent, SentMessage, service_bus_message
 from tests.functions.conftest import function
 from tests.functions.test_payments import (  # noqa: F401 - fixtures

@@ -17,7 +17,7 @@ import azure.functions as func
 import pytest
 
 from domain.payments import ACCOUNT_DOCUMENT
-from shared.core.keys import store_safe_id
+from shared._core.keys import store_safe_id
 from simulator.host_inputs import (
     RecordingActions,
     SentEvent,

@@ -12,7 +12,7 @@ import pytest
 
 from domain.payments import ACCOUNT_DOCUMENT
 from shared import DedupKey, request_hash
-from shared.core.keys import store_safe_id
+from shared._core.keys import store_safe_id
 from tests.functions.conftest import function
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,7 +85,7 @@ def test_a_failed_or_unconfirmed_balance_changed_send_is_503_and_the_retry_appli
 
 
 def test_problem_types_are_the_documented_ones_with_titles_that_do_not_vary(services):
-    from shared.triggers.http import PROBLEMS
+    from shared._triggers.http import PROBLEMS
 
     docs = (ROOT / "docs" / "http.md").read_text("utf-8")
     for response, slug in ((post(payment("a"), None), "idempotency-key-missing"),

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 
 from shared import DedupKey, request_hash
-from shared.core.records import RecordState
+from shared._core.records import RecordState
 from simulator.host_inputs import RecordingActions, SentMessage, service_bus_message
 from tests.functions.conftest import function
 from tests.support.parking import parked_body

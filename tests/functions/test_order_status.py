@@ -10,9 +10,9 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from shared.core.codec import is_record
-from shared.core.keys import store_safe_id
-from shared.core.telemetry import EVENT_STALE_VERSION, METRIC_MESSAGES, Telemetry
+from shared._core.codec import is_record
+from shared._core.keys import store_safe_id
+from shared._core.telemetry import EVENT_STALE_VERSION, METRIC_MESSAGES, Telemetry
 from simulator.host_inputs import RecordingActions, SentMessage, service_bus_message
 from tests.functions.conftest import function
 

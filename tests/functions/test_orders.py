@@ -14,11 +14,11 @@ from azure.cosmos import CosmosClient, PartitionKey
 from local_stack import COSMOS_LOCAL_KEY, free_port
 from local_stack.servers import cosmos_server
 from shared import CosmosIdempotencyStore, DedupKey, TableIdempotencyStore
+from shared._backends.cosmos_indexing import record_indexing_policy
+from shared._core.codec import is_record
+from shared._core.keys import store_safe_id
+from shared._core.records import RecordState
 from shared.aio import ThreadedStore
-from shared.backends.cosmos_indexing import record_indexing_policy
-from shared.core.codec import is_record
-from shared.core.keys import store_safe_id
-from shared.core.records import RecordState
 from simulator.host_inputs import RecordingActions, SentMessage, service_bus_message
 from tests.functions.conftest import function
 from tests.support.services import carrying_context
@@ -154,7 +154,7 @@ def test_order_ids_with_characters_the_store_forbids_are_stored_safely(services)
 
 # -- the outbox: OrderAccepted to the notifications topic, committed with the order ----------
 def test_the_order_accepted_message_is_sent_after_the_commit_with_a_derived_id(services):
-    from shared.core.outbox import outgoing_message_id
+    from shared._core.outbox import outgoing_message_id
 
     order_id = new_id()
     assert deliver(order(order_id), order_id) == ("complete", None, None)

@@ -28,15 +28,15 @@ from domain.payments import ACCOUNT_DOCUMENT, CONSUMER
 from functions.services import Services, build_services
 from functions.settings import COSMOS_CONTAINERS, TABLE_FOR
 from shared import DedupKey
-from shared.core.exceptions import (
+from shared._core.exceptions import (
     EffectUncertainError,
     InvalidKeyError,
     PoisonMessageError,
     StoreUnavailableError,
     retry_after,
 )
-from shared.core.keys import store_safe_id
-from shared.core.store import (
+from shared._core.keys import store_safe_id
+from shared._core.store import (
     Commit,
     CommitGroup,
     IdempotencyStore,
@@ -44,9 +44,9 @@ from shared.core.store import (
     WriteDocuments,
     WriteOp,
 )
-from shared.core.telemetry import EVENT_SEQUENCE_RESET, METRIC_MARK_LAG, METRIC_SEQUENCE_RESET, Telemetry
-from shared.flows.batch import MAX_RETRY_AFTER_SECONDS, BatchReport
-from shared.triggers.eventhubs import event_views
+from shared._core.telemetry import EVENT_SEQUENCE_RESET, METRIC_MARK_LAG, METRIC_SEQUENCE_RESET, Telemetry
+from shared._flows.batch import MAX_RETRY_AFTER_SECONDS, BatchReport
+from shared._triggers.eventhubs import event_views
 from simulator.host_inputs import SentEvent, event_hub_batch
 from tests.functions.conftest import function, settings_for
 from tests.support.doubles import CountingMemoryStore
@@ -202,8 +202,8 @@ def test_a_batch_is_one_consumer_span_and_its_summary_joins_it(services, monkeyp
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from shared.core import observability
-    from shared.core.telemetry import EVENT_BATCH
+    from shared._core import observability
+    from shared._core.telemetry import EVENT_BATCH
 
     spans = InMemorySpanExporter()
     provider = TracerProvider()
@@ -216,7 +216,7 @@ def test_a_batch_is_one_consumer_span_and_its_summary_joins_it(services, monkeyp
             current.append(trace.get_current_span().get_span_context().span_id)
         return True
 
-    logger = logging.getLogger("shared.core.telemetry")
+    logger = logging.getLogger("shared._core.telemetry")
     logger.addFilter(note_span)
     caplog.set_level(logging.INFO, logger="shared")
     try:
@@ -324,7 +324,7 @@ def test_events_below_the_mark_after_a_sequence_reset_are_all_applied(counted_se
     report = batch(services, _timed("old", account, range(5000, 5100), FIRST_HUB))
     assert (report.applied, report.watermark) == (100, 5099)
     assert balance(services, account) == 10000
-    caplog.set_level(logging.WARNING, logger="shared.core.telemetry")
+    caplog.set_level(logging.WARNING, logger="shared._core.telemetry")
     report = batch(services, _timed("new", account, range(0, 100), SECOND_HUB))
     assert (report.applied, report.replay_skipped, report.parked) == (100, 0, {})
     assert balance(services, account) == 20000

@@ -23,9 +23,9 @@ import pytest
 from azure.core.pipeline.transport import AioHttpTransport, RequestsTransport
 
 from functions.services import RETRY_BUDGET, RealAsyncStores, build_services, real_stores
-from shared.backends.retry import RetryBudget
-from shared.core.exceptions import StoreUnavailableError
-from shared.flows.batch import MAX_RETRY_AFTER_SECONDS
+from shared._backends.retry import RetryBudget
+from shared._core.exceptions import StoreUnavailableError
+from shared._flows.batch import MAX_RETRY_AFTER_SECONDS
 from simulator.host_inputs import SentEvent
 from tests.functions.conftest import settings_for
 from tests.functions.test_payments import _view, account_id, structured

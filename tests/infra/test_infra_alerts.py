@@ -81,7 +81,7 @@ def test_event_names_are_declared_once():
 
 
 def test_event_names_match_the_app_telemetry():
-    from shared.core import telemetry
+    from shared._core import telemetry
 
     assert LOG_EVENTS["keyConflict"] == telemetry.EVENT_CONFLICT
     assert LOG_EVENTS["parked"] == telemetry.EVENT_PARKED
@@ -124,9 +124,9 @@ def exported():
 
 
 def test_app_records_land_in_traces_with_the_event_dimension(exported):
-    from shared.core.keys import DedupKey
-    from shared.core.records import Outcome, OutcomeStatus
-    from shared.core.telemetry import Telemetry
+    from shared._core.keys import DedupKey
+    from shared._core.records import Outcome, OutcomeStatus
+    from shared._core.telemetry import Telemetry
 
     telemetry = Telemetry(log_duplicates=True)  # DuplicateDetected is a record only then
     key = DedupKey("orders", "order-1")
@@ -161,9 +161,9 @@ def test_duplicates_land_in_custom_metrics_with_the_outcome_dimension():
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from shared.core.keys import DedupKey
-    from shared.core.records import Outcome, OutcomeStatus
-    from shared.core.telemetry import METRIC_MESSAGES, Telemetry
+    from shared._core.keys import DedupKey
+    from shared._core.records import Outcome, OutcomeStatus
+    from shared._core.telemetry import METRIC_MESSAGES, Telemetry
 
     reader = InMemoryMetricReader(preferred_temporality=APPLICATION_INSIGHTS_METRIC_TEMPORALITIES)
     provider = MeterProvider(metric_readers=[reader])
@@ -200,7 +200,7 @@ METRIC_RULES = {"outboxPendingAlert"}
 
 def test_the_outbox_pending_rule_watches_the_oldest_pending_age_gauge():
     rule, query, criterion = _query_rules()["outboxPendingAlert"]
-    from shared.core.telemetry import METRIC_OLDEST_PENDING
+    from shared._core.telemetry import METRIC_OLDEST_PENDING
 
     assert query.startswith("customMetrics ") and f'name == "{METRIC_OLDEST_PENDING}"' in query
     assert "where value > 3600" in query  # the default threshold, resolved

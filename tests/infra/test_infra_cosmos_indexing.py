@@ -19,8 +19,8 @@ import pytest
 
 from functions.settings import COSMOS_CONTAINERS, COSMOS_INDEXING
 from replay.stores import document_lister, scan_reused_keys
-from shared.backends import CosmosIdempotencyStore
-from shared.backends.cosmos_indexing import point_indexing_policy, record_indexing_policy
+from shared._backends import CosmosIdempotencyStore
+from shared._backends.cosmos_indexing import point_indexing_policy, record_indexing_policy
 from simulator.check import scan
 from tests.infra.bicep_model import COSMOS_CONTAINERS as CONTRACT_CONTAINERS
 from tests.infra.bicep_model import REPO, body, evaluate, of_type, scope_of
@@ -30,7 +30,7 @@ COSMOS = "core/cosmos.bicep"
 # `test_every_module_that_queries_cosmos_is_covered` until a case below captures it.
 QUERY_SOURCES = ("shared", "domain", "replay", "functions", "simulator")
 QUERY_METHODS = {"query_items", "query_items_change_feed"}
-CAPTURED_MODULES = {"shared/backends/cosmos.py", "replay/stores.py", "simulator/check/stores.py"}
+CAPTURED_MODULES = {"shared/_backends/cosmos.py", "replay/stores.py", "simulator/check/stores.py"}
 
 _DOT_REF = re.compile(r"\bc\.([A-Za-z_][A-Za-z0-9_]*)")
 _BRACKET_REF = re.compile(r"\bc\[\s*(@[A-Za-z_][A-Za-z0-9_]*|'[^']*'|\"[^\"]*\")\s*\]")

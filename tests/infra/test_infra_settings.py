@@ -109,7 +109,7 @@ def test_behaviour_setting_defaults():
 
 def test_the_deployed_and_sample_trace_sampling_ratio_is_the_apps_default():
     """One default for the share of traces exported: the app's, Bicep's and the local sample's."""
-    from shared.core.observability import DEFAULT_SAMPLING_RATIO
+    from shared._core.observability import DEFAULT_SAMPLING_RATIO
 
     assert float(_setting_values()["TRACE_SAMPLING_RATIO"]) == DEFAULT_SAMPLING_RATIO
     sample = json.loads((REPO / "local.settings.sample.json").read_text())["Values"]
@@ -167,9 +167,9 @@ def test_default_ttl_matches_the_spec_defaults():
 
 
 def test_app_retention_check_accepts_the_deployed_values():
-    """The app's own startup rule (shared.core.config) agrees with the Bicep derivation."""
-    from shared.core.config import RedeliveryWindow, validate_retention
-    from shared.core.exceptions import RetentionConfigError
+    """The app's own startup rule (shared._core.config) agrees with the Bicep derivation."""
+    from shared._core.config import RedeliveryWindow, validate_retention
+    from shared._core.exceptions import RetentionConfigError
 
     values = _setting_values()
     window = RedeliveryWindow(

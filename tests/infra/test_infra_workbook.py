@@ -1,6 +1,6 @@
 """The workbook: deployed next to Application Insights, and every chart reads what the app emits.
 
-Metric names come from shared/core/telemetry.py's METRIC_* constants and event names from its EVENT_*
+Metric names come from shared/_core/telemetry.py's METRIC_* constants and event names from its EVENT_*
 constants, so a renamed metric or event fails here instead of leaving an empty chart. Where the
 metric points land is checked against the real exporter: the app's telemetry is recorded on an SDK
 meter provider and each point converted by azure-monitor-opentelemetry's metric exporter, which
@@ -43,7 +43,7 @@ def _queries() -> list[dict[str, Any]]:
 
 
 def _constants(prefix: str) -> set[str]:
-    from shared.core import telemetry
+    from shared._core import telemetry
 
     return {value for name, value in vars(telemetry).items()
             if name.startswith(prefix) and isinstance(value, str)}
@@ -133,7 +133,7 @@ def test_every_metric_query_names_a_metric_the_app_emits():
         assert names, f"{query['title']}: no metric name"
         assert names <= emitted, f"{query['title']} names {names - emitted}, emitted: {sorted(emitted)}"
         seen |= names
-    from shared.core import telemetry
+    from shared._core import telemetry
 
     # The metrics the operators asked for are all charted.
     assert {telemetry.METRIC_MESSAGES, telemetry.METRIC_STORE_LATENCY, telemetry.METRIC_PARKED,
@@ -141,7 +141,7 @@ def test_every_metric_query_names_a_metric_the_app_emits():
 
 
 def test_every_trace_query_names_an_event_the_app_logs():
-    from shared.core import telemetry
+    from shared._core import telemetry
 
     emitted = _constants("EVENT_")
     seen = set()
@@ -164,9 +164,9 @@ def exported_metrics() -> dict[str, set[str]]:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from shared.core.keys import DedupKey
-    from shared.core.records import Outcome, OutcomeStatus
-    from shared.core.telemetry import Telemetry
+    from shared._core.keys import DedupKey
+    from shared._core.records import Outcome, OutcomeStatus
+    from shared._core.telemetry import Telemetry
 
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
@@ -211,7 +211,7 @@ def test_metric_queries_read_only_dimensions_the_exporter_writes(exported_metric
 
 
 def test_duplicate_chart_splits_by_the_cause_the_app_records(exported_metrics):
-    from shared.core import telemetry
+    from shared._core import telemetry
 
     assert "cause" in exported_metrics[telemetry.METRIC_MESSAGES]
     (query,) = [q for q in _queries() if "duplicates by cause" in q["title"].lower()]

@@ -23,10 +23,10 @@ from azure.servicebus.exceptions import (
     ServiceBusServerBusyError,
 )
 
-from shared.backends import dispatch, dispatch_aio
-from shared.core.exceptions import DispatchRejectedError, DispatchUnavailableError
-from shared.core.keys import DedupKey
-from shared.core.outbox import outgoing
+from shared._backends import dispatch, dispatch_aio
+from shared._core.exceptions import DispatchRejectedError, DispatchUnavailableError
+from shared._core.keys import DedupKey
+from shared._core.outbox import outgoing
 from simulator.host_inputs import SentMessage
 from simulator.servicebus import Origin, ServiceBusNamespace
 from tests.support.doubles import AsyncFailingDispatcher, FailingDispatcher

@@ -13,21 +13,21 @@ from typing import Any
 
 import pytest
 
-from shared.backends.memory import InMemoryIdempotencyStore
-from shared.core.exceptions import (
+from shared._backends.memory import InMemoryIdempotencyStore
+from shared._core.exceptions import (
     ConfigurationError,
     DispatchUnavailableError,
     OutgoingMessageTooLargeError,
     RecordChangedError,
     RecordExistsError,
 )
-from shared.core.keys import DedupKey
-from shared.core.outbox import MAX_BODY_BYTES, outgoing_message_id
-from shared.core.records import IdempotencyRecord, OutcomeStatus
-from shared.core.store import Commit, CommitGroup, Committed, GetRecord, RecordDispatched
-from shared.flows.drivers import Transaction
-from shared.flows.idempotency import AsyncIdempotency, GroupMessage, Idempotency
-from shared.flows.steps import BuildResult, Dispatch, Flow, RunBuild, Writes
+from shared._core.keys import DedupKey
+from shared._core.outbox import MAX_BODY_BYTES, outgoing_message_id
+from shared._core.records import IdempotencyRecord, OutcomeStatus
+from shared._core.store import Commit, CommitGroup, Committed, GetRecord, RecordDispatched
+from shared._flows.drivers import Transaction
+from shared._flows.idempotency import AsyncIdempotency, GroupMessage, Idempotency
+from shared._flows.steps import BuildResult, Dispatch, Flow, RunBuild, Writes
 from shared.testing import AsyncInMemoryIdempotencyStore, InMemoryDispatcher
 from tests.support.doubles import CountingMemoryStore, FailingDispatcher
 

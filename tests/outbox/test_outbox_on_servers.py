@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from shared.core.exceptions import DispatchUnavailableError, RecordChangedError
-from shared.core.keys import DedupKey
-from shared.core.outbox import outgoing_message_id
-from shared.core.records import OutcomeStatus
-from shared.flows.idempotency import AsyncIdempotency, GroupMessage, Idempotency
+from shared._core.exceptions import DispatchUnavailableError, RecordChangedError
+from shared._core.keys import DedupKey
+from shared._core.outbox import outgoing_message_id
+from shared._core.records import OutcomeStatus
+from shared._flows.idempotency import AsyncIdempotency, GroupMessage, Idempotency
 from shared.testing import InMemoryDispatcher
 from tests.store.test_async_flow import async_backend, open_store  # noqa: F401 - fixtures
 from tests.support.doubles import AsyncFailingDispatcher, FailingDispatcher
@@ -121,7 +121,7 @@ def test_a_batch_marker_keeps_its_events_position_instead_of_a_pending_time(stor
     `oT` (pending since): the sweeper's query never finds it (the partition mark records the
     dispatch). Recording it dispatched anyway (the replay tool's single-event path) clears
     both on each server."""
-    from shared.core.outbox import EventPosition
+    from shared._core.outbox import EventPosition
 
     dispatcher = InMemoryDispatcher()
     idempotency = Idempotency(store, dispatcher=dispatcher)

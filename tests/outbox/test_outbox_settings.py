@@ -7,8 +7,8 @@ import pytest
 
 from functions.services import UnconfiguredDispatcher, real_dispatcher
 from functions.settings import Settings, SettingsError
-from shared.backends.dispatch import ServiceBusDispatcher
-from shared.core.exceptions import DispatchRejectedError
+from shared._backends.dispatch import ServiceBusDispatcher
+from shared._core.exceptions import DispatchRejectedError
 
 BASE = {"TABLE_CONNECTION_STRING": "UseDevelopmentStorage=true",
         "COSMOS_ENDPOINT": "https://localhost:8081/",
@@ -49,7 +49,7 @@ def test_the_async_payments_path_gets_an_async_dispatcher_on_the_same_connection
     import asyncio
 
     from functions.services import RealAsyncStores
-    from shared.backends import dispatch_aio
+    from shared._backends import dispatch_aio
 
     local = Settings.from_env({**BASE, "ServiceBusConnection": (
         "Endpoint=sb://localhost;SharedAccessKeyName=k;SharedAccessKey=v;UseDevelopmentEmulator=true;")})

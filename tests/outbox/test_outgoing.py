@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.core.exceptions import OutgoingMessageTooLargeError
-from shared.core.keys import DedupKey
-from shared.core.outbox import (
+from shared._core.exceptions import OutgoingMessageTooLargeError
+from shared._core.keys import DedupKey
+from shared._core.outbox import (
     MAX_BODY_BYTES,
     MAX_PENDING_BYTES,
     EventPosition,

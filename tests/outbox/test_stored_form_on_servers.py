@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from shared.core.keys import DedupKey
-from shared.core.outbox import MAX_PENDING_BYTES, outgoing
-from shared.core.records import IdempotencyRecord, RecordState
+from shared._core.keys import DedupKey
+from shared._core.outbox import MAX_PENDING_BYTES, outgoing
+from shared._core.records import IdempotencyRecord, RecordState
 
 KEY = DedupKey("orders", "ORD-big")
 

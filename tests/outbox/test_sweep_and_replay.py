@@ -9,8 +9,8 @@ import uuid
 
 from replay.__main__ import parse_args, run
 from replay.tool import ReplayTool, pending_outgoing
-from shared.flows.parking import ParkingLot
-from shared.triggers.servicebus import MessageView
+from shared._flows.parking import ParkingLot
+from shared._triggers.servicebus import MessageView
 from tests.functions.conftest import api, services, services_for  # noqa: F401 - fixtures
 
 

@@ -17,17 +17,17 @@ import pytest
 from azure.functions.meta import Datum
 
 from shared import DedupKey, Idempotency, aio
-from shared.core.exceptions import StoreUnavailableError
-from shared.core.payload import InvalidPayloadError
-from shared.core.settlement import Action
-from shared.testing import AsyncInMemoryIdempotencyStore, InMemoryIdempotencyStore
-from shared.triggers.queue_messages import (
+from shared._core.exceptions import StoreUnavailableError
+from shared._core.payload import InvalidPayloadError
+from shared._core.settlement import Action
+from shared._triggers.queue_messages import (
     MAX_POISON_TEXT_BYTES,
     QueueMessageView,
     poison_envelope,
     read_envelope,
 )
-from shared.triggers.queues import AsyncStorageQueueConsumer, MessageRetryError, StorageQueueConsumer
+from shared._triggers.queues import AsyncStorageQueueConsumer, MessageRetryError, StorageQueueConsumer
+from shared.testing import AsyncInMemoryIdempotencyStore, InMemoryIdempotencyStore
 from tests.support.doubles import CountingMemoryStore
 
 
@@ -205,7 +205,7 @@ def test_a_build_may_refuse_the_message_too(consumer, poison):
 def test_the_dead_letter_alert_is_counted_once_per_refusal_and_the_conflict_by_its_outcome(
         store, poison, caplog):
     consumer = StorageQueueConsumer("order-audit", Idempotency(store), poison=poison)
-    with caplog.at_level("ERROR", logger="shared.core.telemetry"):
+    with caplog.at_level("ERROR", logger="shared._core.telemetry"):
         run(consumer, message(b"{"))
         run(consumer, message(ORDER, message_id="m-1"))
         run(consumer, message({**ORDER, "total": 1}, message_id="m-2"))
@@ -275,7 +275,7 @@ def test_what_reads_the_message_alone_and_raises_refuses_it_on_the_first_deliver
 
 
 def test_an_effect_of_unknown_outcome_is_refused_for_reconciliation(consumer, poison):
-    from shared.core.exceptions import EffectUncertainError
+    from shared._core.exceptions import EffectUncertainError
 
     decision = consumer.run(message(ORDER), lambda item: _raise(EffectUncertainError("timed out")),
                             key=by_order)

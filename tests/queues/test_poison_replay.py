@@ -21,8 +21,8 @@ import replay.__main__ as cli
 from replay.poison import QueueRef, StoragePoisonQueues
 from replay.stores import document_lister
 from replay.tool import Filters, Options, ReplayError, ReplayTool
-from shared.flows.parking import ParkingLot
-from shared.triggers.queue_messages import QueueMessageView, poison_envelope, read_envelope
+from shared._flows.parking import ParkingLot
+from shared._triggers.queue_messages import QueueMessageView, poison_envelope, read_envelope
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -122,7 +122,7 @@ def test_the_same_resubmission_delivered_twice_is_absorbed(make_rig, queue_servi
     poison_now(rig, body)
     tool = tool_for(rig, queue_service)
     (item,) = tool.items(Filters(source="poison"))
-    from shared.triggers.queue_messages import resubmission
+    from shared._triggers.queue_messages import resubmission
 
     assert item.poisoned is not None and item.poisoned.envelope is not None
     text = resubmission(item.poisoned.envelope, by="alice")

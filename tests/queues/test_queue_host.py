@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from shared.triggers.queue_messages import read_envelope
+from shared._triggers.queue_messages import read_envelope
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -171,9 +171,9 @@ def test_the_async_consumer_on_the_async_table_store_and_an_async_poison_client(
     from azure.storage.queue.aio import QueueClient as AsyncQueueClient
 
     from shared import aio
-    from shared.backends.table_aio import AsyncTableIdempotencyStore
-    from shared.triggers.queue_messages import QueueMessageView
-    from shared.triggers.queues import AsyncStorageQueueConsumer
+    from shared._backends.table_aio import AsyncTableIdempotencyStore
+    from shared._triggers.queue_messages import QueueMessageView
+    from shared._triggers.queues import AsyncStorageQueueConsumer
 
     table = f"t{uuid.uuid4().hex[:16]}"
     tables = TableServiceClient.from_connection_string(stack.table_connection_string)

@@ -27,10 +27,10 @@ from functions.settings import COSMOS_CONTAINERS, TABLE_FOR, Settings
 from replay.deadletters import EntityRef, ServiceBusDeadLetters, SimulatorDeadLetters
 from replay.stores import document_lister
 from replay.tool import ReplayTool, app_entities
-from shared.core.exceptions import StoreRequestError, StoreUnavailableError
-from shared.core.store import IdempotencyStore
-from shared.flows.parking import ParkingLot
-from shared.triggers.eventhubs import EventView
+from shared._core.exceptions import StoreRequestError, StoreUnavailableError
+from shared._core.store import IdempotencyStore
+from shared._flows.parking import ParkingLot
+from shared._triggers.eventhubs import EventView
 from simulator.faults import FakeNotificationApi, _Forwarding
 from simulator.host_inputs import SentMessage, service_bus_message
 from simulator.servicebus import Origin, ServiceBusNamespace
@@ -230,13 +230,13 @@ class World:
 
     # -- effects, read from the stores and the API --------------------------------------
     def order_document(self, order_id: str) -> Any:
-        from shared.core.keys import store_safe_id
+        from shared._core.keys import store_safe_id
 
         return self.services.stores["orders"].read_document(store_safe_id(order_id),
                                                             store_safe_id(order_id))
 
     def balance(self, account: int = 0) -> int:
-        from shared.core.keys import store_safe_id
+        from shared._core.keys import store_safe_id
 
         document = self.services.stores["ledger"].read_document(
             store_safe_id(self.account(account)), "balance")

@@ -17,7 +17,7 @@ from functions.services import real_stores
 from functions.settings import Settings
 from replay.__main__ import duration, parse_args, run
 from replay.tool import Filters, Options
-from shared.flows.parking import ParkingLot
+from shared._flows.parking import ParkingLot
 
 from .conftest import WINDOW
 

@@ -16,7 +16,7 @@ from functions.services import build_services
 from replay.deadletters import ServiceBusDeadLetters, SimulatorDeadLetters
 from replay.stores import document_lister
 from replay.tool import Filters, Options, ReplayTool
-from shared.flows.parking import ParkingLot
+from shared._flows.parking import ParkingLot
 
 from .conftest import WINDOW
 from .sdk_client import SimulatedServiceBusClient

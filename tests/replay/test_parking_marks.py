@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from replay.stores import document_lister
-from shared.flows.parking import EntryClaimedError, EntryResolvedError, ParkingLot
+from shared._flows.parking import EntryClaimedError, EntryResolvedError, ParkingLot
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import json
 
 from replay.__main__ import parse_args, run
 from replay.stores import scan_reused_keys
-from shared.core.keys import store_safe_id
+from shared._core.keys import store_safe_id
 
 
 def command(tool, capsys, *argv: str) -> tuple[int, str]:

@@ -19,15 +19,15 @@ import pytest
 from domain.balance_projection import VIEW_DOCUMENT, BalanceProjection, view_partition
 from domain.payments import PaymentRules, payment_processor
 from shared import Idempotency, aio
-from shared.backends.memory import InMemoryIdempotencyStore
-from shared.core.keys import store_safe_id
-from shared.core.outbox import OutgoingMessage
-from shared.core.store import WriteOp
-from shared.flows.parking import ParkingLot
-from shared.flows.watermark import PartitionWatermark
+from shared._backends.memory import InMemoryIdempotencyStore
+from shared._core.keys import store_safe_id
+from shared._core.outbox import OutgoingMessage
+from shared._core.store import WriteOp
+from shared._flows.parking import ParkingLot
+from shared._flows.watermark import PartitionWatermark
+from shared._triggers.eventhubs import EventView
+from shared._triggers.servicebus import MessageView
 from shared.testing import AsyncInMemoryIdempotencyStore, InMemoryDispatcher
-from shared.triggers.eventhubs import EventView
-from shared.triggers.servicebus import MessageView
 from simulator.check import CheckResult, DeadLetter, Evidence, Invariant, balance_changes, shared_invariants
 from simulator.check.stores import Stores
 

@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 from azure.data.tables import TableClient
 
-from shared.core.keys import store_safe_id
-from shared.flows.parking import ParkingLot
+from shared._core.keys import store_safe_id
+from shared._flows.parking import ParkingLot
 from simulator.check import (
     CONSUMERS,
     Checker,

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from shared import DedupKey, Idempotency, OutcomeStatus, request_hash
-from shared.core.exceptions import StoreRequestError, StoreUnavailableError
-from shared.core.store import WriteOp
+from shared._core.exceptions import StoreRequestError, StoreUnavailableError
+from shared._core.store import WriteOp
 from simulator.clock import SimClock
 from simulator.faults import (
     DedupOffStore,

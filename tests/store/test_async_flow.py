@@ -15,12 +15,12 @@ from azure.cosmos import PartitionKey
 from azure.cosmos.aio import CosmosClient
 
 from shared import DedupKey, IdempotencyConfig, request_hash
-from shared.backends.cosmos_aio import AsyncCosmosIdempotencyStore
-from shared.backends.cosmos_indexing import record_indexing_policy
-from shared.backends.table_aio import AsyncTableIdempotencyStore
-from shared.core.records import KeyReusedError, OutcomeStatus, RecordState
-from shared.flows.drivers import AsyncTransaction
-from shared.flows.idempotency import AsyncIdempotency
+from shared._backends.cosmos_aio import AsyncCosmosIdempotencyStore
+from shared._backends.cosmos_indexing import record_indexing_policy
+from shared._backends.table_aio import AsyncTableIdempotencyStore
+from shared._core.records import KeyReusedError, OutcomeStatus, RecordState
+from shared._flows.drivers import AsyncTransaction
+from shared._flows.idempotency import AsyncIdempotency
 from shared.testing import AsyncInMemoryIdempotencyStore
 
 KEY, DIGEST = DedupKey("notify", "m-1"), request_hash({"text": "hi"})

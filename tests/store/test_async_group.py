@@ -6,10 +6,10 @@ from datetime import timedelta
 from typing import Any
 
 from shared import DedupKey, request_hash
-from shared.core.records import OutcomeStatus
-from shared.core.store import WriteOp
-from shared.flows.drivers import AsyncTransaction
-from shared.flows.idempotency import AsyncIdempotency, GroupMessage
+from shared._core.records import OutcomeStatus
+from shared._core.store import WriteOp
+from shared._flows.drivers import AsyncTransaction
+from shared._flows.idempotency import AsyncIdempotency, GroupMessage
 from tests.store import test_async_flow
 
 # The async stores on memory, Azurite and the Cosmos server (fixtures), and the two-consumer runner.

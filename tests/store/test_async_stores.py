@@ -20,17 +20,17 @@ from azure.cosmos.aio import CosmosClient
 from azure.data.tables.aio import TableClient
 
 from shared import DedupKey, request_hash
-from shared.backends.cosmos_aio import AsyncCosmosIdempotencyStore
-from shared.backends.cosmos_indexing import record_indexing_policy
-from shared.backends.table_aio import AsyncTableIdempotencyStore
-from shared.core.exceptions import (
+from shared._backends.cosmos_aio import AsyncCosmosIdempotencyStore
+from shared._backends.cosmos_indexing import record_indexing_policy
+from shared._backends.table_aio import AsyncTableIdempotencyStore
+from shared._core.exceptions import (
     OperationFailedError,
     RecordChangedError,
     RecordExistsError,
     StoreUnavailableError,
 )
-from shared.core.records import IdempotencyRecord, RecordState
-from shared.core.store import WriteOp
+from shared._core.records import IdempotencyRecord, RecordState
+from shared._core.store import WriteOp
 
 PARTITION = "acct"
 CLOSED = "HTTP transport has already been closed"  # azure-core, on a request after close()

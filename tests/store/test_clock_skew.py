@@ -27,14 +27,14 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from shared import DedupKey, Idempotency, IdempotencyConfig, request_hash
+from shared._backends.cosmos_aio import AsyncCosmosIdempotencyStore
+from shared._backends.table_aio import AsyncTableIdempotencyStore
+from shared._core.records import IdempotencyRecord, OutcomeStatus
+from shared._core.store import IdempotencyStore
+from shared._core.telemetry import EVENT_CLOCK_SKEW, METRIC_CLOCK_SKEW, Telemetry
+from shared._flows.dedup_steps import CLOCK_SKEW_WARNING_FRACTION
+from shared._flows.idempotency import LEASE_RENEWALS
 from shared.aio import Idempotency as AsyncIdempotency
-from shared.backends.cosmos_aio import AsyncCosmosIdempotencyStore
-from shared.backends.table_aio import AsyncTableIdempotencyStore
-from shared.core.records import IdempotencyRecord, OutcomeStatus
-from shared.core.store import IdempotencyStore
-from shared.core.telemetry import EVENT_CLOCK_SKEW, METRIC_CLOCK_SKEW, Telemetry
-from shared.flows.dedup_steps import CLOCK_SKEW_WARNING_FRACTION
-from shared.flows.idempotency import LEASE_RENEWALS
 from simulator.faults import _Forwarding
 
 LEASE = IdempotencyConfig().lease.total_seconds()  # the default: 54 s

@@ -11,10 +11,10 @@ from datetime import timedelta
 import pytest
 
 from shared import DedupKey, Idempotency, IdempotencyConfig, OutcomeStatus, request_hash
-from shared.backends import CosmosIdempotencyStore
-from shared.core.exceptions import ConcurrencyRetriesExhaustedError, ResultTooLargeError
-from shared.core.records import IdempotencyRecord, RecordState
-from shared.core.store import WriteOp
+from shared._backends import CosmosIdempotencyStore
+from shared._core.exceptions import ConcurrencyRetriesExhaustedError, ResultTooLargeError
+from shared._core.records import IdempotencyRecord, RecordState
+from shared._core.store import WriteOp
 
 LEASE = timedelta(minutes=5)
 TTL = timedelta(days=7)
@@ -133,7 +133,7 @@ def test_takeover_loses_cleanly_when_the_old_owner_completes_first(idem, store, 
     stale_view = store.get_record(held.partition_key, held.id)
     idem.complete(held, "first")  # the slow owner finishes after all
     taken = stale_view.evolve(attempts=2, updated_at=clock())
-    from shared.core.exceptions import RecordChangedError
+    from shared._core.exceptions import RecordChangedError
 
     with pytest.raises(RecordChangedError):
         store.replace_record_if_unchanged(taken)  # etag condition: the takeover must not win
@@ -386,7 +386,7 @@ def test_group_commit_writes_every_marker_and_the_business_write_at_once(idem, s
 def test_group_commit_names_the_marker_that_exists_and_writes_nothing(idem, store, position):
     markers = [group_marker(idem, f"e{n}") for n in range(3)]
     store.commit(markers[position], [])  # committed before, e.g. by an earlier batch
-    from shared.core.exceptions import RecordExistsError
+    from shared._core.exceptions import RecordExistsError
 
     with pytest.raises(RecordExistsError) as raised:
         store.commit_group(markers, [WriteOp("create", "balance", {"balance": 1})])
@@ -403,7 +403,7 @@ def test_group_commit_replaces_an_expired_marker_under_its_etag_and_names_a_stal
     takeover = idem._marker(key("e1", "ledger"), request_hash("e1"), partition="acct", over=old)
     store.commit_group([group_marker(idem, "e0"), takeover.evolve(result="new")], [])
     assert store.get_record("acct", takeover.id).result == "new"
-    from shared.core.exceptions import RecordChangedError
+    from shared._core.exceptions import RecordChangedError
 
     with pytest.raises(RecordChangedError) as raised:  # the same etag again: changed since
         store.commit_group([group_marker(idem, "e2"), takeover.evolve(result="late")], [])
@@ -412,7 +412,7 @@ def test_group_commit_replaces_an_expired_marker_under_its_etag_and_names_a_stal
 
 
 def test_group_commit_reports_a_failed_business_write_by_its_own_index(idem, store):
-    from shared.core.exceptions import OperationFailedError
+    from shared._core.exceptions import OperationFailedError
 
     markers = [group_marker(idem, f"e{n}") for n in range(3)]
     with pytest.raises(OperationFailedError) as raised:
@@ -431,7 +431,7 @@ def test_group_commit_holds_at_most_a_transaction(idem, store):
 
 
 def group_messages(names: list[str], contents: list[str] | None = None) -> list:
-    from shared.flows.idempotency import GroupMessage
+    from shared._flows.idempotency import GroupMessage
 
     return [GroupMessage(key(name, "ledger"), request_hash(content))
             for name, content in zip(names, contents or names, strict=True)]

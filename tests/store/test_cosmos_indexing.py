@@ -14,7 +14,7 @@ from functions.services import real_stores
 from functions.settings import COSMOS_CONTAINERS, COSMOS_INDEXING, Settings
 from replay.stores import document_lister
 from shared import DedupKey, Idempotency, IdempotencyConfig, request_hash
-from shared.backends import CosmosIdempotencyStore
+from shared._backends import CosmosIdempotencyStore
 
 
 def test_local_creation_gives_every_container_its_policy_and_the_sweep_and_listing_work(

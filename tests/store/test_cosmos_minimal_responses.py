@@ -25,12 +25,12 @@ from azure.cosmos import CosmosClient, PartitionKey
 from azure.cosmos.aio import CosmosClient as AsyncCosmosClient
 
 from shared import CosmosIdempotencyStore, DedupKey
-from shared.backends.cosmos_aio import AsyncCosmosIdempotencyStore
-from shared.backends.cosmos_indexing import record_indexing_policy
-from shared.core.exceptions import OperationFailedError, RecordChangedError
-from shared.core.outbox import outgoing
-from shared.core.records import IdempotencyRecord, RecordState
-from shared.core.store import WriteOp
+from shared._backends.cosmos_aio import AsyncCosmosIdempotencyStore
+from shared._backends.cosmos_indexing import record_indexing_policy
+from shared._core.exceptions import OperationFailedError, RecordChangedError
+from shared._core.outbox import outgoing
+from shared._core.records import IdempotencyRecord, RecordState
+from shared._core.store import WriteOp
 
 PREFER = "Prefer"
 MINIMAL = "return=minimal"
@@ -230,7 +230,7 @@ class _Answer(dict[str, Any]):
 
 
 def test_server_time_reads_the_date_header_and_falls_back_to_the_items_ts():
-    from shared.backends.cosmos import server_time
+    from shared._backends.cosmos import server_time
 
     date = "Sun, 06 Nov 1994 08:49:37 GMT"  # RFC 9110's example: 784111777
     assert server_time(_Answer({}, {"date": date})) == 784111777.5

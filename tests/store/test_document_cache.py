@@ -12,11 +12,11 @@ import pytest
 
 from shared import DedupKey, Idempotency
 from shared import request_hash as digest_of
-from shared.core.exceptions import ConcurrencyRetriesExhaustedError, OperationFailedError
-from shared.core.records import OutcomeStatus
-from shared.core.store import Document, ReadDocument, WriteOp
-from shared.flows.cache import DocumentCache
-from shared.flows.idempotency import AsyncIdempotency, GroupMessage
+from shared._core.exceptions import ConcurrencyRetriesExhaustedError, OperationFailedError
+from shared._core.records import OutcomeStatus
+from shared._core.store import Document, ReadDocument, WriteOp
+from shared._flows.cache import DocumentCache
+from shared._flows.idempotency import AsyncIdempotency, GroupMessage
 from shared.testing import AsyncInMemoryIdempotencyStore
 from tests.support.doubles import CountingMemoryStore
 

@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 
 from shared import DedupKey, Idempotency
 from shared import request_hash as digest_of
-from shared.core.exceptions import StoreUnavailableError
-from shared.core.records import IdempotencyRecord, OutcomeStatus
-from shared.core.store import Document, WriteOp
-from shared.flows.cache import DocumentCache
-from shared.flows.idempotency import GroupMessage
+from shared._core.exceptions import StoreUnavailableError
+from shared._core.records import IdempotencyRecord, OutcomeStatus
+from shared._core.store import Document, WriteOp
+from shared._flows.cache import DocumentCache
+from shared._flows.idempotency import GroupMessage
 from shared.testing import InMemoryIdempotencyStore
 from tests.store.test_document_cache import add
 

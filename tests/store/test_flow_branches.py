@@ -18,7 +18,7 @@ from typing import Any, cast
 import pytest
 
 from shared import DedupKey, Idempotency, IdempotencyConfig, OutcomeStatus, request_hash
-from shared.core.exceptions import (
+from shared._core.exceptions import (
     ConcurrencyRetriesExhaustedError,
     EffectUncertainError,
     OperationFailedError,
@@ -27,11 +27,11 @@ from shared.core.exceptions import (
     ResultTooLargeError,
     StoreUnavailableError,
 )
-from shared.core.records import IdempotencyRecord, KeyReusedError, Outcome, RecordState
-from shared.core.store import RecordStore
-from shared.core.telemetry import Telemetry
-from shared.flows.cache import CompletedKeyCache
-from shared.flows.drivers import SyncStore
+from shared._core.records import IdempotencyRecord, KeyReusedError, Outcome, RecordState
+from shared._core.store import RecordStore
+from shared._core.telemetry import Telemetry
+from shared._flows.cache import CompletedKeyCache
+from shared._flows.drivers import SyncStore
 from tests.conftest import FakeClock
 from tests.support.doubles import CountingMemoryStore, applied_now
 

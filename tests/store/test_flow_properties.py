@@ -62,12 +62,12 @@ from hypothesis.stateful import (
 )
 
 from shared import DedupKey, Idempotency, IdempotencyConfig, OutcomeStatus, request_hash
-from shared.core.codec import record_fields
-from shared.core.config import RedeliveryWindow
-from shared.core.exceptions import EffectUncertainError, LeaseLostError, RecordExistsError
-from shared.core.records import IdempotencyRecord, RecordState
-from shared.core.store import Document, IdempotencyStore, WriteOp
-from shared.flows.cache import CompletedKeyCache
+from shared._core.codec import record_fields
+from shared._core.config import RedeliveryWindow
+from shared._core.exceptions import EffectUncertainError, LeaseLostError, RecordExistsError
+from shared._core.records import IdempotencyRecord, RecordState
+from shared._core.store import Document, IdempotencyStore, WriteOp
+from shared._flows.cache import CompletedKeyCache
 from shared.testing import InMemoryIdempotencyStore
 
 LEASE = timedelta(seconds=54)

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared import DedupKey, Idempotency, OutcomeStatus, request_hash
-from shared.core.keys import MAX_ENCODED_LENGTH
+from shared._core.keys import MAX_ENCODED_LENGTH
 
 FORBIDDEN = "/\\#?\x00\x01\x1f\x7f\x80\x9f'\"%&+ |!~"
 keys = st.one_of(

@@ -10,9 +10,9 @@ import pytest
 from azure.data.tables import EdmType, EntityProperty
 
 from shared import DedupKey, request_hash
-from shared.backends import CosmosIdempotencyStore, TableIdempotencyStore
-from shared.core.codec import EXPIRES, HASH, VERSION, WRITTEN, MarkerFormatError
-from shared.core.records import IdempotencyRecord, RecordState
+from shared._backends import CosmosIdempotencyStore, TableIdempotencyStore
+from shared._core.codec import EXPIRES, HASH, VERSION, WRITTEN, MarkerFormatError
+from shared._core.records import IdempotencyRecord, RecordState
 
 NOW = 1_800_000_000.0
 PAYLOAD = {"type": "payment.credit", "accountId": "acct-1", "amountCents": 1200}

@@ -25,11 +25,11 @@ from azure.cosmos import PartitionKey
 
 from functions.services import RealAsyncStores, real_stores
 from shared import DedupKey, Idempotency, IdempotencyError, request_hash
-from shared.backends import CosmosIdempotencyStore
-from shared.backends.cosmos import EVENT_MULTI_REGION_WRITES
-from shared.backends.cosmos_aio import AsyncCosmosIdempotencyStore
-from shared.backends.cosmos_indexing import record_indexing_policy
-from shared.core.exceptions import MultiRegionWritesError
+from shared._backends import CosmosIdempotencyStore
+from shared._backends.cosmos import EVENT_MULTI_REGION_WRITES
+from shared._backends.cosmos_aio import AsyncCosmosIdempotencyStore
+from shared._backends.cosmos_indexing import record_indexing_policy
+from shared._core.exceptions import MultiRegionWritesError
 from tests.functions.conftest import settings_for
 
 ACCOUNTS = Path(__file__).parent / "accounts"

@@ -7,8 +7,8 @@ from azure.cosmos import CosmosClient, PartitionKey
 
 from local_stack import AZURITE_KEY, COSMOS_LOCAL_KEY, LocalStack, free_port
 from shared import CosmosIdempotencyStore, DedupKey, Idempotency, TableIdempotencyStore, request_hash
-from shared.backends.cosmos_indexing import record_indexing_policy
-from shared.core.exceptions import StoreUnavailableError
+from shared._backends.cosmos_indexing import record_indexing_policy
+from shared._core.exceptions import StoreUnavailableError
 
 
 def _closed_port_store(backend: str):

@@ -10,11 +10,11 @@ from typing import Any, get_args
 import pytest
 
 from shared import DedupKey, Idempotency, aio
-from shared.backends.cosmos import CosmosIdempotencyStore
-from shared.backends.sdk_requests import Request
-from shared.backends.table import TableIdempotencyStore
-from shared.core.records import IdempotencyRecord, RecordState
-from shared.core.store import (
+from shared._backends.cosmos import CosmosIdempotencyStore
+from shared._backends.sdk_requests import Request
+from shared._backends.table import TableIdempotencyStore
+from shared._core.records import IdempotencyRecord, RecordState
+from shared._core.store import (
     Commit,
     CommitGroup,
     DeleteRecordIfUnchanged,
@@ -27,7 +27,7 @@ from shared.core.store import (
     WriteDocuments,
     WriteOp,
 )
-from shared.flows.steps import Writes
+from shared._flows.steps import Writes
 from shared.testing import ThreadedStore
 from tests.support.doubles import CountingMemoryStore
 

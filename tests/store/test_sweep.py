@@ -16,11 +16,11 @@ import pytest
 from azure.core.exceptions import HttpResponseError
 
 from shared import DedupKey, Idempotency, IdempotencyConfig, request_hash
-from shared.backends import TableIdempotencyStore
-from shared.backends import table as table_module
-from shared.backends.table import SWEEP_CURSOR
-from shared.flows.parking import ParkingLot
-from shared.triggers.maintenance import Maintenance
+from shared._backends import TableIdempotencyStore
+from shared._backends import table as table_module
+from shared._backends.table import SWEEP_CURSOR
+from shared._flows.parking import ParkingLot
+from shared._triggers.maintenance import Maintenance
 
 TTL = timedelta(days=7)
 LEASE = timedelta(minutes=1)

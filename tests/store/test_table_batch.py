@@ -1,4 +1,4 @@
-"""The lean `$batch` codec (`shared.backends.table_batch`) against its oracles.
+"""The lean `$batch` codec (`shared._backends.table_batch`) against its oracles.
 
 * Its request body parses with the standard library's MIME parser, the one the
   SDK itself builds bodies with.
@@ -35,8 +35,8 @@ from azure.data.tables.aio import TableClient as AsyncTableClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.backends import TableIdempotencyStore, WriteOp, table_batch
-from shared.backends.table_batch import (
+from shared._backends import TableIdempotencyStore, WriteOp, table_batch
+from shared._backends.table_batch import (
     CodecGuard,
     Part,
     codec_problem,
@@ -506,7 +506,7 @@ def test_a_seeded_change_is_caught_at_first_use_and_falls_back_logged_once(
     sdk, lean = twins
     SEEDED[seeded](monkeypatch)
     monkeypatch.setattr(table_batch, "_GUARD", CodecGuard())  # a process that starts like this
-    caplog.set_level("WARNING", logger="shared.backends.table_batch")
+    caplog.set_level("WARNING", logger="shared._backends.table_batch")
 
     def ops(n: int) -> list[Any]:
         return [("create", {"PartitionKey": PK, "RowKey": f"r{n}-{i}", "v": i}) for i in range(3)]
@@ -516,7 +516,7 @@ def test_a_seeded_change_is_caught_at_first_use_and_falls_back_logged_once(
             sdk, lean, lambda n=n: ops(n), async_lean=stack.table_connection_string if use_async else None)
         assert failures == (None, None) and len(lean_result) == len(sdk_result) == 3
     assert _entities(lean) == _entities(sdk)
-    [warning] = [r for r in caplog.records if r.name == "shared.backends.table_batch"]
+    [warning] = [r for r in caplog.records if r.name == "shared._backends.table_batch"]
     assert "submit_transaction" in warning.getMessage() and warning.levelname == "WARNING"
     problem = codec_problem(lean)
     assert problem is not None and problem in warning.getMessage()
@@ -525,11 +525,11 @@ def test_a_seeded_change_is_caught_at_first_use_and_falls_back_logged_once(
 @pytest.mark.parametrize("path", ["codec"], indirect=True)
 def test_the_supported_sdk_with_its_internals_intact_uses_the_codec_and_logs_nothing(twins, caplog):
     _, lean = twins
-    caplog.set_level("WARNING", logger="shared.backends.table_batch")
+    caplog.set_level("WARNING", logger="shared._backends.table_batch")
     assert table_batch._version_problem() is None  # the pinned SDK is in the declared range
     assert len(submit_transaction(lean, [("create", {"PartitionKey": PK, "RowKey": "a"})])) == 1
     assert codec_problem(lean) is None
-    assert not [r for r in caplog.records if r.name == "shared.backends.table_batch"]
+    assert not [r for r in caplog.records if r.name == "shared._backends.table_batch"]
 
 
 # -- the store option ------------------------------------------------------------------------------

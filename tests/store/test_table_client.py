@@ -10,7 +10,7 @@ import pytest
 from azure.data.tables import TableClient, TableServiceClient
 
 from shared import TableIdempotencyStore
-from shared.core.store import WriteOp
+from shared._core.store import WriteOp
 from tests.conftest import StackInfo
 
 PARTITION = "p"

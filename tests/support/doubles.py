@@ -8,11 +8,11 @@ import asyncio
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from shared.backends.memory import InMemoryIdempotencyStore
-from shared.core.exceptions import DispatchUnavailableError
-from shared.core.outbox import OutgoingMessage
-from shared.core.records import IdempotencyRecord
-from shared.core.store import Document, WriteOp
+from shared._backends.memory import InMemoryIdempotencyStore
+from shared._core.exceptions import DispatchUnavailableError
+from shared._core.outbox import OutgoingMessage
+from shared._core.records import IdempotencyRecord
+from shared._core.store import Document, WriteOp
 from shared.testing import InMemoryDispatcher
 
 
@@ -89,7 +89,7 @@ class FailingDispatcher(InMemoryDispatcher):
 
 
 class AsyncFailingDispatcher:
-    """`FailingDispatcher`, awaited (as `shared.backends.dispatch_aio` dispatchers are)."""
+    """`FailingDispatcher`, awaited (as `shared._backends.dispatch_aio` dispatchers are)."""
 
     def __init__(self) -> None:
         self.sync = FailingDispatcher()
@@ -122,7 +122,7 @@ class AsyncFailingDispatcher:
 def applied_now(outcome: Any) -> bool:
     """Whether the outcome's effect ran in this call (a new key, a stale claim taken over, or a
     lease lost after the effect ran)."""
-    from shared.core.records import OutcomeStatus
+    from shared._core.records import OutcomeStatus
 
     return outcome.status in (OutcomeStatus.PROCESSED, OutcomeStatus.TAKEN_OVER,
                               OutcomeStatus.LEASE_LOST)

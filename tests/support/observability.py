@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shared.core import observability
+from shared._core import observability
 
 
 def reset() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.core.keys import store_safe_id
-from shared.flows.parking import ParkingLot
+from shared._core.keys import store_safe_id
+from shared._flows.parking import ParkingLot
 
 
 def parked_body(lot: ParkingLot, consumer: str, entry_id: str) -> dict[str, Any] | None:

@@ -26,9 +26,9 @@ from local_stack.host_data import SentEvent, SentMessage
 from local_stack.settlement_server import SettlementCall
 from local_stack.worker import WorkerHost
 from shared import DedupKey, request_hash
-from shared.backends.cosmos_aio import AsyncCosmosIdempotencyStore
-from shared.backends.table_aio import AsyncTableIdempotencyStore
-from shared.core.keys import store_safe_id
+from shared._backends.cosmos_aio import AsyncCosmosIdempotencyStore
+from shared._backends.table_aio import AsyncTableIdempotencyStore
+from shared._core.keys import store_safe_id
 from tests.functions.conftest import settings_for
 from tests.support.parking import parked_body
 from tests.support.services import carrying_context, records
@@ -100,8 +100,8 @@ def test_orders_sends_order_accepted_through_the_service_bus_sender_with_its_id_
         worker, stack, api, clock, backend):
     from azure.servicebus import ServiceBusMessage
 
-    from shared.backends.dispatch import ServiceBusDispatcher
-    from shared.core.outbox import outgoing_message_id
+    from shared._backends.dispatch import ServiceBusDispatcher
+    from shared._core.outbox import outgoing_message_id
 
     settings = settings_for(stack, backend)
     client = RecordingServiceBusClient()
@@ -299,8 +299,8 @@ def test_payments_sends_balance_changed_through_the_async_sender_and_the_project
     `balance_projection`, fed that message as Service Bus delivers it, writes the view once."""
     from azure.servicebus import ServiceBusMessage
 
-    from shared.backends.dispatch_aio import ServiceBusDispatcher
-    from shared.core.outbox import outgoing_message_id
+    from shared._backends.dispatch_aio import ServiceBusDispatcher
+    from shared._core.outbox import outgoing_message_id
 
     settings = settings_for(stack, backend)
     client = AsyncRecordingServiceBusClient()

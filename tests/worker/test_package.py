@@ -118,7 +118,7 @@ def test_tools_that_run_outside_azure_stay_out():
                 "mkdocs.yml", "docs/index.md", ".cache/site/index.html",
                 "examples/http_payments/function_app.py"):
         assert spec.match_file(rel), f"{rel} would be deployed"
-    for rel in ("function_app.py", "functions/orders.py", "shared/core/telemetry.py", "domain/orders.py",
+    for rel in ("function_app.py", "functions/orders.py", "shared/_core/telemetry.py", "domain/orders.py",
                 "host.json", "requirements.txt", ".python_packages/lib/site-packages/x.py"):
         assert not spec.match_file(rel), f"{rel} would be left out"
 

@@ -16,7 +16,7 @@ from functions.services import Services, build_services, use_services
 from functions.settings import STORE_ROLES, Settings
 from local_stack.host_data import SentEvent, SentMessage
 from local_stack.worker import WorkerHost
-from shared.core.keys import store_safe_id
+from shared._core.keys import store_safe_id
 from shared.testing import InMemoryIdempotencyStore
 from simulator.faults import FakeNotificationApi
 
