@@ -115,7 +115,7 @@ class DedupSteps[S: (SyncStore, AsyncStore), D]:
             raise ConfigurationError(
                 f"the build sent {len(writes.outgoing)} message(s) to "
                 f"{writes.outgoing[0].destination} but this Idempotency has no dispatcher: pass "
-                "dispatcher=ServiceBusDispatcher(...) (shared._backends.dispatch) to Idempotency")
+                "dispatcher=ServiceBusDispatcher(...) (from shared) to Idempotency")
 
     @flowmethod
     def dispatch_pending(self, marker: IdempotencyRecord) -> Flow[IdempotencyRecord]:
@@ -182,4 +182,4 @@ def check_sync_or_async(owner: object, store: object, dispatcher: object = None)
                                  f"use shared.aio.{kind} with it")
     if isinstance(owner, Sync) and inspect.iscoroutinefunction(getattr(dispatcher, "dispatch", None)):
         raise ConfigurationError(f"{kind} needs a sync dispatcher ({type(dispatcher).__name__} is "
-                                 "async): use shared._backends.dispatch's, or shared.aio with this one")
+                                 "async): use shared's, or shared.aio with this one")

@@ -115,7 +115,7 @@ class BaseServiceBusConsumer[L: BaseIdempotency[Any, Any, Any]]:
             raise ConfigurationError(
                 f"{name} sends to {', '.join(sorted(sends_to))} but its Idempotency has no "
                 "dispatcher: pass dispatcher=ServiceBusDispatcher(namespace, credential) (or "
-                "another shared._backends.dispatch dispatcher) to Idempotency")
+                "another dispatcher from shared) to Idempotency")
 
     @property
     def store(self) -> Any:
