@@ -45,7 +45,7 @@ from shared._core.codec import (
     record_fields,
     record_from_fields,
 )
-from shared._core.exceptions import MultiRegionWritesError, RecordExistsError
+from shared._core.exceptions import ConfigurationError, MultiRegionWritesError, RecordExistsError
 from shared._core.outbox import PENDING_SINCE
 from shared._core.records import IdempotencyRecord, RecordState
 from shared._core.store import (
@@ -236,6 +236,18 @@ def written_etag(answer: Any) -> str | None:
     return headers.get("etag") or answer.get("_etag")
 
 
+def sdk_connection(container: Any) -> Any:
+    """The SDK client connection behind a container, whose account the store checks;
+    ConfigurationError for anything but an azure-cosmos ContainerProxy."""
+    connection = getattr(container, "client_connection", None)
+    if connection is None:
+        raise ConfigurationError(
+            f"{type(container).__name__} is not an azure-cosmos ContainerProxy: pass the SDK's "
+            "container (the store checks its account's write regions), or use "
+            "shared.testing.InMemoryIdempotencyStore in a test")
+    return connection
+
+
 def cached_account(connection: Any) -> Any | None:
     """The account properties an SDK client connection read when it was set up, or None (an
     async client not entered yet, or an SDK that keeps them elsewhere)."""
@@ -365,9 +377,7 @@ class CosmosIdempotencyStore(CosmosMapping, StepStore):
     def _check_account(self, *, accept: bool) -> None:
         """Refuse a multi-write account, from what the client read in its constructor (an SDK
         that keeps it elsewhere costs one account read here)."""
-        connection: Any = getattr(self._container, "client_connection", None)
-        if connection is None:
-            return  # not an SDK container (a test's stand-in): no account to check
+        connection = sdk_connection(self._container)
         account = cached_account(connection)
         if account is None:
             account = store_call(BACKEND, connection.GetDatabaseAccount)

@@ -11,7 +11,13 @@ from typing import Any
 
 from azure.cosmos.aio import ContainerProxy, CosmosClient
 
-from shared._backends.cosmos import BACKEND, CosmosMapping, cached_account, check_write_regions
+from shared._backends.cosmos import (
+    BACKEND,
+    CosmosMapping,
+    cached_account,
+    check_write_regions,
+    sdk_connection,
+)
 from shared._backends.sdk_requests import async_store_call, send_request_async
 from shared._core.store import AsyncIdempotencyStore, StoreStep
 
@@ -69,14 +75,12 @@ class AsyncCosmosIdempotencyStore(CosmosMapping, AsyncIdempotencyStore):
                 if self._cosmos is not None and not self._entered:
                     await async_store_call(BACKEND, self._cosmos.__aenter__)
                     self._entered = True
-                connection: Any = getattr(self._container, "client_connection", None)
-                if connection is not None:  # None: not an SDK container (a test's stand-in)
-                    account = cached_account(connection)
-                    if account is None:  # a caller's client not entered yet: one account read
-                        account = await async_store_call(BACKEND, connection.GetDatabaseAccount)
-                    check_write_regions(account,
-                                        endpoint=str(getattr(connection, "url_connection", "")),
-                                        accept=self._accept_multi_region)
+                connection = sdk_connection(self._container)
+                account = cached_account(connection)
+                if account is None:  # a caller's client not entered yet: one account read
+                    account = await async_store_call(BACKEND, connection.GetDatabaseAccount)
+                check_write_regions(account, endpoint=str(getattr(connection, "url_connection", "")),
+                                    accept=self._accept_multi_region)
                 self._initialized = True
 
     async def perform(self, step: StoreStep) -> Any:

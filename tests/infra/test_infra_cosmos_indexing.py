@@ -24,6 +24,7 @@ from shared._backends.cosmos_indexing import point_indexing_policy, record_index
 from simulator.check import scan
 from tests.infra.bicep_model import COSMOS_CONTAINERS as CONTRACT_CONTAINERS
 from tests.infra.bicep_model import REPO, body, evaluate, of_type, scope_of
+from tests.support.doubles import single_region_connection
 
 COSMOS = "core/cosmos.bicep"
 # Where queries are issued. A new `query_items` call elsewhere fails
@@ -60,6 +61,7 @@ class RecordingContainer:
     """Stands in for a ContainerProxy: records each query, answers with no items."""
 
     id = "recording"
+    client_connection = single_region_connection()  # what the store's account check reads
 
     def __init__(self, partition_key_path: str) -> None:
         self.partition_key_path = partition_key_path

@@ -29,7 +29,7 @@ from shared._backends import CosmosIdempotencyStore
 from shared._backends.cosmos import EVENT_MULTI_REGION_WRITES
 from shared._backends.cosmos_aio import AsyncCosmosIdempotencyStore
 from shared._backends.cosmos_indexing import record_indexing_policy
-from shared._core.exceptions import MultiRegionWritesError
+from shared._core.exceptions import ConfigurationError, MultiRegionWritesError
 from tests.functions.conftest import settings_for
 
 ACCOUNTS = Path(__file__).parent / "accounts"
@@ -290,3 +290,19 @@ def test_the_recordings_are_what_the_sdk_parses_as_one_and_two_write_regions():
     assert (single["enableMultipleWriteLocations"], len(single["writableLocations"]),
             len(single["readableLocations"])) == (False, 1, 2)
     assert (multi["enableMultipleWriteLocations"], len(multi["writableLocations"])) == (True, 2)
+
+
+class NotAContainer:
+    """A container lookalike without the SDK's client connection."""
+
+    id = "lookalike"
+
+
+def test_a_container_the_account_check_cannot_read_is_refused_naming_the_fix():
+    """No silent skip of the write-region check: a container without the SDK's connection is
+    refused when the store is built (the async store: on its first request)."""
+    with pytest.raises(ConfigurationError, match="not an azure-cosmos ContainerProxy"):
+        CosmosIdempotencyStore.from_container(NotAContainer())
+    store = AsyncCosmosIdempotencyStore.from_container(NotAContainer())
+    with pytest.raises(ConfigurationError, match="InMemoryIdempotencyStore"):
+        asyncio.run(store.get_record("p", "r"))

@@ -29,7 +29,7 @@ from shared._core.store import (
 )
 from shared._flows.steps import Writes
 from shared.testing import ThreadedStore
-from tests.support.doubles import CountingMemoryStore
+from tests.support.doubles import CountingMemoryStore, single_region_connection
 
 
 class Performed(CountingMemoryStore):
@@ -103,6 +103,7 @@ class StandIn:
     """A client the store never calls: building a request makes no call."""
 
     id = table_name = url = "stand-in"
+    client_connection = single_region_connection()  # what the Cosmos store's account check reads
 
 
 @pytest.mark.parametrize("backend", [CosmosIdempotencyStore.from_container,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 from shared._backends.memory import InMemoryIdempotencyStore
@@ -126,3 +127,12 @@ def applied_now(outcome: Any) -> bool:
 
     return outcome.status in (OutcomeStatus.PROCESSED, OutcomeStatus.TAKEN_OVER,
                               OutcomeStatus.LEASE_LOST)
+
+
+def single_region_connection() -> SimpleNamespace:
+    """A stand-in container's `client_connection`: what the Cosmos store's account check reads
+    of the SDK's (the account it cached, one write region)."""
+    account = SimpleNamespace(_EnableMultipleWritableLocations=False,
+                              WritableLocations=[{"name": "stand-in"}])
+    return SimpleNamespace(_global_endpoint_manager=SimpleNamespace(_database_account_cache=account),
+                           url_connection="stand-in")
