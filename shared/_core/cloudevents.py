@@ -20,6 +20,7 @@ REQUIRED = ("id", "source", "type", "specversion")
 MAX_EVENT_BYTES = 1024 * 1024  # an Event Hubs event (Premium/Dedicated); Standard allows 1 MB
 _SCALARS = (str, int, float, bool, type(None))
 _PREFIXES = ("ce_", "cloudEvents:", "cloudEvents_", "ce-")
+_KNOWN = frozenset({*REQUIRED, "data", "subject", "time", "datacontenttype", "data_base64"})
 
 
 class InvalidEventError(InvalidPayloadError):
@@ -46,7 +47,7 @@ def as_text(value: Any) -> Any:
 
 def _binary_attributes(properties: Mapping[Any, Any]) -> dict[str, Any]:
     attributes: dict[str, Any] = {}
-    for raw_name, value in (properties or {}).items():
+    for raw_name, value in properties.items():
         name = str(as_text(raw_name))
         for prefix in _PREFIXES:
             if name.startswith(prefix):
@@ -102,13 +103,14 @@ def parse_cloudevent(body: bytes, properties: Mapping[Any, Any] | None = None,
     """Decode one CloudEvent, or raise InvalidEventError saying what is wrong. Binary-mode
     attributes must be scalars of valid Unicode text; `data` is a JSON value or, for binary data
     of a non-JSON content type, bytes."""
-    attributes = _binary_attributes(properties or {})
-    if any(not isinstance(value, _SCALARS) for value in attributes.values()):
-        raise InvalidEventError("MalformedCloudEvent", "attributes must be scalar values")
-    try:
-        check_text(attributes, "CloudEvent attributes")
-    except InvalidPayloadError as error:
-        raise _event_error(error) from error
+    attributes = _binary_attributes(properties) if properties else {}
+    if attributes:
+        if any(not isinstance(value, _SCALARS) for value in attributes.values()):
+            raise InvalidEventError("MalformedCloudEvent", "attributes must be scalar values")
+        try:
+            check_text(attributes, "CloudEvent attributes")
+        except InvalidPayloadError as error:
+            raise _event_error(error) from error
     structured = (content_type or "").startswith("application/cloudevents") or not attributes
     if structured:
         envelope = _json(body, max_bytes)
@@ -133,10 +135,9 @@ def parse_cloudevent(body: bytes, properties: Mapping[Any, Any] | None = None,
         wrong.append("datacontenttype")
     if wrong:
         raise InvalidEventError("MalformedCloudEvent", f"{', '.join(wrong)} must be strings")
-    known = {*REQUIRED, "data", "subject", "time", "datacontenttype", "data_base64"}
     return CloudEvent(
         id=attributes["id"], source=attributes["source"], type=attributes["type"],
         specversion=attributes["specversion"], data=data, subject=attributes.get("subject"),
         time=attributes.get("time"), datacontenttype=attributes.get("datacontenttype"),
-        extensions={k: v for k, v in attributes.items() if k not in known},
+        extensions={k: v for k, v in attributes.items() if k not in _KNOWN},
     )

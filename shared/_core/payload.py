@@ -68,6 +68,11 @@ def _float(text: str) -> float:
     return value
 
 
+# Built once: `json.loads` with hooks builds a decoder and its C scanner on every call.
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_int=_integer,
+                            parse_float=_float)
+
+
 def check_text(value: Any, where: str = "value") -> None:
     """Every string (keys included) must be encodable Unicode: no lone surrogates."""
     stack = [value]
@@ -105,8 +110,7 @@ def parse_json(body: bytes | str, *, max_bytes: int, max_depth: int = MAX_DEPTH)
     except UnicodeDecodeError as error:
         raise InvalidPayloadError("MalformedJson", f"not UTF-8: {error.reason}") from error
     try:
-        value = json.loads(text, parse_constant=_refuse_constant, parse_int=_integer,
-                           parse_float=_float)
+        value = _DECODER.decode(text)
     except InvalidPayloadError:
         raise
     except (ValueError, RecursionError) as error:
