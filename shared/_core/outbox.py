@@ -107,6 +107,13 @@ class AsyncDispatcher(Protocol):
     async def close(self) -> None: ...
 
 
+# `json.dumps(value, **options)` builds a JSONEncoder per call; these are built once and
+# encode exactly as it does (the circular check included).
+_ascii_json = json.JSONEncoder(ensure_ascii=True, separators=(",", ":")).encode
+_text_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_strict_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
 @dataclass(frozen=True, slots=True)
 class EventPosition:
     """An event's place in its hub (`enqueued_time`: ISO text as the trigger gives it, or None).
@@ -128,7 +135,7 @@ class EventPosition:
         return fields
 
     def encode(self) -> str:
-        return json.dumps(self.to_list(), ensure_ascii=True, separators=(",", ":"))
+        return _ascii_json(self.to_list())
 
     @classmethod
     def decode(cls, stored: object) -> EventPosition | None:
@@ -145,8 +152,7 @@ class EventPosition:
 @functools.lru_cache(maxsize=4096)  # the commit encoding a message asks again what its send made
 def outgoing_message_id(key: DedupKey, destination: str, ordinal: int) -> str:
     """The id of the `ordinal`-th message to `destination` for `key`: the same on every rebuild."""
-    name = json.dumps([key.consumer, key.key, destination, ordinal], ensure_ascii=False,
-                      separators=(",", ":"))
+    name = _text_json([key.consumer, key.key, destination, ordinal])
     return str(uuid.uuid5(_ID_NAMESPACE, name))
 
 
@@ -167,7 +173,7 @@ def outgoing(key: DedupKey, destination: str, body: bytes | str | Mapping[str, A
     elif isinstance(body, str):
         data, default_type = body.encode("utf-8"), "text/plain; charset=utf-8"
     else:
-        data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        data = _strict_json(body).encode("utf-8")
         default_type = "application/json"
     propagated = downstream_headers(key, correlation_id, operation=f"{destination}#{ordinal}")
     return OutgoingMessage(
@@ -204,7 +210,7 @@ def _embedded(body: bytes) -> tuple[bool, Any]:
     if not body or body[:1] not in b'{["':  # objects, arrays and strings: what is worth it
         return False, None
     try:
-        value = json.loads(body)
+        value = json.loads(body.decode("utf-8"))  # a str: no encoding sniffing
         return _body_json(value).encode("utf-8") == body, value
     except (ValueError, RecursionError):  # UnicodeDecodeError and UnicodeEncodeError are ValueErrors
         return False, None
@@ -291,7 +297,7 @@ def encode_pending(messages: Sequence[OutgoingMessage], *, key: DedupKey | None 
     values = [_to_json(m, key, n) for m, n in zip(messages, ordinals, strict=True)]
     if chunk_chars is None:
         return {_PENDING_CHUNK.format(0): values}
-    text = json.dumps(values, ensure_ascii=True, separators=(",", ":"))
+    text = _ascii_json(values)
     chunks = [text[i:i + chunk_chars] for i in range(0, len(text), chunk_chars)]
     return {_PENDING_CHUNK.format(n): chunk for n, chunk in enumerate(chunks)}
 
