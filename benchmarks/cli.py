@@ -159,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for target in report.targets(run):
         print(target.line())
+    for split in report.library_cpu_split(run):
+        print(split.line())
     written = report.write_outputs(run, args.out, with_chart=not args.no_chart)
     print()
     print(report.header(run))

@@ -239,6 +239,50 @@ def _latency_targets(run: Run) -> list[Target]:
     return out
 
 
+@dataclass(frozen=True)
+class Split:
+    """The app's client CPU beyond same-transactions', as a cost per transaction plus one per
+    event (microseconds)."""
+
+    backend: str
+    per_transaction_us: float
+    per_event_us: float
+    few: int  # the account counts it was solved from
+    many: int
+
+    def line(self) -> str:
+        return (f"[split] {self.backend}: the library's client CPU beyond same-transactions' is "
+                f"{self.per_transaction_us:.0f} us per transaction + {self.per_event_us:.0f} us "
+                f"per event (from the {self.few}- and {self.many}-account rows)")
+
+
+def library_cpu_split(run: Run) -> list[Split]:
+    """Per backend, at the target RTT: app minus same-transactions CPU per event is
+    e + g * (transactions per event); the fewest- and the most-accounts rows differ in
+    transactions per event, so the two give g and e."""
+    at_rtt = target_rtt(run)
+    accounts = run.sizes.accounts if isinstance(run.sizes, LatencySizes) else ()
+    if at_rtt is None or len(set(accounts)) < 2:
+        return []
+    found = {(r.accounts, r.backend, r.name): r for r in rows(run) if r.rtt_ms == at_rtt}
+    few, many = min(accounts), max(accounts)
+    out: list[Split] = []
+    for backend in run.backends:
+        app1, same1 = found.get((few, backend, APP)), found.get((few, backend, SAME))
+        app2, same2 = found.get((many, backend, APP)), found.get((many, backend, SAME))
+        if app1 is None or same1 is None or app2 is None or same2 is None:
+            continue
+        d1 = app1.main.cpu_ms_per_event - same1.main.cpu_ms_per_event
+        d2 = app2.main.cpu_ms_per_event - same2.main.cpu_ms_per_event
+        t1, t2 = app1.main.transactions_per_event, app2.main.transactions_per_event
+        if not t2 > t1:
+            continue
+        per_transaction = (d2 - d1) / (t2 - t1)
+        out.append(Split(backend, per_transaction * 1000, (d1 - per_transaction * t1) * 1000,
+                         few, many))
+    return out
+
+
 # -- tables --------------------------------------------------------------------------------------
 def _num(value: float, digits: int = 2) -> str:
     if math.isnan(value):
@@ -498,7 +542,8 @@ def markdown(run: Run) -> str:
         table = _markdown_table(summary_headers(), summary_rows(run))
         notes = _latency_notes(run)
     lines = [header(run), "", *table, "", *notes, "", "Targets:", "",
-             *(t.line(markdown=True) for t in targets(run))]
+             *(t.line(markdown=True) for t in targets(run)),
+             *(f"- {split.line()}" for split in library_cpu_split(run))]
     return "\n".join(lines) + "\n"
 
 
@@ -513,6 +558,7 @@ def to_json(run: Run) -> dict[str, Any]:
         "hash_cost": asdict(run.hash_cost) if run.hash_cost else None,
         "rows": [asdict(r) for r in rows(run)],
         "targets": [{**asdict(t), "met": t.met} for t in targets(run)],
+        "cpu_split": [asdict(s) for s in library_cpu_split(run)],
         "raw": [{**asdict(r), "outcomes": {k: dict(v) for k, v in r.outcomes.items()}}
                 for r in run.results],
     }

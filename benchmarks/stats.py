@@ -69,6 +69,7 @@ class Figures:
     sends_per_event: float
     messages_per_event: float
     resent: int
+    transactions_per_event: float = math.nan  # a payment batch's accounts: one transaction each
 
 
 def figures(samples: Sequence[Sample]) -> Figures:
@@ -91,7 +92,8 @@ def figures(samples: Sequence[Sample]) -> Figures:
         p99_ms=percentile([s.seconds for s in samples], 99) * 1000,
         sends_per_event=per_event(sum(s.sends for s in samples)),
         messages_per_event=per_event(sum(s.messages for s in samples)),
-        resent=sum(s.resent for s in samples))
+        resent=sum(s.resent for s in samples),
+        transactions_per_event=per_event(sum(s.accounts for s in samples)))
 
 
 @dataclass(frozen=True)

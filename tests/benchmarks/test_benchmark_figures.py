@@ -10,7 +10,7 @@ import time
 import pytest
 
 from benchmarks.counting import AsyncCostedDispatcher, CostedDispatcher, SendTally
-from benchmarks.report import targets
+from benchmarks.report import library_cpu_split, targets
 from benchmarks.runner import Result, Run
 from benchmarks.stats import Sample, figures
 from benchmarks.workload import LatencySizes
@@ -95,6 +95,30 @@ def test_a_target_prints_the_figures_it_was_decided_on():
     assert requests.detail == "0.220 (0.200 messages sent per event)"
     assert json.dumps([t.met for t in targets(run)])  # plain values, for the JSON output
 
+
+
+def test_the_cpu_split_recovers_a_cost_per_transaction_and_per_event():
+    """An app costing 0.03 ms per event and 0.25 ms per transaction more than same-transactions
+    (events per transaction: 100/20 and 100/80 per batch) is split back into those two."""
+    def pair(accounts: int) -> list[Result]:
+        extra = 0.03 + 0.25 * accounts / 100  # ms per event
+        return [_result("same-transactions", seconds=0.1, cpu=0.05, accounts=accounts),
+                _result("app", seconds=0.12, cpu=0.05 + extra * 100 / 1000, accounts=accounts)]
+
+    run = Run(mode="latency", sizes=LatencySizes(accounts=(20, 80)), seed=1, backends=("cosmos",),
+              variants=("same-transactions", "app"), results=[*pair(20), *pair(80)],
+              started_at="now", seconds=1.0, load_before=(0, 0, 0), load_after=(0, 0, 0),
+              rtts=(5.0,))
+    (split,) = library_cpu_split(run)
+    assert (split.per_transaction_us, split.per_event_us) == (pytest.approx(250), pytest.approx(30))
+    assert split.line() == ("[split] cosmos: the library's client CPU beyond same-transactions' is "
+                            "250 us per transaction + 30 us per event (from the 20- and "
+                            "80-account rows)")
+    one_count = Run(mode="latency", sizes=LatencySizes(accounts=(20,)), seed=1,
+                    backends=("cosmos",), variants=("same-transactions", "app"),
+                    results=pair(20), started_at="now", seconds=1.0, load_before=(0, 0, 0),
+                    load_after=(0, 0, 0), rtts=(5.0,))
+    assert library_cpu_split(one_count) == []  # one account count: nothing to solve
 
 def _message(destination: str, n: int) -> OutgoingMessage:
     return OutgoingMessage(destination=destination, body=b"{}", message_id=f"m-{destination}-{n}")
