@@ -2,8 +2,9 @@
 
 `json.dumps` with any option builds a `JSONEncoder` and its C encoder on every call, which costs
 more than encoding the hot path's small values. These build it once: the text is `json.dumps`'s
-with the same options, byte for byte; there is no circular check (it would need per-call state),
-so one encoder serves every thread and a cyclic value raises RecursionError, not ValueError.
+with the same options, byte for byte. Without the circular check (it needs per-call state) one
+C encoder serves every thread and a cyclic value raises RecursionError, not ValueError; with it
+(`check_circular=True`) only the JSONEncoder is built once, and errors are `json.dumps`'s.
 """
 
 from __future__ import annotations
@@ -30,12 +31,15 @@ def compact_encoder(*, sort_keys: bool = False, allow_nan: bool = False) -> Call
 
 
 def json_encoder(*, separators: tuple[str, str] = (", ", ": "), ensure_ascii: bool = True,
-                 sort_keys: bool = False, allow_nan: bool = True) -> Callable[[Any], str]:
-    """`lambda value: json.dumps(value, check_circular=False, **options)`, built once
-    (`json.dumps`'s defaults unless given)."""
+                 sort_keys: bool = False, allow_nan: bool = True,
+                 check_circular: bool = False) -> Callable[[Any], str]:
+    """`lambda value: json.dumps(value, check_circular=check_circular, **options)`, built once
+    (`json.dumps`'s defaults unless given). With the circular check, the C encoder is still
+    built per call (its markers are per call), but the JSONEncoder is not."""
     options = json.JSONEncoder(separators=separators, ensure_ascii=ensure_ascii,
-                               sort_keys=sort_keys, allow_nan=allow_nan, check_circular=False)
-    if _C_MAKE_ENCODER is None:  # no C accelerator: the pure-Python encoder, configured once
+                               sort_keys=sort_keys, allow_nan=allow_nan,
+                               check_circular=check_circular)
+    if _C_MAKE_ENCODER is None or check_circular:  # the encoder's own one-shot path
         return options.encode
     # The arguments JSONEncoder.iterencode passes to the C encoder for a one-shot encode.
     strings = _encoder.encode_basestring_ascii if ensure_ascii else _encoder.encode_basestring

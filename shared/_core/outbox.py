@@ -30,7 +30,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from shared._core.exceptions import OutgoingMessageTooLargeError
-from shared._core.jsontext import compact_encoder
+from shared._core.jsontext import compact_encoder, json_encoder
 from shared._core.keys import DedupKey
 from shared._core.observability import IDEMPOTENCY_KEY_HEADER, downstream_headers, idempotency_key_value
 
@@ -107,11 +107,11 @@ class AsyncDispatcher(Protocol):
     async def close(self) -> None: ...
 
 
-# `json.dumps(value, **options)` builds a JSONEncoder per call; these are built once and
-# encode exactly as it does (the circular check included).
-_ascii_json = json.JSONEncoder(ensure_ascii=True, separators=(",", ":")).encode
-_text_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
-_strict_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+# Exactly the `json.dumps` calls they replace, the circular check included, built once.
+_ascii_json = json_encoder(separators=(",", ":"), check_circular=True)
+_text_json = json_encoder(separators=(",", ":"), ensure_ascii=False, check_circular=True)
+_strict_json = json_encoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False,
+                            check_circular=True)
 
 
 @dataclass(frozen=True, slots=True)
